@@ -1,0 +1,1 @@
+"""The lane service: contracts → domain → store → hub → api → app."""

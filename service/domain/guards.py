@@ -1,0 +1,66 @@
+"""Preconditions shared by the command transitions."""
+
+from __future__ import annotations
+
+from lane.v1 import snapshot_pb2
+
+from service.domain.errors import FailedPrecondition, NotFound
+from service.domain.state import LaneState, Operation, Phase, ToolBatch, ToolCall
+
+
+def open_run(state: LaneState, operation_id: str) -> Operation:
+    """The lane's open run with this id, or the refusal that says why not."""
+    operation = state.operation
+    if operation is None or operation.operation_id != operation_id:
+        raise FailedPrecondition(
+            "OPERATION_NOT_OPEN",
+            f"operation {operation_id} is not the open operation of lane {state.lane_id}",
+            laneId=state.lane_id,
+            operationId=operation_id,
+            openOperationId=operation.operation_id if operation else "",
+        )
+    if operation.kind != snapshot_pb2.OPERATION_KIND_RUN:
+        raise FailedPrecondition(
+            "OPERATION_NOT_A_RUN",
+            f"operation {operation_id} is not a run",
+            operationId=operation_id,
+        )
+    return operation
+
+
+def require_phase(operation: Operation, *phases: Phase) -> None:
+    """Refuse unless the run is in one of ``phases``."""
+    if operation.phase not in phases:
+        raise FailedPrecondition(
+            "WRONG_RUN_PHASE",
+            f"operation {operation.operation_id} is {operation.phase.value}; "
+            f"this command needs {' or '.join(p.value for p in phases)}",
+            operationId=operation.operation_id,
+            phase=operation.phase.value,
+        )
+
+
+def require_not_cancelled(operation: Operation) -> None:
+    """Refuse new work once the operation's abort was requested."""
+    if operation.cancel_requested:
+        raise FailedPrecondition(
+            "OPERATION_CANCELLED",
+            f"operation {operation.operation_id} is aborting; it accepts no new work",
+            operationId=operation.operation_id,
+        )
+
+
+def batch_call(operation: Operation, tool_call_id: str) -> tuple[ToolBatch, ToolCall]:
+    """The current batch and its call ``tool_call_id``."""
+    require_phase(operation, Phase.TOOLS)
+    batch = operation.batch
+    assert batch is not None  # phase TOOLS always has a batch
+    call = batch.call(tool_call_id)
+    if call is None:
+        raise NotFound(
+            "TOOL_CALL_NOT_FOUND",
+            f"tool call {tool_call_id} is not in the current batch",
+            toolCallId=tool_call_id,
+            turnId=batch.turn_id,
+        )
+    return batch, call

@@ -1,0 +1,383 @@
+"""Run commands: start, turns, assistant settlement, usage, abort, end (harness-model §2)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime
+
+from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
+
+from service.domain import guards
+from service.domain.errors import FailedPrecondition, InvalidArgument
+from service.domain.event_log import EventLog
+from service.domain.placement import place
+from service.domain.results import synthetic_result
+from service.domain.state import (
+    CallStatus,
+    Continuation,
+    LaneState,
+    Operation,
+    Phase,
+    ToolBatch,
+    ToolCall,
+)
+from service.domain.tools import stage
+from service.domain.transition import Transition
+
+QueueKind = snapshot_pb2.QueueKind
+_CONVERSATIONAL = (
+    QueueKind.QUEUE_KIND_STEER,
+    QueueKind.QUEUE_KIND_FOLLOW_UP,
+    QueueKind.QUEUE_KIND_NEXT_RUN,
+)
+
+
+def _take(
+    inbox: Sequence[snapshot_pb2.QueuedItem], kind: int, one_at_a_time: bool
+) -> list[snapshot_pb2.QueuedItem]:
+    items = [item for item in inbox if item.kind == kind]
+    return items[:1] if one_at_a_time else items
+
+
+def _place_messages(
+    state: LaneState, log: EventLog, items: Sequence[entries_pb2.Entry], run_id: str
+) -> tuple[str, int]:
+    """Place ``items`` as a parent chain from the tip; return (new tip, messages placed)."""
+    tip = state.tip_id
+    messages = 0
+    for entry in items:
+        chained = entries_pb2.Entry()
+        chained.CopyFrom(entry)
+        chained.parent_id = tip
+        if chained.WhichOneof("payload") == "message":
+            log.emit(
+                "message_start",
+                events_pb2.MessageStartEvent(run_id=run_id, message=chained.message.message),
+            )
+            log.emit(
+                "message_end",
+                events_pb2.MessageEndEvent(
+                    run_id=run_id, message=chained.message.message, entry_id=chained.id
+                ),
+            )
+            messages += 1
+        log.place_entry(chained)
+        tip = chained.id
+    return tip, messages
+
+
+def _queued_entry(item: snapshot_pb2.QueuedItem) -> entries_pb2.Entry:
+    entry = entries_pb2.Entry(id=item.entry_id)
+    if item.WhichOneof("item") == "custom":
+        entry.custom.CopyFrom(item.custom)
+    else:
+        entry.message.message.CopyFrom(item.message)
+    return entry
+
+
+def _without(
+    inbox: tuple[snapshot_pb2.QueuedItem, ...], taken: Sequence[snapshot_pb2.QueuedItem]
+) -> tuple[snapshot_pb2.QueuedItem, ...]:
+    ids = {item.entry_id for item in taken}
+    return tuple(item for item in inbox if item.entry_id not in ids)
+
+
+def start_run(
+    state: LaneState,
+    operation_id: str,
+    prompt: Sequence[messages_pb2.AgentMessage],
+    settings: lane_service_pb2.RunSettings,
+    now: datetime,
+    new_id: Callable[[], str],
+) -> Transition:
+    """Accept a run: place captured inbox items then the prompt; emits run_start first."""
+    if state.operation is not None:
+        raise FailedPrecondition(
+            "LANE_BUSY",
+            f"lane {state.lane_id} already has open operation {state.operation.operation_id}",
+            laneId=state.lane_id,
+            openOperationId=state.operation.operation_id,
+        )
+    captured = [
+        item
+        for item in state.inbox
+        if item.kind in (QueueKind.QUEUE_KIND_WRITE, QueueKind.QUEUE_KIND_NEXT_RUN)
+    ]
+    captured += _take(
+        state.inbox,
+        QueueKind.QUEUE_KIND_STEER,
+        settings.steering_mode == lane_service_pb2.DELIVERY_MODE_ONE_AT_A_TIME,
+    )
+    captured += _take(
+        state.inbox,
+        QueueKind.QUEUE_KIND_FOLLOW_UP,
+        settings.follow_up_mode == lane_service_pb2.DELIVERY_MODE_ONE_AT_A_TIME,
+    )
+    captured.sort(key=lambda item: [i.entry_id for i in state.inbox].index(item.entry_id))
+    if not prompt and not any(item.kind in _CONVERSATIONAL for item in captured):
+        raise InvalidArgument(
+            "EMPTY_PROMPT",
+            "a run needs a prompt message or a queued message to capture",
+            field="prompt",
+        )
+    log = EventLog(state.lane_id, state.revision, now)
+    run_start = events_pb2.RunStartEvent(run_id=operation_id)
+    run_start.started_time.FromDatetime(now)
+    log.emit("run_start", run_start)
+    entries = [_queued_entry(item) for item in captured]
+    for message in prompt:
+        entry = entries_pb2.Entry(id=new_id())
+        entry.message.message.CopyFrom(message)
+        entries.append(entry)
+    tip, placed = _place_messages(state, log, entries, operation_id)
+    inbox = _without(state.inbox, captured)
+    if captured:
+        log.emit("queue_update", events_pb2.QueueUpdateEvent(queues=inbox))
+    operation = Operation(
+        operation_id=operation_id,
+        kind=snapshot_pb2.OPERATION_KIND_RUN,
+        started_time=now,
+        from_tip_id=state.tip_id,
+        settings=settings,
+    )
+    next_state = replace(
+        state,
+        operation=operation,
+        tip_id=tip,
+        inbox=inbox,
+        message_count=state.message_count + placed,
+        revision=log.revision,
+    )
+    return Transition.of(next_state, log)
+
+
+def abort_operation(state: LaneState, operation_id: str, now: datetime) -> Transition:
+    """Request cancellation: drains steer and follow-up items; emits operation_abort once."""
+    operation = state.operation
+    if operation is None or operation.operation_id != operation_id:
+        raise FailedPrecondition(
+            "OPERATION_NOT_OPEN",
+            f"operation {operation_id} is not the open operation of lane {state.lane_id}",
+            laneId=state.lane_id,
+            operationId=operation_id,
+        )
+    log = EventLog(state.lane_id, state.revision, now)
+    if operation.cancel_requested:
+        return Transition.of(state, log)
+    steer = [i for i in state.inbox if i.kind == QueueKind.QUEUE_KIND_STEER]
+    follow_up = [i for i in state.inbox if i.kind == QueueKind.QUEUE_KIND_FOLLOW_UP]
+    log.emit(
+        "operation_abort",
+        events_pb2.OperationAbortEvent(
+            operation_id=operation_id,
+            steer=[i.message for i in steer],
+            follow_up=[i.message for i in follow_up],
+        ),
+    )
+    inbox = _without(state.inbox, steer + follow_up)
+    if inbox != state.inbox:
+        log.emit("queue_update", events_pb2.QueueUpdateEvent(queues=inbox))
+    next_state = replace(
+        state,
+        operation=replace(operation, cancel_requested=True),
+        inbox=inbox,
+        revision=log.revision,
+    )
+    return Transition.of(next_state, log)
+
+
+def start_turn(state: LaneState, operation_id: str, turn_id: str, now: datetime) -> Transition:
+    """Begin a turn at a boundary: place queued steering (or, when the run may finish,
+    follow-up) messages, then emit turn_start."""
+    operation = guards.open_run(state, operation_id)
+    guards.require_phase(operation, Phase.IDLE)
+    guards.require_not_cancelled(operation)
+    settings = operation.settings
+    taken = _take(
+        state.inbox,
+        QueueKind.QUEUE_KIND_STEER,
+        settings.steering_mode == lane_service_pb2.DELIVERY_MODE_ONE_AT_A_TIME,
+    )
+    if not taken and operation.continuation == Continuation.MAY_FINISH:
+        taken = _take(
+            state.inbox,
+            QueueKind.QUEUE_KIND_FOLLOW_UP,
+            settings.follow_up_mode == lane_service_pb2.DELIVERY_MODE_ONE_AT_A_TIME,
+        )
+    log = EventLog(state.lane_id, state.revision, now)
+    tip, placed = _place_messages(state, log, [_queued_entry(i) for i in taken], operation_id)
+    inbox = _without(state.inbox, taken)
+    if taken:
+        log.emit("queue_update", events_pb2.QueueUpdateEvent(queues=inbox))
+    log.emit("turn_start", events_pb2.TurnStartEvent(run_id=operation_id, turn_id=turn_id))
+    next_state = replace(
+        state,
+        operation=replace(operation, phase=Phase.TURN_OPEN, turn_id=turn_id),
+        tip_id=tip,
+        inbox=inbox,
+        message_count=state.message_count + placed,
+        revision=log.revision,
+    )
+    return Transition.of(next_state, log)
+
+
+def settle_assistant(
+    state: LaneState,
+    operation_id: str,
+    turn_id: str,
+    message: messages_pb2.AssistantMessage,
+    now: datetime,
+    new_id: Callable[[], str],
+) -> Transition:
+    """Place the settled assistant message; its tool calls become the planned batch."""
+    operation = guards.open_run(state, operation_id)
+    guards.require_phase(operation, Phase.TURN_OPEN)
+    if operation.turn_id != turn_id:
+        raise FailedPrecondition(
+            "TURN_MISMATCH",
+            f"turn {turn_id} is not the open turn {operation.turn_id}",
+            turnId=turn_id,
+            openTurnId=operation.turn_id or "",
+        )
+    log = EventLog(state.lane_id, state.revision, now)
+    entry_id = new_id()
+    agent_message = messages_pb2.AgentMessage(assistant=message)
+    log.emit(
+        "message_end",
+        events_pb2.MessageEndEvent(run_id=operation_id, message=agent_message, entry_id=entry_id),
+    )
+    entry = entries_pb2.Entry(id=entry_id, parent_id=state.tip_id)
+    entry.message.message.CopyFrom(agent_message)
+    log.place_entry(entry)
+    totals = state.usage_totals
+    if message.HasField("usage"):
+        totals = log.record_usage(new_id(), message.usage, totals, entry_id=entry_id)
+    calls = tuple(
+        ToolCall(
+            source_index=index,
+            tool_call_id=block.tool_call.id,
+            tool_name=block.tool_call.name,
+            result_entry_id=new_id(),
+        )
+        for index, block in enumerate(message.content)
+        if block.WhichOneof("block") == "tool_call"
+    )
+    if calls:
+        next_operation = replace(
+            operation,
+            phase=Phase.TOOLS,
+            batch=ToolBatch(
+                turn_id=turn_id, assistant_entry_id=entry_id, assistant=message, calls=calls
+            ),
+        )
+    else:
+        log.emit(
+            "turn_end",
+            events_pb2.TurnEndEvent(run_id=operation_id, turn_id=turn_id, message=message),
+        )
+        next_operation = replace(
+            operation, phase=Phase.IDLE, turn_id=None, continuation=Continuation.MAY_FINISH
+        )
+    next_state = replace(
+        state,
+        operation=next_operation,
+        tip_id=entry_id,
+        usage_totals=totals,
+        message_count=state.message_count + 1,
+        revision=log.revision,
+    )
+    return Transition.of(next_state, log)
+
+
+def record_usage(
+    state: LaneState,
+    usage_id: str,
+    usage: messages_pb2.Usage,
+    entry_id: str | None,
+    adjustment: bool,
+    now: datetime,
+) -> Transition:
+    """Add a ledger row; emits usage with the new totals."""
+    log = EventLog(state.lane_id, state.revision, now)
+    totals = log.record_usage(
+        usage_id, usage, state.usage_totals, entry_id=entry_id, adjustment=adjustment
+    )
+    return Transition.of(replace(state, usage_totals=totals, revision=log.revision), log)
+
+
+def settle_unfinished_calls(
+    state: LaneState, log: EventLog, new_id: Callable[[], str], *, recovery: bool
+) -> LaneState:
+    """Give every unfinished call of the batch its cancellation outcome, then place them all.
+
+    planned → cancelled synthetic (tool_start + tool_end); effect_pending → interruption result
+    from its checkpoint (tool_end only; the running row already exists); outcome_ready → placed.
+    No tool runs.
+    """
+    operation = state.operation
+    if operation is None or operation.batch is None:
+        return state
+    state = place(state, log, new_id, recovery=recovery)
+    for source_index in range(len(operation.batch.assistant.content)):
+        operation = state.operation
+        if operation is None or operation.batch is None:
+            break
+        call = next((c for c in operation.batch.calls if c.source_index == source_index), None)
+        if call is None or call.status in (CallStatus.COMPLETED, CallStatus.OUTCOME_READY):
+            continue
+        cause = (
+            lane_service_pb2.SYNTHETIC_CAUSE_CANCELLED
+            if call.status == CallStatus.PLANNED
+            else lane_service_pb2.SYNTHETIC_CAUSE_INTERRUPTED
+        )
+        result = synthetic_result(
+            lane_service_pb2.SyntheticOutcome(cause=cause), call.tool_name, call.checkpoint
+        )
+        state = stage(state, log, call, result, is_error=True, recovery=recovery)
+        state = place(state, log, new_id, recovery=recovery)
+    return state
+
+
+def end_run(
+    state: LaneState,
+    operation_id: str,
+    status: int,
+    error: snapshot_pb2.OperationError | None,
+    now: datetime,
+    new_id: Callable[[], str],
+    *,
+    recovery: bool = False,
+) -> Transition:
+    """Terminal commit: settle what is unfinished, record the result, close the operation."""
+    operation = guards.open_run(state, operation_id)
+    if operation.cancel_requested:
+        status = snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED
+        error = None
+    if status == snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED:
+        guards.require_phase(operation, Phase.IDLE)
+    log = EventLog(state.lane_id, state.revision, now)
+    state = settle_unfinished_calls(state, log, new_id, recovery=recovery)
+    result = snapshot_pb2.OperationResult(
+        operation_id=operation_id,
+        kind=snapshot_pb2.OPERATION_KIND_RUN,
+        status=status,  # type: ignore[arg-type]
+        from_tip_id=operation.from_tip_id,
+        tip_id=state.tip_id,
+    )
+    if status == snapshot_pb2.OPERATION_RESULT_STATUS_FAILED and error is not None:
+        result.error.CopyFrom(error)
+    result.started_time.FromDatetime(operation.started_time)
+    result.ended_time.FromDatetime(now)
+    run_end = events_pb2.RunEndEvent(
+        run_id=operation_id,
+        status=result.status,
+        from_tip_id=result.from_tip_id,
+        tip_id=result.tip_id,
+        ended_time=result.ended_time,
+    )
+    if result.HasField("error"):
+        run_end.error.CopyFrom(result.error)
+    log.emit("run_end", run_end, recovery=recovery)
+    next_state = replace(state, operation=None, last_result=result, revision=log.revision)
+    return Transition.of(next_state, log)

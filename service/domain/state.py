@@ -1,0 +1,104 @@
+"""The durable state a command sees: a lane, its open operation, and that operation's tool batch.
+
+These are plain immutable values. The store loads them under the lane row lock, a transition
+function returns the next values, and the store writes the difference. Protobuf messages held
+here are never mutated after construction; transitions build new ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from lane.v1 import lane_service_pb2, messages_pb2, snapshot_pb2
+
+
+class CallStatus(StrEnum):
+    """A tool call's durable status (harness-model §3.1)."""
+
+    PLANNED = "planned"
+    EFFECT_PENDING = "effect_pending"
+    OUTCOME_READY = "outcome_ready"
+    COMPLETED = "completed"
+
+
+class Phase(StrEnum):
+    """Where an open run stands."""
+
+    IDLE = "idle"  # between turns: a turn may start, or the run may end
+    TURN_OPEN = "turn_open"  # a turn started; its assistant message is not settled yet
+    TOOLS = "tools"  # the turn's tool batch is not fully placed yet
+
+
+class Continuation(StrEnum):
+    """What an idle run needs next."""
+
+    NEED_ASSISTANT = "need_assistant"
+    MAY_FINISH = "may_finish"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call of a tool batch, located durably by its source index."""
+
+    source_index: int
+    tool_call_id: str
+    tool_name: str
+    result_entry_id: str
+    status: CallStatus = CallStatus.PLANNED
+    replay: int = lane_service_pb2.REPLAY_POLICY_NEVER
+    # Effective arguments, written by the intent commit.
+    arguments_json: str | None = None
+    # The latest tool_update, and the latest one marked checkpoint.
+    progress: messages_pb2.ToolResult | None = None
+    checkpoint: messages_pb2.ToolResult | None = None
+    # The staged (outcome_ready) or placed (completed) result message.
+    result_message: messages_pb2.ToolResultMessage | None = None
+    terminate: bool = False
+
+
+@dataclass(frozen=True)
+class ToolBatch:
+    """The tool calls of one settled assistant message."""
+
+    turn_id: str
+    assistant_entry_id: str
+    assistant: messages_pb2.AssistantMessage
+    calls: tuple[ToolCall, ...]
+
+    def call(self, tool_call_id: str) -> ToolCall | None:
+        """The call with this batch-local id, if any."""
+        return next((c for c in self.calls if c.tool_call_id == tool_call_id), None)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """A lane's open operation."""
+
+    operation_id: str
+    kind: int  # lane.v1.OperationKind
+    started_time: datetime
+    from_tip_id: str
+    settings: lane_service_pb2.RunSettings
+    cancel_requested: bool = False
+    phase: Phase = Phase.IDLE
+    continuation: Continuation = Continuation.NEED_ASSISTANT
+    turn_id: str | None = None
+    batch: ToolBatch | None = None
+
+
+@dataclass(frozen=True)
+class LaneState:
+    """A lane as one command sees it."""
+
+    lane_id: str
+    revision: int
+    tip_id: str
+    configuration: snapshot_pb2.LaneConfiguration
+    message_count: int
+    usage_totals: messages_pb2.Usage
+    inbox: tuple[snapshot_pb2.QueuedItem, ...] = ()
+    operation: Operation | None = None
+    last_result: snapshot_pb2.OperationResult | None = None
+    faulted: bool = False

@@ -1,0 +1,219 @@
+"""Tool-call commands: intent, progress, staging (seed: "Runtime event production changes").
+
+Commit → events:
+  intent     StartToolCall     planned → effect_pending         [tool_start]
+  progress   UpdateToolCall    effect_pending (unchanged)       [tool_update]
+  staging    StageToolOutcome  planned/effect_pending → outcome_ready
+                               [tool_start (only when it was planned), tool_end]
+After staging a call never executes again; placement (placement.py) is a separate commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+
+from lane.v1 import events_pb2, lane_service_pb2, messages_pb2
+
+from service.domain import guards
+from service.domain.errors import FailedPrecondition
+from service.domain.event_log import EventLog
+from service.domain.results import message_from_result, result_from_message, synthetic_result
+from service.domain.state import CallStatus, LaneState, Operation, ToolBatch, ToolCall
+from service.domain.transition import Transition
+
+SyntheticCause = lane_service_pb2.SyntheticCause
+
+# Causes decided before intent: the call must still be planned.
+_BEFORE_INTENT = {
+    SyntheticCause.SYNTHETIC_CAUSE_UNKNOWN_TOOL,
+    SyntheticCause.SYNTHETIC_CAUSE_INVALID_ARGUMENTS,
+    SyntheticCause.SYNTHETIC_CAUSE_DENIED,
+    SyntheticCause.SYNTHETIC_CAUSE_TRUNCATED,
+}
+
+
+def source_arguments(batch: ToolBatch, call: ToolCall) -> str:
+    """The arguments the assistant wrote for ``call`` (its source block)."""
+    return batch.assistant.content[call.source_index].tool_call.arguments_json
+
+
+def with_call(state: LaneState, operation: Operation, call: ToolCall) -> LaneState:
+    """``state`` with ``call`` replaced in the current batch."""
+    batch = operation.batch
+    assert batch is not None
+    calls = tuple(call if c.source_index == call.source_index else c for c in batch.calls)
+    return replace(state, operation=replace(operation, batch=replace(batch, calls=calls)))
+
+
+def _not_status(call: ToolCall, needed: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        "TOOL_CALL_WRONG_STATUS",
+        f"tool call {call.tool_call_id} is {call.status.value}; this command needs {needed}",
+        toolCallId=call.tool_call_id,
+        status=call.status.value,
+    )
+
+
+def start_tool_call(
+    state: LaneState,
+    operation_id: str,
+    tool_call_id: str,
+    arguments_json: str,
+    replay: int,
+    now: datetime,
+) -> Transition:
+    """Intent commit: persist effective args and replay policy; emits tool_start."""
+    operation = guards.open_run(state, operation_id)
+    batch, call = guards.batch_call(operation, tool_call_id)
+    if call.status != CallStatus.PLANNED:
+        raise _not_status(call, "planned")
+    guards.require_not_cancelled(operation)
+    if operation.settings.tool_execution == lane_service_pb2.TOOL_EXECUTION_SEQUENTIAL:
+        first_open = next(c for c in batch.calls if c.status != CallStatus.COMPLETED)
+        if first_open.source_index != call.source_index:
+            raise FailedPrecondition(
+                "SEQUENTIAL_ORDER",
+                f"sequential batch: call {first_open.tool_call_id} must be settled and placed "
+                f"before {tool_call_id} starts",
+                toolCallId=tool_call_id,
+                blockingToolCallId=first_open.tool_call_id,
+            )
+    log = EventLog(state.lane_id, state.revision, now)
+    log.emit(
+        "tool_start",
+        events_pb2.ToolStartEvent(
+            run_id=operation_id,
+            turn_id=batch.turn_id,
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            arguments_json=arguments_json,
+        ),
+    )
+    started = replace(
+        call, status=CallStatus.EFFECT_PENDING, arguments_json=arguments_json, replay=replay
+    )
+    return Transition.of(replace(with_call(state, operation, started), revision=log.revision), log)
+
+
+def update_tool_call(
+    state: LaneState,
+    operation_id: str,
+    tool_call_id: str,
+    partial_result: messages_pb2.ToolResult,
+    checkpoint: bool,
+    now: datetime,
+) -> Transition:
+    """Progress of a running call; emits tool_update. A checkpoint also becomes durable."""
+    operation = guards.open_run(state, operation_id)
+    batch, call = guards.batch_call(operation, tool_call_id)
+    if call.status != CallStatus.EFFECT_PENDING:
+        raise _not_status(call, "effect_pending")
+    log = EventLog(state.lane_id, state.revision, now)
+    log.emit(
+        "tool_update",
+        events_pb2.ToolUpdateEvent(
+            run_id=operation_id,
+            turn_id=batch.turn_id,
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            partial_result=partial_result,
+            checkpoint=checkpoint,
+        ),
+    )
+    updated = replace(
+        call, progress=partial_result, checkpoint=partial_result if checkpoint else call.checkpoint
+    )
+    return Transition.of(replace(with_call(state, operation, updated), revision=log.revision), log)
+
+
+def stage(
+    state: LaneState,
+    log: EventLog,
+    call: ToolCall,
+    result: messages_pb2.ToolResult,
+    *,
+    is_error: bool,
+    recovery: bool = False,
+) -> LaneState:
+    """Stage ``call``'s final result into ``log``: [tool_start if planned], tool_end.
+
+    Terminate is forced false once the operation's abort was requested: event data describes
+    the state actually committed.
+    """
+    operation = state.operation
+    assert operation is not None and operation.batch is not None
+    batch = operation.batch
+    terminate = result.terminate and not operation.cancel_requested
+    message = message_from_result(
+        call.tool_call_id, call.tool_name, result, is_error=is_error, now=log.now
+    )
+    if call.status == CallStatus.PLANNED:
+        log.emit(
+            "tool_start",
+            events_pb2.ToolStartEvent(
+                run_id=operation.operation_id,
+                turn_id=batch.turn_id,
+                tool_call_id=call.tool_call_id,
+                tool_name=call.tool_name,
+                arguments_json=source_arguments(batch, call),
+            ),
+            recovery=recovery,
+        )
+    log.emit(
+        "tool_end",
+        events_pb2.ToolEndEvent(
+            run_id=operation.operation_id,
+            turn_id=batch.turn_id,
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            result=result_from_message(message, terminate=terminate),
+            is_error=is_error,
+            terminate=terminate,
+        ),
+        recovery=recovery,
+    )
+    staged = replace(
+        call,
+        status=CallStatus.OUTCOME_READY,
+        result_message=message,
+        terminate=terminate,
+        progress=None,
+        checkpoint=None,
+    )
+    return replace(with_call(state, operation, staged), revision=log.revision)
+
+
+def stage_tool_outcome(
+    state: LaneState,
+    operation_id: str,
+    tool_call_id: str,
+    outcome: lane_service_pb2.StageToolOutcomeRequest,
+    now: datetime,
+) -> Transition:
+    """Staging commit for a real or synthetic outcome (placement follows in its own commit)."""
+    operation = guards.open_run(state, operation_id)
+    _, call = guards.batch_call(operation, tool_call_id)
+    if call.status not in (CallStatus.PLANNED, CallStatus.EFFECT_PENDING):
+        raise _not_status(call, "planned or effect_pending")
+    if outcome.WhichOneof("outcome") == "executed":
+        if call.status != CallStatus.EFFECT_PENDING:
+            raise _not_status(call, "effect_pending (an executed result needs an intent first)")
+        result = outcome.executed.result
+        is_error = outcome.executed.is_error
+    else:
+        cause = outcome.synthetic.cause
+        if cause in _BEFORE_INTENT and call.status != CallStatus.PLANNED:
+            raise _not_status(call, "planned (this cause is decided before intent)")
+        if (
+            cause == SyntheticCause.SYNTHETIC_CAUSE_INTERRUPTED
+            and call.status != CallStatus.EFFECT_PENDING
+        ):
+            raise _not_status(call, "effect_pending (only a started call can be interrupted)")
+        result = synthetic_result(outcome.synthetic, call.tool_name, call.checkpoint)
+        result.terminate = (
+            cause == SyntheticCause.SYNTHETIC_CAUSE_DENIED and outcome.synthetic.terminate
+        )
+        is_error = True
+    log = EventLog(state.lane_id, state.revision, now)
+    return Transition.of(stage(state, log, call, result, is_error=is_error), log)

@@ -1,0 +1,35 @@
+"""The store's connection pool and its lifecycle."""
+
+from __future__ import annotations
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from service.store import migrations
+
+
+async def _configure(conn: AsyncConnection[object]) -> None:
+    # A dead or stuck server must not hang a command forever.
+    await conn.execute("SET idle_in_transaction_session_timeout = '60s'")
+    await conn.set_autocommit(True)
+
+
+async def open_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> AsyncConnectionPool:
+    """Open a pool of autocommit connections (transactions are explicit) and wait for it."""
+    pool: AsyncConnectionPool = AsyncConnectionPool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        open=False,
+        configure=_configure,
+        check=AsyncConnectionPool.check_connection,
+        kwargs={"keepalives": 1, "keepalives_idle": 30},
+    )
+    await pool.open(wait=True, timeout=30)
+    return pool
+
+
+async def migrate_pool(pool: AsyncConnectionPool) -> list[str]:
+    """Apply pending migrations using one pooled connection."""
+    async with pool.connection() as conn:
+        return await migrations.migrate(conn)
