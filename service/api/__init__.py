@@ -1,5 +1,6 @@
 """The gRPC face: proto ↔ domain, request validation, the one error table."""
 
-from service.api.servicer import add_lane_service
+from service.api.servicer import SERVICE_NAME, LaneServicer, add_lane_service
+from service.api.watch import WatchSettings
 
-__all__ = ["add_lane_service"]
+__all__ = ["SERVICE_NAME", "LaneServicer", "WatchSettings", "add_lane_service"]

@@ -2,9 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from google.protobuf.message import Message
+from lane.v1 import lane_service_pb2, snapshot_pb2
 from psycopg_pool import AsyncConnectionPool
 
+from service.domain import lanes
+from service.domain.capture import capture
+from service.domain.errors import NotFound
+from service.domain.state import LaneState
+from service.domain.transition import Transition
+from service.store.lane_rows import (
+    insert_lane,
+    load_events,
+    load_lane,
+    load_transcript,
+    write_transition,
+)
 from service.store.pool import migrate_pool, open_pool
+from service.store.requests import RequestKey, replayed_answer, save_answer
+
+R = TypeVar("R", bound=Message)
+
+#: ``decide(state, now) -> (transition, answer)``: a pure domain step plus the RPC's answer.
+Decide = Callable[[LaneState, datetime], tuple[Transition, R]]
+#: Called after every commit with the lane id and its new revision (the hub's doorbell).
+CommitListener = Callable[[str, int], None]
+
+
+def lane_not_found(lane_id: str) -> NotFound:
+    """The refusal for a lane that does not exist."""
+    return NotFound("LANE_NOT_FOUND", f"lane {lane_id} does not exist", laneId=lane_id)
 
 
 class Store:
@@ -12,6 +43,7 @@ class Store:
 
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self.pool = pool
+        self.commit_listeners: list[CommitListener] = []
 
     @classmethod
     async def open(cls, dsn: str, *, min_size: int = 2, max_size: int = 10) -> Store:
@@ -25,3 +57,135 @@ class Store:
     async def close(self) -> None:
         """Close every connection."""
         await self.pool.close()
+
+    def _committed(self, lane_id: str, revision: int) -> None:
+        for listener in self.commit_listeners:
+            listener(lane_id, revision)
+
+    async def command(
+        self,
+        lane_id: str,
+        decide: Decide[R],
+        answer_type: type[R],
+        request: RequestKey | None = None,
+    ) -> R:
+        """Run one command as one transaction under the lane row lock.
+
+        Loads the lane's state, lets ``decide`` compute the transition (a refusal raises and
+        rolls back: nothing is written), writes it with its events at the next revisions, and
+        records the answer under the request id. A retried request id returns the stored answer.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            state = await load_lane(conn, lane_id, lock=True)
+            if state is None:
+                raise lane_not_found(lane_id)
+            if request is not None:
+                replay = await replayed_answer(conn, lane_id, request, answer_type)
+                if replay is not None:
+                    return replay
+            transition, answer = decide(state, datetime.now(UTC))
+            await write_transition(conn, state, transition)
+            if request is not None:
+                await save_answer(conn, lane_id, request, answer)
+        if transition.events:
+            self._committed(lane_id, transition.state.revision)
+        return answer
+
+    async def amend_answer(self, lane_id: str, request: RequestKey, answer: Message) -> None:
+        """Replace the stored answer of a request whose work took a second commit."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await save_answer(conn, lane_id, request, answer)
+
+    async def create_lane(
+        self,
+        lane_id: str,
+        configuration: snapshot_pb2.LaneConfiguration,
+        request: RequestKey | None = None,
+    ) -> lane_service_pb2.CreateLaneResponse:
+        """Get-or-create: a new lane emits lane_created; an existing one is returned as is."""
+        answer_type = lane_service_pb2.CreateLaneResponse
+        transition = lanes.create_lane(lane_id, configuration, datetime.now(UTC))
+        async with self.pool.connection() as conn, conn.transaction():
+            created = await insert_lane(conn, transition.state)
+            state = await load_lane(conn, lane_id, lock=True)
+            assert state is not None
+            if request is not None:
+                replay = await replayed_answer(conn, lane_id, request, answer_type)
+                if replay is not None:
+                    return replay
+            if created:
+                await write_transition(conn, state, transition)
+                state = transition.state
+            answer = answer_type(created=created, revision=state.revision)
+            if request is not None:
+                await save_answer(conn, lane_id, request, answer)
+        if created:
+            self._committed(lane_id, state.revision)
+        return answer
+
+    async def snapshot(self, lane_id: str) -> snapshot_pb2.LaneSnapshot:
+        """Capture the lane in one REPEATABLE READ transaction."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            state = await load_lane(conn, lane_id, lock=False, with_last_result=True)
+            if state is None:
+                raise lane_not_found(lane_id)
+            transcript = await load_transcript(conn, lane_id, state.tip_id)
+        return capture(state, transcript)
+
+    async def list_lanes(
+        self, page_size: int, after_lane_id: str
+    ) -> tuple[list[lane_service_pb2.LaneSummary], str]:
+        """Lanes in id order after ``after_lane_id``; the next page token ('' at the end)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT l.lane_id, l.revision, l.tip_id, l.current_operation_id,"
+                " o.cancel_requested FROM lanes l"
+                " LEFT JOIN operations o ON o.operation_id = l.current_operation_id"
+                " WHERE l.lane_id > %s ORDER BY l.lane_id LIMIT %s",
+                (after_lane_id, page_size + 1),
+            )
+            rows = await cur.fetchall()
+        lanes_found = [
+            lane_service_pb2.LaneSummary(
+                lane_id=lane_id,
+                revision=revision,
+                tip_id=tip_id or "",
+                operation_id=operation_id or "",
+                operation_status=(
+                    snapshot_pb2.OPERATION_STATUS_UNSPECIFIED
+                    if operation_id is None
+                    else snapshot_pb2.OPERATION_STATUS_ABORTING
+                    if cancelled
+                    else snapshot_pb2.OPERATION_STATUS_OPEN
+                ),
+            )
+            for lane_id, revision, tip_id, operation_id, cancelled in rows[:page_size]
+        ]
+        next_token = lanes_found[-1].lane_id if len(rows) > page_size else ""
+        return lanes_found, next_token
+
+    async def lane_head(self, lane_id: str) -> tuple[int, int]:
+        """The lane's (head revision, retention floor)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT revision, retention_floor FROM lanes WHERE lane_id = %s", (lane_id,)
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise lane_not_found(lane_id)
+        return row[0], row[1]
+
+    async def read_events(self, lane_id: str, after_revision: int, limit: int) -> list[list[bytes]]:
+        """Whole event groups after ``after_revision`` (at least one group when any exists,
+        about ``limit`` events at most), each as the encoded HarnessEvent bodies."""
+        async with self.pool.connection() as conn:
+            rows = await load_events(conn, lane_id, after_revision, limit)
+        groups: list[list[bytes]] = []
+        group_end = None
+        for _, end, body in rows:
+            if end != group_end:
+                groups.append([])
+                group_end = end
+            groups[-1].append(body)
+        return groups

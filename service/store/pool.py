@@ -9,9 +9,9 @@ from service.store import migrations
 
 
 async def _configure(conn: AsyncConnection[object]) -> None:
-    # A dead or stuck server must not hang a command forever.
-    await conn.execute("SET idle_in_transaction_session_timeout = '60s'")
     await conn.set_autocommit(True)
+    # A client that dies inside a transaction must not hold a lane row lock forever.
+    await conn.execute("SET idle_in_transaction_session_timeout = '60s'")
 
 
 async def open_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> AsyncConnectionPool:

@@ -24,6 +24,8 @@ CREATE TABLE entries (
     entry_id  text NOT NULL,
     parent_id text,
     seq       bigint NOT NULL,
+    -- The Entry payload kind: the transcript walk stops at the newest 'compaction'.
+    kind      text NOT NULL,
     body      bytea NOT NULL,                      -- lane.v1.Entry
     PRIMARY KEY (lane_id, entry_id)
 );

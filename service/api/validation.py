@@ -1,0 +1,92 @@
+"""Request validation: malformed input is refused with INVALID_ARGUMENT before any I/O.
+
+Besides the per-RPC checks, :func:`check_message` walks any message and refuses unknown enum
+values and ``*_json`` fields that are not JSON, wherever they are nested.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from lane.v1 import messages_pb2
+
+from service.domain.errors import InvalidArgument
+from service.domain.jsontext import parse_json, require_json_object
+
+MAX_ID_BYTES = 128
+MAX_PAGE_SIZE = 1000
+DEFAULT_PAGE_SIZE = 100
+
+
+def require_id(value: str, field: str, *, optional: bool = False) -> None:
+    """Refuse an empty (unless ``optional``), oversized or non-printable identifier."""
+    if not value:
+        if optional:
+            return
+        raise InvalidArgument("MISSING_FIELD", f"{field} is required", field=field)
+    if len(value.encode()) > MAX_ID_BYTES or not value.isprintable() or value.strip() != value:
+        raise InvalidArgument(
+            "INVALID_ID",
+            f"{field} must be 1-{MAX_ID_BYTES} bytes of printable text without surrounding spaces",
+            field=field,
+        )
+
+
+def require(condition: bool, reason: str, message: str, field: str) -> None:
+    """Refuse with INVALID_ARGUMENT unless ``condition``."""
+    if not condition:
+        raise InvalidArgument(reason, message, field=field)
+
+
+def check_message(message: Message, path: str, *, skip_json: frozenset[str] = frozenset()) -> None:
+    """Refuse unknown enum values and invalid JSON text anywhere inside ``message``."""
+    for field, value in message.ListFields():
+        where = f"{path}.{field.name}" if path else field.name
+        values = value if field.is_repeated else [value]
+        for index, item in enumerate(values):
+            at = f"{where}[{index}]" if field.is_repeated else where
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                check_message(item, at, skip_json=skip_json)
+            elif field.type == FieldDescriptor.TYPE_ENUM:
+                enum = field.enum_type
+                if enum is None or enum.values_by_number.get(item) is None:
+                    raise InvalidArgument(
+                        "UNKNOWN_ENUM_VALUE", f"{at} has unknown value {item}", field=at
+                    )
+            elif field.name.endswith("_json") and field.name not in skip_json:
+                parse_json(item, at)
+
+
+def check_tool_calls(message: messages_pb2.AssistantMessage, path: str) -> None:
+    """Tool-call blocks need an id and a name, unique ids, and JSON-object arguments (unless the
+    response was cut for length: then the arguments may be cut too, and a truncated result
+    follows)."""
+    seen: set[str] = set()
+    for index, block in enumerate(message.content):
+        if block.WhichOneof("block") != "tool_call":
+            continue
+        at = f"{path}.content[{index}].tool_call"
+        call = block.tool_call
+        require_id(call.id, f"{at}.id")
+        require(bool(call.name), "MISSING_FIELD", f"{at}.name is required", f"{at}.name")
+        if call.id in seen:
+            raise InvalidArgument(
+                "DUPLICATE_TOOL_CALL_ID",
+                f"tool call id {call.id} appears twice in one assistant message",
+                field=f"{at}.id",
+                toolCallId=call.id,
+            )
+        seen.add(call.id)
+        if message.stop_reason != messages_pb2.STOP_REASON_LENGTH:
+            require_json_object(call.arguments_json, f"{at}.arguments_json")
+
+
+def require_kind(message: messages_pb2.AgentMessage, field: str, *allowed: str) -> None:
+    """Refuse a message whose kind is unset or not one of ``allowed``."""
+    kind = message.WhichOneof("message")
+    require(
+        kind in allowed,
+        "INVALID_MESSAGE",
+        f"{field} must be a {' or '.join(allowed)} message (got {kind or 'nothing'})",
+        field,
+    )

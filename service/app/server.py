@@ -1,0 +1,284 @@
+"""Start-up and shutdown of the lane service process.
+
+:func:`start_server` assembles one running service: the database (the configured one, or an
+embedded PostgreSQL), the store with its migrations applied, the watch hub (NOTIFY and polling
+per ``LANE_NOTIFY`` / ``LANE_POLL_INTERVAL_SECONDS``), and a ``grpc.aio`` server carrying
+LaneService, health checking and server reflection. Tests use it directly. :func:`serve` runs
+it until SIGTERM or SIGINT, then shuts down gracefully; :func:`main` is the process entry point
+behind ``python -m service.app`` and ``lane serve``.
+
+Shutdown order: health flips every service to NOT_SERVING (load balancers and watchers of the
+health stream see it first), in-flight calls get the grace period, then the hub stops, the
+store's pool closes, and the embedded PostgreSQL (if any) stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import psycopg
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from lane.v1 import lane_service_pb2
+
+from service.api import add_lane_service
+from service.app.config import ConfigError, Settings, mask_password, parse_listen
+from service.app.embedded import EmbeddedPostgres, start_embedded
+from service.hub import Hub
+from service.store import Store
+
+_log = logging.getLogger(__name__)
+
+LANE_SERVICE_NAME: str = lane_service_pb2.DESCRIPTOR.services_by_name["LaneService"].full_name
+
+# Published message size limits. Both equal gRPC's default receive limit, so any client with
+# default settings (grpcurl, a plain stub) can receive every message the service sends. The api
+# layer must therefore refuse payloads whose event would not fit, and snapshot chunks must stay
+# below MAX_SEND_MESSAGE_BYTES.
+MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_SEND_MESSAGE_BYTES = 4 * 1024 * 1024
+
+# Keepalive. WatchLane streams are long-lived, so clients ping to notice a dead server or a
+# dropped NAT mapping; a server that does not permit their ping rate answers with GOAWAY
+# "too_many_pings" and ends every stream on the connection. Clients may ping every 10 s or
+# more slowly, with or without active calls.
+MIN_CLIENT_PING_INTERVAL_MS = 10_000
+# The server pings idle connections too, so a watcher whose host vanished is noticed and its
+# stream and resources released instead of being held until TCP gives up (hours).
+SERVER_KEEPALIVE_TIME_MS = 60_000
+SERVER_KEEPALIVE_TIMEOUT_MS = 20_000
+
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_SEND_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+    # 0 = no limit on the server's own pings between data frames; idle watch streams need them.
+    ("grpc.http2.max_pings_without_data", 0),
+    # gRPC sets SO_REUSEPORT by default on Linux, so a second server on the same port would
+    # start "successfully" and silently share the traffic. Fail loudly instead.
+    ("grpc.so_reuseport", 0),
+    # No max_connection_age: it ends long watch streams (clients would resume, but needlessly).
+    # Deployments behind a load balancer that need rebalancing can add it.
+)
+
+# How long start-up waits for the database to accept a connection before giving up.
+_CONNECT_TIMEOUT_SECONDS = 10
+
+
+class StartupError(RuntimeError):
+    """The service could not start: database unreachable, address not bindable, ..."""
+
+
+@dataclass
+class RunningServer:
+    """One started service. Stop it with :meth:`stop`."""
+
+    server: grpc.aio.Server
+    store: Store
+    hub: Hub
+    health: Any  # grpc_health.v1.health.aio.HealthServicer (the package ships no types)
+    port: int
+    address: str
+    database: str  # human-readable, never with a password
+    applied_migrations: list[str]
+    embedded: EmbeddedPostgres | None = None
+    _stop_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    _stopped: bool = field(default=False, repr=False)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Shut down gracefully: NOT_SERVING, let calls finish for ``grace`` s, close, stop.
+
+        ``grace=None`` cancels in-flight calls at once. Safe to call more than once; later
+        calls wait for the first to finish.
+        """
+        async with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            try:
+                await self.health.enter_graceful_shutdown()
+                # TODO(hub): end WatchLane streams with UNAVAILABLE here once the hub can, so
+                # watchers resume elsewhere at once instead of holding shutdown for the whole
+                # grace period (open streams are in-flight calls to server.stop).
+                await self.server.stop(grace)
+            finally:
+                await _release(self.hub, self.store, self.embedded)
+            _log.info("lane service on %s stopped", self.address)
+
+
+async def start_server(target: Settings | str, *, listen: str | None = None) -> RunningServer:
+    """Start the service and return it running.
+
+    ``target`` is either full :class:`Settings` or just a database URL (then the server listens
+    on ``127.0.0.1:0``, a free port). ``listen`` overrides the address in either case. Opens the
+    store, applies pending migrations, and serves LaneService, health and reflection. Raises
+    :class:`StartupError` when the database is unreachable or the address cannot be bound;
+    whatever was started by then is stopped again.
+    """
+    settings = target if isinstance(target, Settings) else Settings(database_url=target)
+    if listen is not None or not isinstance(target, Settings):
+        address = parse_listen("listen", listen or "127.0.0.1:0")
+        settings = dataclasses.replace(settings, listen=address)
+
+    embedded: EmbeddedPostgres | None = None
+    store: Store | None = None
+    hub: Hub | None = None
+    server: grpc.aio.Server | None = None
+    try:
+        if settings.database_url is None:
+            # pgserver blocks (initdb, pg_ctl): keep the event loop free meanwhile.
+            embedded = await asyncio.to_thread(start_embedded, settings.data_dir)
+            dsn, database = embedded.uri, f"embedded PostgreSQL at {embedded.cluster_dir}"
+        else:
+            dsn, database = settings.database_url, mask_password(settings.database_url)
+        await _check_database(dsn, database)
+        store = await Store.open(dsn)
+        applied = await store.migrate()
+        hub = Hub(store, notify=settings.notify, poll_interval=settings.poll_interval_seconds)
+        await hub.start()
+
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        health_servicer = await _add_services(server, store, hub)
+        try:
+            port = server.add_insecure_port(settings.listen)
+        except RuntimeError as err:
+            raise StartupError(f"cannot listen on {settings.listen}: {err}") from None
+        await server.start()
+    except BaseException:
+        # Also on cancellation: a half-started service must not leak a pool or a PostgreSQL.
+        if server is not None:
+            await server.stop(None)
+        await _release(hub, store, embedded)
+        raise
+
+    host = settings.listen.rpartition(":")[0]
+    running = RunningServer(
+        server=server,
+        store=store,
+        hub=hub,
+        health=health_servicer,
+        port=port,
+        address=f"{host}:{port}",
+        database=database,
+        applied_migrations=applied,
+        embedded=embedded,
+    )
+    _log.info(
+        "lane service listening on %s; database: %s; migrations applied now: %s",
+        running.address,
+        database,
+        ", ".join(applied) if applied else "none (schema up to date)",
+    )
+    return running
+
+
+async def serve(settings: Settings) -> None:
+    """Run the service until SIGTERM or SIGINT, then shut down within the grace period."""
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, _request_stop, sig, stop_requested)
+    try:
+        # A signal during a slow start (initdb, an unreachable database) must not wait for it.
+        starting = asyncio.ensure_future(start_server(settings))
+        stop_waiter = asyncio.ensure_future(stop_requested.wait())
+        try:
+            await asyncio.wait({starting, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
+                _log.info("start-up abandoned")
+                return
+            running = starting.result()
+            try:
+                await stop_waiter
+            finally:
+                await running.stop(settings.grace_seconds)
+        finally:
+            stop_waiter.cancel()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+def main() -> int:
+    """Process entry point: read the environment, serve, return the exit status.
+
+    0 after a graceful shutdown, 2 for a bad configuration, 1 when start-up fails.
+    """
+    configure_logging()
+    try:
+        settings = Settings.from_env()
+    except ConfigError as err:
+        print(f"lane: configuration error: {err}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(settings))
+    except StartupError as err:
+        _log.error("lane service failed to start: %s", err)
+        return 1
+    return 0
+
+
+def configure_logging() -> None:
+    """Log INFO and above to stderr, unless the application configured logging already."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # pgserver narrates every step of starting PostgreSQL at INFO; keep its warnings.
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
+
+
+def _request_stop(sig: signal.Signals, stop_requested: asyncio.Event) -> None:
+    if not stop_requested.is_set():
+        _log.info("received %s: shutting down", sig.name)
+    stop_requested.set()
+
+
+async def _release(hub: Hub | None, store: Store | None, embedded: EmbeddedPostgres | None) -> None:
+    """Stop the hub, close the store, stop the embedded PostgreSQL: each even if one fails."""
+    async with contextlib.AsyncExitStack() as cleanup:
+        # Callbacks run last-pushed first: hub (it uses the store), store, then PostgreSQL.
+        if embedded is not None:
+            cleanup.push_async_callback(asyncio.to_thread, embedded.stop)
+        if store is not None:
+            cleanup.push_async_callback(store.close)
+        if hub is not None:
+            cleanup.push_async_callback(hub.stop)
+
+
+async def _check_database(dsn: str, database: str) -> None:
+    # The pool retries silently for 30 s on a bad host or password and then reports only a
+    # timeout; one direct connection fails fast with the server's own reason.
+    try:
+        conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=_CONNECT_TIMEOUT_SECONDS)
+    except psycopg.OperationalError as err:
+        reason = str(err).strip()
+        raise StartupError(f"cannot connect to the database {database}: {reason}") from None
+    await conn.close()
+
+
+async def _add_services(server: grpc.aio.Server, store: Store, hub: Hub) -> Any:
+    """Register LaneService, health (all SERVING) and reflection; return the health servicer."""
+    add_lane_service(server, store, hub)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in (health.OVERALL_HEALTH, LANE_SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        (LANE_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    return health_servicer

@@ -1,0 +1,182 @@
+"""The per-process hub: one LISTEN connection, coalesced doorbells, a polling fallback.
+
+Correctness never depends on NOTIFY: a watcher always reads its lane's event log from its own
+last revision, and the hub only tells it *when* to look. Three things ring:
+
+- a commit in this process rings its lane at once (``Store.commit_listeners``);
+- a NOTIFY from another process (payload: the lane id) rings that lane;
+- a poll every ``poll_interval`` seconds rings every watched lane whose head moved past what
+  its watchers have seen — the fallback when NOTIFY is off, lost, or the listener is down.
+
+Doorbells are sent after commit, outside the writer's transaction (NOTIFY takes a cluster-wide
+lock through commit), coalesced per lane, from one task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import psycopg
+
+from service.store import Store
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "lane_events"
+
+
+class Subscription:
+    """One watcher's interest in one lane."""
+
+    def __init__(self, lane_id: str) -> None:
+        self.lane_id = lane_id
+        #: The revision this watcher has delivered through; the poller wakes it past that.
+        self.revision = 0
+        self._wake = asyncio.Event()
+
+    def ring(self) -> None:
+        """Wake the watcher."""
+        self._wake.set()
+
+    async def wait(self, within: float) -> bool:
+        """Wait until rung, at most ``within`` seconds; True when rung."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), within)
+        except TimeoutError:
+            return False
+        self._wake.clear()
+        return True
+
+
+class Hub:
+    """Wakes this process's watchers; see the module docstring."""
+
+    def __init__(self, store: Store, *, notify: bool = True, poll_interval: float = 1.0) -> None:
+        self.store = store
+        self.notify = notify
+        self.poll_interval = poll_interval
+        self._subscriptions: dict[str, set[Subscription]] = {}
+        self._dirty: set[str] = set()
+        self._dirty_event = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.listening = asyncio.Event()
+        store.commit_listeners.append(self.committed)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the poller and, with NOTIFY on, the listener and the doorbell sender."""
+        self._tasks.append(asyncio.create_task(self._poll_forever(), name="hub-poll"))
+        if self.notify:
+            self._tasks.append(asyncio.create_task(self._listen_forever(), name="hub-listen"))
+            self._tasks.append(asyncio.create_task(self._send_doorbells(), name="hub-notify"))
+
+    async def stop(self) -> None:
+        """Stop every task."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    # -- watchers --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def subscribe(self, lane_id: str) -> Iterator[Subscription]:
+        """Register a watcher of ``lane_id`` for the duration of the block."""
+        subscription = Subscription(lane_id)
+        self._subscriptions.setdefault(lane_id, set()).add(subscription)
+        try:
+            yield subscription
+        finally:
+            watchers = self._subscriptions.get(lane_id)
+            if watchers is not None:
+                watchers.discard(subscription)
+                if not watchers:
+                    del self._subscriptions[lane_id]
+
+    def watcher_count(self, lane_id: str | None = None) -> int:
+        """How many watchers this process has (on one lane, or in all)."""
+        if lane_id is not None:
+            return len(self._subscriptions.get(lane_id, ()))
+        return sum(len(s) for s in self._subscriptions.values())
+
+    def ring(self, lane_id: str) -> None:
+        """Wake every local watcher of ``lane_id``."""
+        for subscription in self._subscriptions.get(lane_id, ()):
+            subscription.ring()
+
+    def ring_all(self) -> None:
+        """Wake every local watcher (after the listener reconnects: something may be missed)."""
+        for watchers in self._subscriptions.values():
+            for subscription in watchers:
+                subscription.ring()
+
+    def committed(self, lane_id: str, revision: int) -> None:
+        """A commit in this process: wake local watchers now, ring other processes soon."""
+        self.ring(lane_id)
+        if self.notify:
+            self._dirty.add(lane_id)
+            self._dirty_event.set()
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    async def _send_doorbells(self) -> None:
+        while True:
+            await self._dirty_event.wait()
+            self._dirty_event.clear()
+            lanes, self._dirty = sorted(self._dirty), set()
+            try:
+                async with self.store.pool.connection() as conn:
+                    await conn.execute(
+                        "SELECT pg_notify(%s, lane) FROM unnest(%s::text[]) AS lane",
+                        (CHANNEL, lanes),
+                    )
+            except (psycopg.Error, OSError) as exc:
+                # Lost doorbells are covered by polling; never let them fail a commit.
+                log.warning("could not send %d doorbells: %s", len(lanes), exc)
+
+    async def _listen_forever(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    str(self.store.pool.conninfo), autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self.listening.set()
+                    backoff = 0.1
+                    # Anything committed while we were not listening is caught up now.
+                    self.ring_all()
+                    async for notification in conn.notifies():
+                        self.ring(notification.payload)
+            except (psycopg.Error, OSError) as exc:
+                self.listening.clear()
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            if not self._subscriptions:
+                continue
+            try:
+                async with self.store.pool.connection() as conn:
+                    cur = await conn.execute(
+                        "SELECT lane_id, revision FROM lanes WHERE lane_id = ANY(%s)",
+                        (list(self._subscriptions),),
+                    )
+                    heads: dict[str, int] = dict(await cur.fetchall())
+            except (psycopg.Error, OSError) as exc:
+                log.warning("poll failed: %s", exc)
+                continue
+            for lane_id, watchers in list(self._subscriptions.items()):
+                head = heads.get(lane_id)
+                for subscription in watchers:
+                    if head is None or head > subscription.revision:
+                        subscription.ring()

@@ -1,0 +1,74 @@
+"""Idempotent requests: a retried request id returns the first answer and commits nothing.
+
+The stored answer is written in the same transaction as the command it answers, so a request
+id is recorded if and only if its command committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
+from psycopg import AsyncConnection
+
+from service.domain.errors import AlreadyExists
+from service.store.codec import decode, encode
+
+R = TypeVar("R", bound=Message)
+
+
+@dataclass(frozen=True)
+class RequestKey:
+    """A mutating request's identity: its id, its method, and a digest of its content."""
+
+    request_id: str
+    method: str
+    digest: bytes
+
+    @classmethod
+    def of(cls, method: str, request: Message, request_id: str) -> RequestKey | None:
+        """The key of ``request`` (None without a request id). The id itself is not hashed."""
+        if not request_id:
+            return None
+        content = type(request)()
+        content.CopyFrom(request)
+        content.ClearField("request_id")
+        digest = hashlib.sha256(encode(content)).digest()
+        return cls(request_id=request_id, method=method, digest=digest)
+
+
+async def replayed_answer(
+    conn: AsyncConnection[Any], lane_id: str, key: RequestKey, answer_type: type[R]
+) -> R | None:
+    """The stored answer for ``key``, None when the id is new; refuses a reused id."""
+    cur = await conn.execute(
+        "SELECT method, request_hash, response FROM requests"
+        " WHERE lane_id = %s AND request_id = %s",
+        (lane_id, key.request_id),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    method, digest, response = row
+    if method != key.method or bytes(digest) != key.digest:
+        raise AlreadyExists(
+            "REQUEST_ID_REUSED",
+            f"request id {key.request_id} was already used for a different request",
+            requestId=key.request_id,
+            method=method,
+        )
+    return decode(answer_type, response)
+
+
+async def save_answer(
+    conn: AsyncConnection[Any], lane_id: str, key: RequestKey, answer: Message
+) -> None:
+    """Record ``answer`` for ``key`` (replacing an earlier partial answer of the same request)."""
+    await conn.execute(
+        "INSERT INTO requests (lane_id, request_id, method, request_hash, response)"
+        " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (lane_id, request_id)"
+        " DO UPDATE SET response = EXCLUDED.response",
+        (lane_id, key.request_id, key.method, key.digest, encode(answer)),
+    )
