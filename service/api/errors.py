@@ -82,6 +82,8 @@ def unary(handler: Handler[T]) -> Handler[T]:
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> T:
         try:
             return await handler(self, request, context)
+        except grpc.aio.AbortError:
+            raise  # the handler already ended the call with its own status
         except Exception as exc:
             await _abort(context, exc)
             raise  # unreachable: abort_with_status raises

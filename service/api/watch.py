@@ -111,29 +111,45 @@ async def _serve(
             revision = request.after_revision
             head, floor = await store.lane_head(lane_id)
             if not floor <= revision <= head:
-                raise OutOfRange(
-                    "REVISION_OUT_OF_RANGE",
-                    f"cannot resume lane {lane_id} after revision {revision}: events are kept "
-                    f"after revision {floor} up to the head {head}",
-                    laneId=lane_id,
-                    afterRevision=revision,
-                    floor=floor,
-                    head=head,
-                )
+                raise _out_of_range(lane_id, revision, floor, head)
         else:
             snapshot = await store.snapshot(lane_id)
             revision = snapshot.revision
             for message in snapshot_messages(snapshot, settings.chunk_bytes):
                 await _write(context, message, settings, revision)
         subscription.revision = revision
-        while True:
+        while not hub.closing:
             groups = await store.read_events(lane_id, revision, settings.read_batch)
-            for bodies in groups:
+            for first, bodies in groups:
+                if first != revision + 1:
+                    # Retention removed events this watcher had not read yet.
+                    head, floor = await store.lane_head(lane_id)
+                    raise _out_of_range(lane_id, revision, floor, head)
                 await _write(context, event_group_frame(bodies), settings, revision)
                 revision += len(bodies)
                 subscription.revision = revision
             if groups:
                 continue
-            if not await subscription.wait(settings.heartbeat_seconds):
+            if not await subscription.wait(settings.heartbeat_seconds) and not hub.closing:
                 heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
                 await _write(context, heartbeat, settings, revision)
+        await context.abort_with_status(
+            status_of(
+                code_pb2.UNAVAILABLE,
+                "SERVER_SHUTTING_DOWN",
+                f"the server is shutting down; resume after revision {revision}",
+                {"lastRevision": str(revision)},
+            )
+        )
+
+
+def _out_of_range(lane_id: str, revision: int, floor: int, head: int) -> OutOfRange:
+    return OutOfRange(
+        "REVISION_OUT_OF_RANGE",
+        f"cannot resume lane {lane_id} after revision {revision}: events are kept after "
+        f"revision {floor} up to the head {head}",
+        laneId=lane_id,
+        afterRevision=revision,
+        floor=floor,
+        head=head,
+    )

@@ -29,9 +29,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from lane.v1 import lane_service_pb2
 
-from service.api import add_lane_service
+from service.api import WatchSettings, add_lane_service
 from service.app.config import ConfigError, Settings, mask_password, parse_listen
 from service.app.embedded import EmbeddedPostgres, start_embedded
+from service.app.maintenance import retention_forever
 from service.hub import Hub
 from service.store import Store
 
@@ -93,6 +94,7 @@ class RunningServer:
     database: str  # human-readable, never with a password
     applied_migrations: list[str]
     embedded: EmbeddedPostgres | None = None
+    maintenance: asyncio.Task[None] | None = None
     _stop_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
@@ -108,16 +110,25 @@ class RunningServer:
             self._stopped = True
             try:
                 await self.health.enter_graceful_shutdown()
-                # TODO(hub): end WatchLane streams with UNAVAILABLE here once the hub can, so
-                # watchers resume elsewhere at once instead of holding shutdown for the whole
-                # grace period (open streams are in-flight calls to server.stop).
+                # Watch streams never finish on their own: end them with UNAVAILABLE now so
+                # clients resume elsewhere instead of holding shutdown for the grace period.
+                self.hub.close_watchers()
                 await self.server.stop(grace)
             finally:
+                if self.maintenance is not None:
+                    self.maintenance.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self.maintenance
                 await _release(self.hub, self.store, self.embedded)
             _log.info("lane service on %s stopped", self.address)
 
 
-async def start_server(target: Settings | str, *, listen: str | None = None) -> RunningServer:
+async def start_server(
+    target: Settings | str,
+    *,
+    listen: str | None = None,
+    watch: WatchSettings | None = None,
+) -> RunningServer:
     """Start the service and return it running.
 
     ``target`` is either full :class:`Settings` or just a database URL (then the server listens
@@ -149,7 +160,7 @@ async def start_server(target: Settings | str, *, listen: str | None = None) -> 
         await hub.start()
 
         server = grpc.aio.server(options=SERVER_OPTIONS)
-        health_servicer = await _add_services(server, store, hub)
+        health_servicer = await _add_services(server, store, hub, watch)
         try:
             port = server.add_insecure_port(settings.listen)
         except RuntimeError as err:
@@ -173,6 +184,7 @@ async def start_server(target: Settings | str, *, listen: str | None = None) -> 
         database=database,
         applied_migrations=applied,
         embedded=embedded,
+        maintenance=asyncio.create_task(retention_forever(store), name="retention"),
     )
     _log.info(
         "lane service listening on %s; database: %s; migrations applied now: %s",
@@ -271,9 +283,11 @@ async def _check_database(dsn: str, database: str) -> None:
     await conn.close()
 
 
-async def _add_services(server: grpc.aio.Server, store: Store, hub: Hub) -> Any:
+async def _add_services(
+    server: grpc.aio.Server, store: Store, hub: Hub, watch: WatchSettings | None
+) -> Any:
     """Register LaneService, health (all SERVING) and reflection; return the health servicer."""
-    add_lane_service(server, store, hub)
+    add_lane_service(server, store, hub, watch)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in (health.OVERALL_HEALTH, LANE_SERVICE_NAME):

@@ -63,6 +63,8 @@ class Hub:
         self._dirty_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
+        #: Set on shutdown: watchers end their streams (UNAVAILABLE) so clients resume elsewhere.
+        self.closing = False
         store.commit_listeners.append(self.committed)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -73,6 +75,11 @@ class Hub:
         if self.notify:
             self._tasks.append(asyncio.create_task(self._listen_forever(), name="hub-listen"))
             self._tasks.append(asyncio.create_task(self._send_doorbells(), name="hub-notify"))
+
+    def close_watchers(self) -> None:
+        """Ask every watcher to end its stream now (server shutdown)."""
+        self.closing = True
+        self.ring_all()
 
     async def stop(self) -> None:
         """Stop every task."""

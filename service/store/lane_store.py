@@ -176,16 +176,18 @@ class Store:
             raise lane_not_found(lane_id)
         return row[0], row[1]
 
-    async def read_events(self, lane_id: str, after_revision: int, limit: int) -> list[list[bytes]]:
+    async def read_events(
+        self, lane_id: str, after_revision: int, limit: int
+    ) -> list[tuple[int, list[bytes]]]:
         """Whole event groups after ``after_revision`` (at least one group when any exists,
-        about ``limit`` events at most), each as the encoded HarnessEvent bodies."""
+        about ``limit`` events at most): (first revision, encoded HarnessEvent bodies)."""
         async with self.pool.connection() as conn:
             rows = await load_events(conn, lane_id, after_revision, limit)
-        groups: list[list[bytes]] = []
+        groups: list[tuple[int, list[bytes]]] = []
         group_end = None
-        for _, end, body in rows:
+        for revision, end, body in rows:
             if end != group_end:
-                groups.append([])
+                groups.append((revision, []))
                 group_end = end
-            groups[-1].append(body)
+            groups[-1][1].append(body)
         return groups

@@ -142,8 +142,8 @@ def kinds(events: Sequence[events_pb2.HarnessEvent]) -> list[str]:
     return [e.WhichOneof("kind") or "" for e in events]
 
 
-def error_reason(error: grpc.aio.AioRpcError) -> str:
-    """The ErrorInfo reason of a failed call."""
+def error_info(error: grpc.aio.AioRpcError) -> Any:
+    """The google.rpc.ErrorInfo of a failed call."""
     from google.rpc import error_details_pb2
     from grpc_status import rpc_status
 
@@ -152,6 +152,11 @@ def error_reason(error: grpc.aio.AioRpcError) -> str:
     for detail in status.details:
         info = error_details_pb2.ErrorInfo()
         if detail.Unpack(info):
-            reason: str = info.reason
-            return reason
+            return info
     raise AssertionError("no ErrorInfo in the status details")
+
+
+def error_reason(error: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason of a failed call."""
+    reason: str = error_info(error).reason
+    return reason

@@ -1,0 +1,89 @@
+/**
+ * Typed errors of the lane service.
+ *
+ * Every refusal of the service carries a gRPC status code and exactly one
+ * `google.rpc.ErrorInfo` (domain `lane.v1`) whose `reason` is stable (UPPER_SNAKE_CASE) and
+ * whose `metadata` holds the dynamic values of the message (DESIGN.md §6). connect-es exposes the
+ * details of a `ConnectError` through `findDetails()`; this module turns them into a `LaneError`.
+ */
+import { Code, ConnectError } from "@connectrpc/connect";
+import { ErrorInfoSchema, type ErrorInfo } from "./gen/google/rpc/error_details_pb.js";
+
+/** The ErrorInfo domain of the lane service. */
+export const LANE_ERROR_DOMAIN = "lane.v1";
+
+/** A lane service error: the gRPC code plus the decoded ErrorInfo. */
+export class LaneError extends Error {
+  override readonly name = "LaneError";
+  /** The gRPC status code (`Code.OutOfRange`, …). */
+  readonly code: Code;
+  /** The ErrorInfo reason (e.g. `REVISION_OUT_OF_RANGE`), or `""` when the error carried none. */
+  readonly reason: string;
+  /** The ErrorInfo domain (`lane.v1` for the service's own errors), or `""`. */
+  readonly domain: string;
+  /** The ErrorInfo metadata (lowerCamelCase keys, string values); empty when none. */
+  readonly metadata: Readonly<Record<string, string>>;
+
+  constructor(
+    init: {
+      code: Code;
+      message: string;
+      reason?: string;
+      domain?: string;
+      metadata?: Readonly<Record<string, string>>;
+    },
+    options?: { cause?: unknown },
+  ) {
+    super(init.message, options);
+    this.code = init.code;
+    this.reason = init.reason ?? "";
+    this.domain = init.domain ?? "";
+    this.metadata = Object.freeze({ ...(init.metadata ?? {}) });
+  }
+
+  /** The code's name as gRPC spells it (`OUT_OF_RANGE`), for logs. */
+  get codeName(): string {
+    return codeName(this.code);
+  }
+}
+
+/** The ErrorInfo of `error`, when it carries one (the first, if several). */
+export function errorInfoOf(error: ConnectError): ErrorInfo | undefined {
+  return error.findDetails(ErrorInfoSchema)[0];
+}
+
+/**
+ * Decode any thrown value into a `LaneError`. A `LaneError` is returned as is; anything else
+ * goes through `ConnectError.from()` (so a non-Connect error becomes `Code.Unknown`, an abort
+ * `Code.Canceled`), and its ErrorInfo, if any, fills `reason`, `domain` and `metadata`.
+ * `message` is the server's message without connect's `[code]` prefix.
+ */
+export function laneErrorFrom(error: unknown): LaneError {
+  if (error instanceof LaneError) {
+    return error;
+  }
+  const connectError = ConnectError.from(error);
+  const info = errorInfoOf(connectError);
+  return new LaneError(
+    {
+      code: connectError.code,
+      message: connectError.rawMessage,
+      reason: info?.reason ?? "",
+      domain: info?.domain ?? "",
+      metadata: info?.metadata ?? {},
+    },
+    { cause: error },
+  );
+}
+
+/** `Code.OutOfRange` → `"OUT_OF_RANGE"`. */
+export function codeName(code: Code): string {
+  if (code === Code.Canceled) {
+    return "CANCELLED"; // connect spells it the American way, gRPC the British way
+  }
+  const name = Code[code];
+  if (name === undefined) {
+    return `CODE_${code}`;
+  }
+  return name.replace(/([a-z])([A-Z])/g, "$1_$2").toUpperCase();
+}

@@ -1,0 +1,78 @@
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { create, toBinary } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { LaneError, codeName, errorInfoOf, laneErrorFrom } from "../src/errors.js";
+import { ErrorInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
+
+const info = {
+  reason: "REVISION_OUT_OF_RANGE",
+  domain: "lane.v1",
+  metadata: { laneId: "lane-1", floor: "100", head: "250" },
+};
+
+describe("laneErrorFrom", () => {
+  it("decodes the ErrorInfo of a ConnectError as received from the wire", () => {
+    // As the gRPC transport hands it over: the detail still encoded, named by its type.
+    const wire = new ConnectError("cannot resume lane lane-1 after revision 7", Code.OutOfRange);
+    wire.details.push({
+      type: "google.rpc.ErrorInfo",
+      value: toBinary(ErrorInfoSchema, create(ErrorInfoSchema, info)),
+    });
+    const error = laneErrorFrom(wire);
+    assert.ok(error instanceof LaneError);
+    assert.ok(error instanceof Error);
+    assert.equal(error.code, Code.OutOfRange);
+    assert.equal(error.codeName, "OUT_OF_RANGE");
+    assert.equal(error.reason, "REVISION_OUT_OF_RANGE");
+    assert.equal(error.domain, "lane.v1");
+    assert.deepEqual({ ...error.metadata }, info.metadata);
+    assert.equal(error.message, "cannot resume lane lane-1 after revision 7");
+    assert.equal(error.cause, wire);
+  });
+
+  it("decodes an ErrorInfo given as a message", () => {
+    const error = laneErrorFrom(
+      new ConnectError("lane lane-9 not found", Code.NotFound, undefined, [
+        { desc: ErrorInfoSchema, value: { reason: "LANE_NOT_FOUND", domain: "lane.v1", metadata: { laneId: "lane-9" } } },
+      ]),
+    );
+    assert.equal(error.reason, "LANE_NOT_FOUND");
+    assert.equal(error.metadata["laneId"], "lane-9");
+    assert.equal(errorInfoOf(error.cause as ConnectError)?.reason, "LANE_NOT_FOUND");
+  });
+
+  it("leaves reason, domain and metadata empty without an ErrorInfo", () => {
+    const error = laneErrorFrom(new ConnectError("stream reset", Code.Internal));
+    assert.equal(error.code, Code.Internal);
+    assert.equal(error.reason, "");
+    assert.equal(error.domain, "");
+    assert.deepEqual({ ...error.metadata }, {});
+  });
+
+  it("maps non-Connect errors through ConnectError.from", () => {
+    assert.equal(laneErrorFrom(new Error("boom")).code, Code.Unknown);
+    assert.equal(laneErrorFrom(new DOMException("stop", "AbortError")).code, Code.Canceled);
+  });
+
+  it("returns a LaneError unchanged", () => {
+    const error = new LaneError({ code: Code.Aborted, message: "lost" });
+    assert.equal(laneErrorFrom(error), error);
+  });
+
+  it("freezes the metadata", () => {
+    const error = new LaneError({ code: Code.Aborted, message: "m", metadata: { a: "1" } });
+    assert.throws(() => {
+      (error.metadata as Record<string, string>)["a"] = "2";
+    });
+  });
+});
+
+describe("codeName", () => {
+  it("spells codes as gRPC does", () => {
+    assert.equal(codeName(Code.InvalidArgument), "INVALID_ARGUMENT");
+    assert.equal(codeName(Code.ResourceExhausted), "RESOURCE_EXHAUSTED");
+    assert.equal(codeName(Code.Canceled), "CANCELLED");
+    assert.equal(codeName(Code.Unavailable), "UNAVAILABLE");
+  });
+});

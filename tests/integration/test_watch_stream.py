@@ -1,0 +1,289 @@
+"""WatchLane against real servers: snapshot then groups, resume, heartbeats, retention,
+NOTIFY on and off, several processes, a killed LISTEN connection, slow watchers, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import grpc
+import pytest
+from lane.client.reducer import fold
+from lane.v1 import events_pb2, lane_service_pb2_grpc, snapshot_pb2
+from lane.v1 import lane_service_pb2 as pb
+
+from service.api import WatchSettings
+from service.store.retention import enforce_retention
+from tests.integration.lanes import (
+    assistant,
+    error_info,
+    error_reason,
+    kinds,
+    new_lane_id,
+    result,
+    tool_call,
+    user,
+)
+from tests.integration.servers import extra_server
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+class Watcher:
+    """Reads one WatchLane stream in the background, folding what it receives."""
+
+    def __init__(self, stub, lane_id: str, after: int | None = None) -> None:
+        request = pb.WatchLaneRequest(lane_id=lane_id)
+        if after is not None:
+            request.after_revision = after
+        self.call = stub.WatchLane(request)
+        self.snapshot = snapshot_pb2.LaneSnapshot()
+        self.groups: list[list[events_pb2.HarnessEvent]] = []
+        self.heartbeats: list[int] = []
+        self.revision = after or 0
+        self.error: grpc.aio.AioRpcError | None = None
+        self._moved = asyncio.Condition()
+        self.task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for response in self.call:
+                kind = response.WhichOneof("item")
+                if kind == "snapshot":
+                    self.snapshot = response.snapshot.snapshot
+                    self.revision = self.snapshot.revision
+                elif kind == "transcript_chunk":
+                    self.snapshot.transcript.extend(response.transcript_chunk.entries)
+                elif kind == "event_group":
+                    events = list(response.event_group.events)
+                    assert events[0].revision == self.revision + 1, "gap or duplicate"
+                    self.groups.append(events)
+                    self.snapshot = fold(self.snapshot, events).snapshot
+                    self.revision = events[-1].revision
+                else:
+                    self.heartbeats.append(response.heartbeat.head_revision)
+                async with self._moved:
+                    self._moved.notify_all()
+        except grpc.aio.AioRpcError as exc:
+            self.error = exc
+        async with self._moved:
+            self._moved.notify_all()
+
+    async def until(self, done, within: float = 20.0) -> None:
+        """Wait until ``done()`` holds (or the stream failed)."""
+        async with asyncio.timeout(within), self._moved:
+            await self._moved.wait_for(lambda: done() or self.error is not None)
+        assert self.error is None, self.error
+
+    async def reach(self, revision: int, within: float = 20.0) -> None:
+        """Wait until the stream delivered ``revision``."""
+        await self.until(lambda: self.revision >= revision, within)
+
+    async def close(self) -> None:
+        self.call.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def snapshot_of(stub, lane_id: str) -> snapshot_pb2.LaneSnapshot:
+    response = await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    snapshot: snapshot_pb2.LaneSnapshot = response.snapshot
+    return snapshot
+
+
+async def new_lane(stub) -> str:
+    lane_id = new_lane_id("watch")
+    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    return lane_id
+
+
+async def enqueue(stub, lane_id: str, n: int = 1) -> int:
+    revision = 0
+    for i in range(n):
+        answer = await stub.EnqueueMessage(
+            pb.EnqueueMessageRequest(
+                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user(f"m{i}")
+            )
+        )
+        revision = answer.revision
+    return revision
+
+
+async def test_snapshot_then_whole_groups_live(lane_stub) -> None:
+    lane_id = await new_lane(lane_stub)
+    watcher = Watcher(lane_stub, lane_id)
+    try:
+        await watcher.reach(1)
+        run = await lane_stub.StartRun(
+            pb.StartRunRequest(lane_id=lane_id, prompt=[user("a"), user("b")])
+        )
+        await watcher.reach(run.revision)
+        # One commit, one group: run_start and both prompts' lifecycles arrive together.
+        assert kinds(watcher.groups[-1]) == [
+            "run_start",
+            *["message_start", "message_end", "entry_added"] * 2,
+        ]
+        assert watcher.snapshot == await snapshot_of(lane_stub, lane_id)
+    finally:
+        await watcher.close()
+
+
+async def test_resume_at_floor_and_refusal_outside_the_log(lane_stub, store) -> None:
+    lane_id = await new_lane(lane_stub)
+    head = await enqueue(lane_stub, lane_id, 6)
+    # Retention with a tiny window: keep 2 events, any age.
+    floors = await enforce_retention(store.pool, keep_events=2, keep_age=timedelta(0))
+    floor = floors[lane_id]
+    assert floor == head - 2  # one event per group here, so the floor is exact
+    watcher = Watcher(lane_stub, lane_id, after=floor)
+    try:
+        await watcher.reach(head)
+        assert [g[0].revision for g in watcher.groups] == [floor + 1, floor + 2]
+    finally:
+        await watcher.close()
+    for bad in (floor - 1, head + 1):
+        refused = Watcher(lane_stub, lane_id, after=bad)
+        await refused.task
+        assert refused.error is not None
+        assert refused.error.code() == grpc.StatusCode.OUT_OF_RANGE
+        assert error_reason(refused.error) == "REVISION_OUT_OF_RANGE"
+        info = error_info(refused.error)
+        assert (info.metadata["floor"], info.metadata["head"]) == (str(floor), str(head))
+
+
+async def test_heartbeats_while_idle(session_database_url) -> None:
+    watch = WatchSettings(heartbeat_seconds=0.1)
+    async with extra_server(session_database_url, watch=watch) as (_, stub):
+        lane_id = await new_lane(stub)
+        watcher = Watcher(stub, lane_id)
+        try:
+            await watcher.reach(1)
+            await watcher.until(lambda: len(watcher.heartbeats) >= 2)
+            assert watcher.heartbeats[:2] == [1, 1]
+        finally:
+            await watcher.close()
+
+
+@pytest.mark.parametrize("notify", [True, False], ids=["notify-on", "notify-off"])
+async def test_watcher_on_one_process_sees_commits_of_another(session_database_url, notify) -> None:
+    # With NOTIFY on, polling is slowed to a minute so only the doorbell can deliver in time.
+    poll = 60.0 if notify else 0.2
+    async with (
+        extra_server(session_database_url, notify=notify, poll_interval=poll) as (_, watched),
+        extra_server(session_database_url, notify=notify, poll_interval=poll) as (_, writer),
+    ):
+        lane_id = await new_lane(writer)
+        watcher = Watcher(watched, lane_id)
+        try:
+            await watcher.reach(1)
+            head = await enqueue(writer, lane_id, 5)
+            await watcher.reach(head)
+            assert watcher.snapshot == await snapshot_of(writer, lane_id)
+        finally:
+            await watcher.close()
+
+
+async def test_killed_listen_connection_recovers_without_gap(session_database_url, store) -> None:
+    async with (
+        extra_server(session_database_url, poll_interval=60.0) as (watched_server, watched),
+        extra_server(session_database_url, poll_interval=60.0) as (_, writer),
+    ):
+        lane_id = await new_lane(writer)
+        watcher = Watcher(watched, lane_id)
+        try:
+            await watcher.reach(1)
+            hub = watched_server.hub
+            await asyncio.wait_for(hub.listening.wait(), 10)
+            async with store.pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE query = 'LISTEN lane_events' AND datname = current_database()"
+                    " AND pid IN (SELECT pid FROM pg_stat_activity"
+                    "  WHERE application_name = '' OR application_name IS NOT NULL)"
+                )
+                assert any(row[0] for row in await cur.fetchall())
+            # Commits while the listener is down reach nobody by NOTIFY ...
+            head = await enqueue(writer, lane_id, 3)
+            # ... but the reconnected hub catches every watcher up from its revision.
+            await watcher.reach(head)
+            assert [g[0].revision for g in watcher.groups] == list(range(2, head + 1))
+            assert watcher.snapshot == await snapshot_of(writer, lane_id)
+        finally:
+            await watcher.close()
+
+
+async def test_slow_watcher_is_cut_off_and_nobody_else_waits(session_database_url) -> None:
+    watch = WatchSettings(write_deadline_seconds=0.5)
+    async with extra_server(session_database_url, watch=watch) as (running, stub):
+        lane_id = new_lane_id("slow")
+        await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+        run = await stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
+        turn = await stub.StartTurn(
+            pb.StartTurnRequest(lane_id=lane_id, operation_id=run.operation_id)
+        )
+        await stub.SettleAssistantMessage(
+            pb.SettleAssistantMessageRequest(
+                lane_id=lane_id,
+                operation_id=run.operation_id,
+                turn_id=turn.turn_id,
+                message=assistant(tool_call("big", "t", {})),
+            )
+        )
+        await stub.StartToolCall(
+            pb.StartToolCallRequest(
+                lane_id=lane_id,
+                operation_id=run.operation_id,
+                tool_call_id="big",
+                arguments_json="{}",
+            )
+        )
+        # The stalled client has its own connection, as a real one would: HTTP/2 flow control
+        # stalls a whole connection whose reader stops.
+        stalled_channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+        stalled = lane_service_pb2_grpc.LaneServiceStub(stalled_channel).WatchLane(
+            pb.WatchLaneRequest(lane_id=lane_id)
+        )
+        await stalled.read()  # the snapshot; then this client stops reading
+        healthy = Watcher(stub, lane_id)
+        payload = "x" * 256_000
+        head = 0
+        for _ in range(60):  # ~15 MiB: more than gRPC buffers for a stream that is not read
+            answer = await stub.UpdateToolCall(
+                pb.UpdateToolCallRequest(
+                    lane_id=lane_id,
+                    operation_id=run.operation_id,
+                    tool_call_id="big",
+                    partial_result=result(payload),
+                )
+            )
+            head = answer.revision
+        try:
+            # Commits went through while the stalled watcher held its stream, and a healthy
+            # watcher got everything.
+            await healthy.reach(head, within=60)
+            assert healthy.snapshot == await snapshot_of(stub, lane_id)
+            # When the stalled client reads again it finds what was buffered, then the cut-off
+            # naming the revision to resume after.
+            received = 0
+            with pytest.raises(grpc.aio.AioRpcError) as cut:
+                async with asyncio.timeout(60):
+                    while await stalled.read() is not grpc.aio.EOF:
+                        received += 1
+            assert cut.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert error_reason(cut.value) == "WATCHER_TOO_SLOW"
+            assert received < 60  # it was cut off before the end
+        finally:
+            stalled.cancel()
+            await stalled_channel.close()
+            await healthy.close()
+
+
+async def test_shutdown_ends_streams_with_unavailable(session_database_url) -> None:
+    async with extra_server(session_database_url) as (running, stub):
+        lane_id = await new_lane(stub)
+        watcher = Watcher(stub, lane_id)
+        await watcher.reach(1)
+        await running.stop(grace=30)
+        await asyncio.wait_for(watcher.task, 10)
+        assert watcher.error is not None
+        assert watcher.error.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_reason(watcher.error) == "SERVER_SHUTTING_DOWN"
