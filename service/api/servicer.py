@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
 import grpc
 import uuid6
 from google.protobuf import message_factory
+from google.protobuf.message import DecodeError, Message
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
 from service.api import validation as v
-from service.api.errors import unary
+from service.api.errors import lane_error_status, unary
 from service.api.framing import serialize
 from service.api.watch import WatchSettings, watch_lane
 from service.domain import lanes, placement, runs, tools
@@ -80,6 +81,8 @@ class LaneServicer(lane_service_pb2_grpc.LaneServiceServicer):
         if request.page_token:
             try:
                 after = base64.urlsafe_b64decode(request.page_token.encode()).decode()
+                if not after.isprintable():
+                    raise ValueError(after)
             except (binascii.Error, UnicodeDecodeError, ValueError):
                 raise InvalidArgument(
                     "INVALID_PAGE_TOKEN",
@@ -437,10 +440,9 @@ class LaneServicer(lane_service_pb2_grpc.LaneServiceServicer):
 
         # Placement is its own commit, after the staging commit (seed: staging < tool_end <
         # placement). A retry of a request whose staging committed still places what is ready.
-        final = await self.store.command(request.lane_id, place, pb.StageToolOutcomeResponse)
-        if key is not None and final is not answer:
-            await self.store.amend_answer(request.lane_id, key, final)
-        return final
+        return await self.store.command(
+            request.lane_id, place, pb.StageToolOutcomeResponse, amends=key
+        )
 
     # -- watching ------------------------------------------------------------------------------
 
@@ -458,21 +460,34 @@ def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[
     """
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in pb.DESCRIPTOR.services_by_name["LaneService"].methods:
-        request_type = message_factory.GetMessageClass(method.input_type)
-        implementation = getattr(servicer, method.name)
-        if method.server_streaming:
-            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                implementation,
-                request_deserializer=request_type.FromString,
-                response_serializer=serialize,
-            )
-        else:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                implementation,
-                request_deserializer=request_type.FromString,
-                response_serializer=serialize,
-            )
+        implementation = _decoding(
+            getattr(servicer, method.name), message_factory.GetMessageClass(method.input_type)
+        )
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        # Requests arrive as bytes and are decoded by _decoding, so undecodable bytes get
+        # INVALID_ARGUMENT rather than the UNKNOWN a failing deserializer would produce.
+        handlers[method.name] = make(implementation, response_serializer=serialize)
     return handlers
+
+
+def _decoding(
+    implementation: Callable[[Any, Context], Awaitable[Any]], request_type: type[Message]
+) -> Callable[[bytes, Context], Awaitable[Any]]:
+    async def handler(data: bytes, context: Context) -> Any:
+        try:
+            request = request_type.FromString(data)
+        except DecodeError:
+            error = InvalidArgument(
+                "MALFORMED_REQUEST", f"the request is not a valid {request_type.DESCRIPTOR.name}"
+            )
+            await context.abort_with_status(lane_error_status(error))
+        return await implementation(request, context)
+
+    return handler
 
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LaneService"].full_name

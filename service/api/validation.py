@@ -68,7 +68,7 @@ def check_tool_calls(message: messages_pb2.AssistantMessage, path: str) -> None:
         at = f"{path}.content[{index}].tool_call"
         call = block.tool_call
         require_id(call.id, f"{at}.id")
-        require(bool(call.name), "MISSING_FIELD", f"{at}.name is required", f"{at}.name")
+        require_id(call.name, f"{at}.name")
         if call.id in seen:
             raise InvalidArgument(
                 "DUPLICATE_TOOL_CALL_ID",

@@ -77,8 +77,8 @@ async def _write(
         status_of(
             code_pb2.RESOURCE_EXHAUSTED,
             "WATCHER_TOO_SLOW",
-            f"the watcher did not read for {settings.write_deadline_seconds}s; resume after "
-            f"revision {revision}",
+            f"the watcher did not read for {settings.write_deadline_seconds}s; resume after the "
+            f"last revision received (the stream had delivered at least revision {revision})",
             {"lastRevision": str(revision)},
         )
     )

@@ -13,33 +13,9 @@ from collections.abc import Sequence
 
 from lane.v1 import entries_pb2, snapshot_pb2
 
-from service.domain.errors import Corruption
+from service.domain.integrity import corrupt, source_block, staged_result
 from service.domain.results import result_from_message
 from service.domain.state import CallStatus, LaneState, Operation, ToolBatch, ToolCall
-
-
-def _corrupt(state: LaneState, call: ToolCall, problem: str) -> Corruption:
-    return Corruption(
-        "LANE_STATE_CORRUPT",
-        f"lane {state.lane_id}: tool call {call.tool_call_id} (source index "
-        f"{call.source_index}) {problem}",
-        laneId=state.lane_id,
-        toolCallId=call.tool_call_id,
-        sourceIndex=call.source_index,
-    )
-
-
-def _source_block(state: LaneState, batch: ToolBatch, call: ToolCall) -> str:
-    """Validate the call's source block; return its arguments."""
-    content = batch.assistant.content
-    if call.source_index >= len(content) or content[call.source_index].WhichOneof("block") != (
-        "tool_call"
-    ):
-        raise _corrupt(state, call, "has no tool-call block at its source index")
-    block = content[call.source_index].tool_call
-    if block.id != call.tool_call_id or block.name != call.tool_name:
-        raise _corrupt(state, call, f"does not match its source block {block.id}/{block.name}")
-    return block.arguments_json
 
 
 def project_tool(
@@ -48,10 +24,10 @@ def project_tool(
     """The runningTools row of ``call``, or None when it is not presentation-active."""
     if call.status in (CallStatus.PLANNED, CallStatus.COMPLETED):
         return None
-    source_arguments = _source_block(state, batch, call)
+    source_arguments = source_block(state, batch, call).arguments_json
     if call.status == CallStatus.EFFECT_PENDING:
         if call.arguments_json is None:
-            raise _corrupt(state, call, "is effect_pending without persisted arguments")
+            raise corrupt(state, call, "is effect_pending without persisted arguments")
         running = snapshot_pb2.RunningTool(
             tool_call_id=call.tool_call_id,
             tool_name=call.tool_name,
@@ -60,13 +36,7 @@ def project_tool(
         if call.progress is not None:
             running.result.CopyFrom(call.progress)
         return snapshot_pb2.SnapshotTool(running=running)
-    message = call.result_message
-    if message is None:
-        raise _corrupt(state, call, "is outcome_ready without a staged result")
-    if message.tool_call_id != call.tool_call_id or message.tool_name != call.tool_name:
-        raise _corrupt(
-            state, call, f"has a staged result for {message.tool_call_id}/{message.tool_name}"
-        )
+    message = staged_result(state, batch, call)
     settled = snapshot_pb2.SettledTool(
         tool_call_id=call.tool_call_id,
         tool_name=call.tool_name,

@@ -55,6 +55,7 @@ class EventLog:
         *,
         entry_id: str | None,
         adjustment: bool = False,
+        recovery: bool = False,
     ) -> messages_pb2.Usage:
         """Emit a usage event for a new ledger row; return the new totals."""
         row = events_pb2.UsageRow(id=usage_id, seq=self.revision + 1, adjustment=adjustment)
@@ -62,6 +63,6 @@ class EventLog:
         if entry_id is not None:
             row.entry_id = entry_id
         new_totals = add_usage(totals, usage)
-        self.emit("usage", events_pb2.UsageEvent(row=row, totals=new_totals))
+        self.emit("usage", events_pb2.UsageEvent(row=row, totals=new_totals), recovery=recovery)
         self.usage_rows.append(row)
         return new_totals

@@ -15,6 +15,7 @@ from datetime import datetime
 from lane.v1 import entries_pb2, events_pb2, messages_pb2
 
 from service.domain.event_log import EventLog
+from service.domain.integrity import staged_result
 from service.domain.state import CallStatus, Continuation, LaneState, Phase, ToolCall
 from service.domain.transition import Transition
 
@@ -49,8 +50,7 @@ def place(
     added: list[str] = []
     placed_ids = set()
     for call in ready:
-        message = call.result_message
-        assert message is not None  # outcome_ready always carries its staged result
+        message = staged_result(state, batch, call)
         agent_message = messages_pb2.AgentMessage(tool_result=message)
         log.emit(
             "message_start",
@@ -70,7 +70,9 @@ def place(
         log.place_entry(entry, recovery=recovery)
         tip = call.result_entry_id
         if message.HasField("usage"):
-            totals = log.record_usage(new_id(), message.usage, totals, entry_id=tip)
+            totals = log.record_usage(
+                new_id(), message.usage, totals, entry_id=tip, recovery=recovery
+            )
         for name in message.added_tool_names:
             if name not in active and name not in added:
                 added.append(name)

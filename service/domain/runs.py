@@ -356,6 +356,15 @@ def end_run(
         error = None
     if status == snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED:
         guards.require_phase(operation, Phase.IDLE)
+        if operation.continuation != Continuation.MAY_FINISH:
+            # A run completes only at a point where it may finish: after an assistant message
+            # without tool calls, or a batch whose every call asked to terminate.
+            raise FailedPrecondition(
+                "RUN_NEEDS_ASSISTANT",
+                f"operation {operation_id} awaits an assistant response; end it FAILED or "
+                "ABORTED, or take another turn",
+                operationId=operation_id,
+            )
     log = EventLog(state.lane_id, state.revision, now)
     state = settle_unfinished_calls(state, log, new_id, recovery=recovery)
     result = snapshot_pb2.OperationResult(
@@ -379,5 +388,11 @@ def end_run(
     if result.HasField("error"):
         run_end.error.CopyFrom(result.error)
     log.emit("run_end", run_end, recovery=recovery)
-    next_state = replace(state, operation=None, last_result=result, revision=log.revision)
+    next_state = replace(
+        state,
+        operation=None,
+        last_operation_id=operation_id,
+        last_result=result,
+        revision=log.revision,
+    )
     return Transition.of(next_state, log)

@@ -100,5 +100,7 @@ class LaneState:
     usage_totals: messages_pb2.Usage
     inbox: tuple[snapshot_pb2.QueuedItem, ...] = ()
     operation: Operation | None = None
+    #: The lane's last ended operation; its result record is loaded only for capture.
+    last_operation_id: str | None = None
     last_result: snapshot_pb2.OperationResult | None = None
     faulted: bool = False

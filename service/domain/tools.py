@@ -55,6 +55,33 @@ def _not_status(call: ToolCall, needed: str) -> FailedPrecondition:
     )
 
 
+def require_start_order(operation: Operation, batch: ToolBatch, call: ToolCall) -> None:
+    """Refuse a planned call leaving ``planned`` out of order.
+
+    Parallel batches start (intent, or an immediate synthetic outcome) in source order, as the
+    reference harness does: running rows then appear in source order in a fold exactly as in a
+    capture. Sequential batches go further: only the first unplaced call may leave ``planned``.
+    """
+    sequential = operation.settings.tool_execution == lane_service_pb2.TOOL_EXECUTION_SEQUENTIAL
+    for earlier in batch.calls:
+        if earlier.source_index >= call.source_index:
+            return
+        blocking = (
+            earlier.status != CallStatus.COMPLETED
+            if sequential
+            else (earlier.status == CallStatus.PLANNED)
+        )
+        if blocking:
+            raise FailedPrecondition(
+                "SEQUENTIAL_ORDER" if sequential else "START_ORDER",
+                f"call {earlier.tool_call_id} must "
+                f"{'be settled and placed' if sequential else 'start'} before "
+                f"{call.tool_call_id} leaves planned",
+                toolCallId=call.tool_call_id,
+                blockingToolCallId=earlier.tool_call_id,
+            )
+
+
 def start_tool_call(
     state: LaneState,
     operation_id: str,
@@ -69,16 +96,7 @@ def start_tool_call(
     if call.status != CallStatus.PLANNED:
         raise _not_status(call, "planned")
     guards.require_not_cancelled(operation)
-    if operation.settings.tool_execution == lane_service_pb2.TOOL_EXECUTION_SEQUENTIAL:
-        first_open = next(c for c in batch.calls if c.status != CallStatus.COMPLETED)
-        if first_open.source_index != call.source_index:
-            raise FailedPrecondition(
-                "SEQUENTIAL_ORDER",
-                f"sequential batch: call {first_open.tool_call_id} must be settled and placed "
-                f"before {tool_call_id} starts",
-                toolCallId=tool_call_id,
-                blockingToolCallId=first_open.tool_call_id,
-            )
+    require_start_order(operation, batch, call)
     log = EventLog(state.lane_id, state.revision, now)
     log.emit(
         "tool_start",
@@ -193,9 +211,11 @@ def stage_tool_outcome(
 ) -> Transition:
     """Staging commit for a real or synthetic outcome (placement follows in its own commit)."""
     operation = guards.open_run(state, operation_id)
-    _, call = guards.batch_call(operation, tool_call_id)
+    batch, call = guards.batch_call(operation, tool_call_id)
     if call.status not in (CallStatus.PLANNED, CallStatus.EFFECT_PENDING):
         raise _not_status(call, "planned or effect_pending")
+    if call.status == CallStatus.PLANNED:
+        require_start_order(operation, batch, call)
     if outcome.WhichOneof("outcome") == "executed":
         if call.status != CallStatus.EFFECT_PENDING:
             raise _not_status(call, "effect_pending (an executed result needs an intent first)")
@@ -210,6 +230,14 @@ def stage_tool_outcome(
             and call.status != CallStatus.EFFECT_PENDING
         ):
             raise _not_status(call, "effect_pending (only a started call can be interrupted)")
+        if cause == SyntheticCause.SYNTHETIC_CAUSE_CANCELLED and not operation.cancel_requested:
+            # A cancelled outcome is never staged before the cancellation is durable.
+            raise FailedPrecondition(
+                "OPERATION_NOT_CANCELLED",
+                f"operation {operation_id} was not asked to abort; a cancelled outcome needs "
+                "AbortOperation first",
+                operationId=operation_id,
+            )
         result = synthetic_result(outcome.synthetic, call.tool_name, call.checkpoint)
         result.terminate = (
             cause == SyntheticCause.SYNTHETIC_CAUSE_DENIED and outcome.synthetic.terminate

@@ -11,7 +11,9 @@ from typing import Any
 
 from lane.v1 import entries_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 from psycopg import AsyncConnection
+from psycopg.errors import UniqueViolation
 
+from service.domain.errors import AlreadyExists
 from service.domain.state import (
     CallStatus,
     Continuation,
@@ -77,6 +79,7 @@ async def load_lane(
         usage_totals=decode(messages_pb2.Usage, usage_totals),
         inbox=inbox,
         operation=operation,
+        last_operation_id=last_id,
         last_result=last_result,
         faulted=faulted,
     )
@@ -220,15 +223,11 @@ async def write_transition(conn: Conn, before: LaneState, transition: Transition
             after.message_count,
             encode(after.usage_totals),
             operation.operation_id if operation else None,
-            after.last_result.operation_id if after.last_result else _last_id(before),
+            after.last_operation_id,
             after.faulted,
             lane_id,
         ),
     )
-
-
-def _last_id(state: LaneState) -> str | None:
-    return state.last_result.operation_id if state.last_result else None
 
 
 async def _write_inbox(conn: Conn, before: LaneState, after: LaneState) -> None:
@@ -252,6 +251,32 @@ async def _write_inbox(conn: Conn, before: LaneState, after: LaneState) -> None:
             )
 
 
+async def _insert_operation(conn: Conn, lane_id: str, operation: Operation) -> None:
+    """Insert a new operation row; an id used before (by any lane) is refused."""
+    try:
+        async with conn.transaction():  # a savepoint: the refusal must not poison the command
+            await conn.execute(
+                "INSERT INTO operations (operation_id, lane_id, kind, started_time, from_tip_id,"
+                " settings, phase, continuation) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    operation.operation_id,
+                    lane_id,
+                    operation.kind,
+                    operation.started_time,
+                    operation.from_tip_id or None,
+                    encode(operation.settings),
+                    operation.phase.value,
+                    operation.continuation.value,
+                ),
+            )
+    except UniqueViolation:
+        raise AlreadyExists(
+            "OPERATION_ID_EXISTS",
+            f"operation id {operation.operation_id} was used before",
+            operationId=operation.operation_id,
+        ) from None
+
+
 async def _write_operation(conn: Conn, before: LaneState, after: LaneState) -> None:
     old, new = before.operation, after.operation
     if old == new:
@@ -267,25 +292,18 @@ async def _write_operation(conn: Conn, before: LaneState, after: LaneState) -> N
         )
         return
     batch = new.batch
+    if old is None or old.operation_id != new.operation_id:
+        await _insert_operation(conn, after.lane_id, new)
     await conn.execute(
-        "INSERT INTO operations (operation_id, lane_id, kind, started_time, from_tip_id,"
-        " settings, cancel_requested, phase, continuation, turn_id, batch_entry_id)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-        " ON CONFLICT (operation_id) DO UPDATE SET cancel_requested = EXCLUDED.cancel_requested,"
-        " phase = EXCLUDED.phase, continuation = EXCLUDED.continuation,"
-        " turn_id = EXCLUDED.turn_id, batch_entry_id = EXCLUDED.batch_entry_id",
+        "UPDATE operations SET cancel_requested = %s, phase = %s, continuation = %s,"
+        " turn_id = %s, batch_entry_id = %s WHERE operation_id = %s",
         (
-            new.operation_id,
-            after.lane_id,
-            new.kind,
-            new.started_time,
-            new.from_tip_id or None,
-            encode(new.settings),
             new.cancel_requested,
             new.phase.value,
             new.continuation.value,
             new.turn_id,
             batch.assistant_entry_id if batch else None,
+            new.operation_id,
         ),
     )
     old_calls = {c.source_index: c for c in (old.batch.calls if old and old.batch else ())}

@@ -68,12 +68,18 @@ class Store:
         decide: Decide[R],
         answer_type: type[R],
         request: RequestKey | None = None,
+        *,
+        amends: RequestKey | None = None,
     ) -> R:
         """Run one command as one transaction under the lane row lock.
 
         Loads the lane's state, lets ``decide`` compute the transition (a refusal raises and
         rolls back: nothing is written), writes it with its events at the next revisions, and
         records the answer under the request id. A retried request id returns the stored answer.
+
+        ``amends`` names a request whose work this command completes (a second commit of one
+        RPC): a command that commits replaces that request's stored answer with its own; one
+        that commits nothing returns the stored answer, so every retry answers alike.
         """
         async with self.pool.connection() as conn, conn.transaction():
             state = await load_lane(conn, lane_id, lock=True)
@@ -87,14 +93,14 @@ class Store:
             await write_transition(conn, state, transition)
             if request is not None:
                 await save_answer(conn, lane_id, request, answer)
+            if amends is not None:
+                if transition.events:
+                    await save_answer(conn, lane_id, amends, answer)
+                else:
+                    answer = await replayed_answer(conn, lane_id, amends, answer_type) or answer
         if transition.events:
             self._committed(lane_id, transition.state.revision)
         return answer
-
-    async def amend_answer(self, lane_id: str, request: RequestKey, answer: Message) -> None:
-        """Replace the stored answer of a request whose work took a second commit."""
-        async with self.pool.connection() as conn, conn.transaction():
-            await save_answer(conn, lane_id, request, answer)
 
     async def create_lane(
         self,
@@ -142,7 +148,8 @@ class Store:
                 "SELECT l.lane_id, l.revision, l.tip_id, l.current_operation_id,"
                 " o.cancel_requested FROM lanes l"
                 " LEFT JOIN operations o ON o.operation_id = l.current_operation_id"
-                " WHERE l.lane_id > %s ORDER BY l.lane_id LIMIT %s",
+                # Code-point order whatever the database's collation, so pages are stable.
+                ' WHERE l.lane_id > %s COLLATE "C" ORDER BY l.lane_id COLLATE "C" LIMIT %s',
                 (after_lane_id, page_size + 1),
             )
             rows = await cur.fetchall()

@@ -4,12 +4,15 @@ NOTIFY on and off, several processes, a killed LISTEN connection, slow watchers,
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import sys
 from datetime import timedelta
 
 import grpc
 import pytest
 from lane.client.reducer import fold
-from lane.v1 import events_pb2, lane_service_pb2_grpc, snapshot_pb2
+from lane.v1 import events_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
 from service.api import WatchSettings
@@ -212,69 +215,77 @@ async def test_killed_listen_connection_recovers_without_gap(session_database_ur
 
 
 async def test_slow_watcher_is_cut_off_and_nobody_else_waits(session_database_url) -> None:
-    watch = WatchSettings(write_deadline_seconds=0.5)
+    # A deadline far above any scheduling hiccup of a loaded test machine, so only the client
+    # that stopped reading can miss it.
+    watch = WatchSettings(write_deadline_seconds=2.0)
     async with extra_server(session_database_url, watch=watch) as (running, stub):
         lane_id = new_lane_id("slow")
         await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
         run = await stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
-        turn = await stub.StartTurn(
-            pb.StartTurnRequest(lane_id=lane_id, operation_id=run.operation_id)
-        )
+        run_id = run.operation_id
+        turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run_id))
         await stub.SettleAssistantMessage(
             pb.SettleAssistantMessageRequest(
                 lane_id=lane_id,
-                operation_id=run.operation_id,
+                operation_id=run_id,
                 turn_id=turn.turn_id,
                 message=assistant(tool_call("big", "t", {})),
             )
         )
         await stub.StartToolCall(
             pb.StartToolCallRequest(
-                lane_id=lane_id,
-                operation_id=run.operation_id,
-                tool_call_id="big",
-                arguments_json="{}",
+                lane_id=lane_id, operation_id=run_id, tool_call_id="big", arguments_json="{}"
             )
         )
-        # The stalled client has its own connection, as a real one would: HTTP/2 flow control
-        # stalls a whole connection whose reader stops.
-        stalled_channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
-        stalled = lane_service_pb2_grpc.LaneServiceStub(stalled_channel).WatchLane(
-            pb.WatchLaneRequest(lane_id=lane_id)
+        # The stalled client is a process of its own, frozen once it has its snapshot: it stops
+        # reading down to its socket, as a hung client does.
+        stalled = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.integration.stalled_watcher",
+            f"127.0.0.1:{running.port}",
+            lane_id,
+            stdout=asyncio.subprocess.PIPE,
         )
-        await stalled.read()  # the snapshot; then this client stops reading
-        healthy = Watcher(stub, lane_id)
-        payload = "x" * 256_000
-        head = 0
-        for _ in range(60):  # ~15 MiB: more than gRPC buffers for a stream that is not read
-            answer = await stub.UpdateToolCall(
-                pb.UpdateToolCallRequest(
-                    lane_id=lane_id,
-                    operation_id=run.operation_id,
-                    tool_call_id="big",
-                    partial_result=result(payload),
-                )
-            )
-            head = answer.revision
+        assert stalled.stdout is not None
         try:
+            assert await asyncio.wait_for(stalled.stdout.readline(), 30) == b"ready\n"
+            stalled.send_signal(signal.SIGSTOP)
+            healthy = Watcher(stub, lane_id)
+            payload = "x" * 1_000_000
+            head = 0
+            for _ in range(40):  # 40 MB: more than gRPC and both kernels' buffers can hold
+                answer = await stub.UpdateToolCall(
+                    pb.UpdateToolCallRequest(
+                        lane_id=lane_id,
+                        operation_id=run_id,
+                        tool_call_id="big",
+                        partial_result=result(payload),
+                    )
+                )
+                head = answer.revision
             # Commits went through while the stalled watcher held its stream, and a healthy
             # watcher got everything.
-            await healthy.reach(head, within=60)
-            assert healthy.snapshot == await snapshot_of(stub, lane_id)
-            # When the stalled client reads again it finds what was buffered, then the cut-off
-            # naming the revision to resume after.
-            received = 0
-            with pytest.raises(grpc.aio.AioRpcError) as cut:
-                async with asyncio.timeout(60):
-                    while await stalled.read() is not grpc.aio.EOF:
-                        received += 1
-            assert cut.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert error_reason(cut.value) == "WATCHER_TOO_SLOW"
-            assert received < 60  # it was cut off before the end
+            try:
+                await healthy.reach(head, within=60)
+                assert healthy.snapshot == await snapshot_of(stub, lane_id)
+            finally:
+                await healthy.close()
+            # Once thawed, the stalled client finds what was buffered, then the cut-off.
+            await asyncio.sleep(watch.write_deadline_seconds * 2)
+            stalled.send_signal(signal.SIGCONT)
+            line = await asyncio.wait_for(stalled.stdout.readline(), 60)
+            outcome = json.loads(line)
+            assert (outcome["code"], outcome["reason"]) == (
+                "RESOURCE_EXHAUSTED",
+                "WATCHER_TOO_SLOW",
+            )
+            assert outcome["received"] < 40  # it was cut off before the end
         finally:
-            stalled.cancel()
-            await stalled_channel.close()
-            await healthy.close()
+            if stalled.returncode is None:
+                stalled.send_signal(signal.SIGCONT)
+                stalled.kill()
+            await stalled.wait()
 
 
 async def test_shutdown_ends_streams_with_unavailable(session_database_url) -> None:

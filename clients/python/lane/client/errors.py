@@ -1,0 +1,77 @@
+"""Errors of the Python lane client.
+
+The service answers every refusal with a gRPC status carrying one ``google.rpc.ErrorInfo``
+(domain ``lane.v1``) whose ``reason`` is stable and whose ``metadata`` holds the values of the
+message (DESIGN.md §6). :func:`lane_error` turns a failed call into a :class:`LaneError` that
+exposes them directly::
+
+    try:
+        await stub.GetLaneSnapshot(request)
+    except grpc.aio.AioRpcError as err:
+        raise lane_error(err) from err
+
+A status without rich details (a transport failure such as UNAVAILABLE "connection refused")
+gives an empty ``reason`` and empty ``metadata``.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+__all__ = ["LaneError", "WatchProtocolError", "lane_error"]
+
+
+class LaneError(Exception):
+    """A failed lane service call: its status code, ErrorInfo reason and metadata, message."""
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        reason: str = "",
+        message: str = "",
+        metadata: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(code, reason, message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.metadata: dict[str, str] = dict(metadata or {})
+
+    def __str__(self) -> str:
+        reason = f" {self.reason}" if self.reason else ""
+        return f"{self.code.name}{reason}: {self.message}"
+
+    def __repr__(self) -> str:
+        return (
+            f"LaneError(code={self.code.name}, reason={self.reason!r}, "
+            f"message={self.message!r}, metadata={self.metadata!r})"
+        )
+
+
+class WatchProtocolError(Exception):
+    """The WatchLane stream broke its contract (a revision gap or duplicate, a misplaced
+    message). The watch stops rather than fold a history it cannot trust."""
+
+
+def lane_error(err: grpc.aio.AioRpcError) -> LaneError:
+    """The :class:`LaneError` of a failed call: code, message, and the ErrorInfo if any."""
+    code = err.code()
+    message = err.details() or ""
+    reason = ""
+    metadata: dict[str, str] = {}
+    try:
+        status = rpc_status.from_call(err)
+    except ValueError:
+        # The rich status disagrees with the call's own code or message: trust the call.
+        status = None
+    if status is not None:
+        message = status.message or message
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info):
+                reason = info.reason
+                metadata = dict(info.metadata)
+                break
+    return LaneError(code, reason, message, metadata)

@@ -1,0 +1,43 @@
+"""A watcher process for the slow-watcher test: it reads the snapshot, says so, and is then
+frozen by the test (SIGSTOP) — a client that really stops reading, down to its TCP socket.
+Once thawed it drains the stream and prints how it ended as one JSON line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import lane_service_pb2_grpc
+
+
+async def main(target: str, lane_id: str) -> None:
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = lane_service_pb2_grpc.LaneServiceStub(channel).WatchLane(
+            pb.WatchLaneRequest(lane_id=lane_id)
+        )
+        await call.read()
+        print("ready", flush=True)
+        received = 0
+        outcome: dict[str, object] = {}
+        try:
+            while await call.read() is not grpc.aio.EOF:
+                received += 1
+            outcome = {"code": "OK"}
+        except grpc.aio.AioRpcError as error:
+            reason = ""
+            status = rpc_status.from_call(error)
+            for detail in status.details if status else ():
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    reason = info.reason
+            outcome = {"code": error.code().name, "reason": reason}
+        print(json.dumps({**outcome, "received": received}), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
