@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 
@@ -26,6 +27,8 @@ from service.store import Store
 log = logging.getLogger(__name__)
 
 CHANNEL = "lane_events"
+#: How long the doorbell sender gathers commits before one NOTIFY transaction.
+DOORBELL_COALESCE_SECONDS = 0.002
 
 
 class Subscription:
@@ -133,19 +136,32 @@ class Hub:
     # -- tasks -----------------------------------------------------------------------------
 
     async def _send_doorbells(self) -> None:
-        while True:
-            await self._dirty_event.wait()
-            self._dirty_event.clear()
-            lanes, self._dirty = sorted(self._dirty), set()
-            try:
-                async with self.store.pool.connection() as conn:
+        # One dedicated connection: a pooled one would cost a checkout per doorbell and compete
+        # with commands. Each flush is one small transaction of its own, after the commits.
+        conn: psycopg.AsyncConnection[Any] | None = None
+        try:
+            while True:
+                await self._dirty_event.wait()
+                # Coalesce: commits landing within this window share one NOTIFY transaction.
+                await asyncio.sleep(DOORBELL_COALESCE_SECONDS)
+                self._dirty_event.clear()
+                lanes, self._dirty = sorted(self._dirty), set()
+                try:
+                    if conn is None or conn.closed:
+                        conn = await psycopg.AsyncConnection.connect(
+                            str(self.store.pool.conninfo), autocommit=True
+                        )
                     await conn.execute(
                         "SELECT pg_notify(%s, lane) FROM unnest(%s::text[]) AS lane",
                         (CHANNEL, lanes),
                     )
-            except (psycopg.Error, OSError) as exc:
-                # Lost doorbells are covered by polling; never let them fail a commit.
-                log.warning("could not send %d doorbells: %s", len(lanes), exc)
+                except (psycopg.Error, OSError) as exc:
+                    # Lost doorbells are covered by polling; never let them fail a commit.
+                    log.warning("could not send %d doorbells: %s", len(lanes), exc)
+                    conn = None
+        finally:
+            if conn is not None:
+                await conn.close()
 
     async def _listen_forever(self) -> None:
         backoff = 0.1

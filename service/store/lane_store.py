@@ -15,13 +15,8 @@ from service.domain.capture import capture
 from service.domain.errors import NotFound
 from service.domain.state import LaneState
 from service.domain.transition import Transition
-from service.store.lane_rows import (
-    insert_lane,
-    load_events,
-    load_lane,
-    load_transcript,
-    write_transition,
-)
+from service.store.lane_reads import load_events, load_lane, load_transcript
+from service.store.lane_writes import insert_lane, write_transition
 from service.store.pool import migrate_pool, open_pool
 from service.store.requests import RequestKey, replayed_answer, save_answer
 
@@ -81,7 +76,8 @@ class Store:
         RPC): a command that commits replaces that request's stored answer with its own; one
         that commits nothing returns the stored answer, so every retry answers alike.
         """
-        async with self.pool.connection() as conn, conn.transaction():
+        # One pipeline: BEGIN and the load go out together, then the writes and COMMIT.
+        async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
             state = await load_lane(conn, lane_id, lock=True)
             if state is None:
                 raise lane_not_found(lane_id)

@@ -1,0 +1,183 @@
+"""Reading a lane's durable state into domain values.
+
+Every query of a load is keyed on the lane id and sent in one pipeline, so loading a lane costs
+one round trip. The first query takes the lane row lock when asked; the others run after it in
+the same transaction and so see the state the lock protects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lane.v1 import entries_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
+from psycopg import AsyncConnection, AsyncCursor
+
+from service.domain.state import (
+    CallStatus,
+    Continuation,
+    LaneState,
+    Operation,
+    Phase,
+    ToolBatch,
+    ToolCall,
+)
+from service.store.codec import decode, decode_optional
+
+Conn = AsyncConnection[Any]
+
+_LANE = (
+    "SELECT revision, tip_id, configuration, message_count, usage_totals,"
+    " current_operation_id, last_operation_id, faulted FROM lanes WHERE lane_id = %(lane)s"
+)
+_INBOX = "SELECT body FROM inbox WHERE lane_id = %(lane)s ORDER BY position"
+_OPERATION = (
+    "SELECT o.operation_id, o.kind, o.started_time, o.from_tip_id, o.settings,"
+    " o.cancel_requested, o.phase, o.continuation, o.turn_id, o.batch_entry_id, e.body"
+    " FROM lanes l JOIN operations o ON o.operation_id = l.current_operation_id"
+    " LEFT JOIN entries e ON e.lane_id = l.lane_id AND e.entry_id = o.batch_entry_id"
+    " WHERE l.lane_id = %(lane)s"
+)
+_CALLS = (
+    "SELECT t.source_index, t.tool_call_id, t.tool_name, t.result_entry_id, t.status,"
+    " t.replay, t.arguments_json, t.progress, t.checkpoint, t.result_message, t.terminate"
+    " FROM lanes l JOIN tool_calls t ON t.operation_id = l.current_operation_id"
+    " WHERE l.lane_id = %(lane)s ORDER BY t.source_index"
+)
+_LAST_RESULT = (
+    "SELECT o.result FROM lanes l JOIN operations o ON o.operation_id = l.last_operation_id"
+    " WHERE l.lane_id = %(lane)s"
+)
+
+
+async def load_lane(
+    conn: Conn, lane_id: str, *, lock: bool, with_last_result: bool = False
+) -> LaneState | None:
+    """The lane's state, or None when it does not exist. ``lock`` takes the lane row lock.
+
+    ``with_last_result`` also loads the last operation's result record (capture needs it;
+    commands do not).
+    """
+    params = {"lane": lane_id}
+    async with conn.pipeline():
+        lane = await conn.execute(_LANE + (" FOR UPDATE" if lock else ""), params)
+        inbox = await conn.execute(_INBOX, params)
+        operation = await conn.execute(_OPERATION, params)
+        calls = await conn.execute(_CALLS, params)
+        last = await conn.execute(_LAST_RESULT, params) if with_last_result else None
+        row = await lane.fetchone()
+        if row is None:
+            return None
+        (revision, tip_id, configuration, message_count, totals, _, last_id, faulted) = row
+        return LaneState(
+            lane_id=lane_id,
+            revision=revision,
+            tip_id=tip_id or "",
+            configuration=decode(snapshot_pb2.LaneConfiguration, configuration),
+            message_count=message_count,
+            usage_totals=decode(messages_pb2.Usage, totals),
+            inbox=tuple(decode(snapshot_pb2.QueuedItem, b) for (b,) in await inbox.fetchall()),
+            operation=await _operation(operation, calls),
+            last_operation_id=last_id,
+            last_result=await _last_result(last),
+            faulted=faulted,
+        )
+
+
+async def _last_result(cursor: AsyncCursor[Any] | None) -> snapshot_pb2.OperationResult | None:
+    row = await cursor.fetchone() if cursor is not None else None
+    return decode_optional(snapshot_pb2.OperationResult, row[0]) if row else None
+
+
+async def _operation(
+    operation_cursor: AsyncCursor[Any], calls_cursor: AsyncCursor[Any]
+) -> Operation | None:
+    row = await operation_cursor.fetchone()
+    call_rows = await calls_cursor.fetchall()
+    if row is None:
+        return None
+    (
+        operation_id,
+        kind,
+        started,
+        from_tip,
+        settings,
+        cancelled,
+        phase,
+        continuation,
+        turn_id,
+        batch_entry_id,
+        batch_entry,
+    ) = row
+    batch = None
+    if batch_entry_id is not None:
+        assistant = decode(entries_pb2.Entry, batch_entry).message.message.assistant
+        batch = ToolBatch(
+            turn_id=turn_id,
+            assistant_entry_id=batch_entry_id,
+            assistant=assistant,
+            calls=tuple(_call(call_row) for call_row in call_rows),
+        )
+    return Operation(
+        operation_id=operation_id,
+        kind=kind,
+        started_time=started,
+        from_tip_id=from_tip or "",
+        settings=decode(lane_service_pb2.RunSettings, settings),
+        cancel_requested=cancelled,
+        phase=Phase(phase),
+        continuation=Continuation(continuation),
+        turn_id=turn_id,
+        batch=batch,
+    )
+
+
+def _call(row: tuple[Any, ...]) -> ToolCall:
+    (index, call_id, name, result_id, status, replay, arguments, progress, checkpoint,
+     result_message, terminate) = row  # fmt: skip
+    return ToolCall(
+        source_index=index,
+        tool_call_id=call_id,
+        tool_name=name,
+        result_entry_id=result_id,
+        status=CallStatus(status),
+        replay=replay,
+        arguments_json=arguments,
+        progress=decode_optional(messages_pb2.ToolResult, progress),
+        checkpoint=decode_optional(messages_pb2.ToolResult, checkpoint),
+        result_message=decode_optional(messages_pb2.ToolResultMessage, result_message),
+        terminate=terminate,
+    )
+
+
+async def load_transcript(conn: Conn, lane_id: str, tip_id: str) -> list[entries_pb2.Entry]:
+    """Entries from the newest compaction at or before the tip to the tip, oldest first."""
+    if not tip_id:
+        return []
+    cur = await conn.execute(
+        "WITH RECURSIVE chain AS ("
+        " SELECT entry_id, parent_id, kind, body, 0 AS depth FROM entries"
+        " WHERE lane_id = %(lane)s AND entry_id = %(tip)s"
+        " UNION ALL"
+        " SELECT e.entry_id, e.parent_id, e.kind, e.body, chain.depth + 1"
+        " FROM entries e JOIN chain ON e.lane_id = %(lane)s AND e.entry_id = chain.parent_id"
+        " WHERE chain.kind <> 'compaction')"
+        " SELECT body FROM chain ORDER BY depth DESC",
+        {"lane": lane_id, "tip": tip_id},
+    )
+    return [decode(entries_pb2.Entry, body) for (body,) in await cur.fetchall()]
+
+
+async def load_events(
+    conn: Conn, lane_id: str, after_revision: int, limit: int
+) -> list[tuple[int, int, bytes]]:
+    """Up to ``limit`` events after ``after_revision`` as (revision, group_end, body), whole
+    groups only (a group is never cut)."""
+    cur = await conn.execute(
+        "SELECT revision, group_end, body FROM events WHERE lane_id = %s AND revision > %s"
+        " AND revision <= (SELECT COALESCE(MAX(group_end), %s) FROM ("
+        "   SELECT group_end FROM events WHERE lane_id = %s AND revision > %s"
+        "   ORDER BY revision LIMIT %s) AS head)"
+        " ORDER BY revision",
+        (lane_id, after_revision, after_revision, lane_id, after_revision, limit),
+    )
+    return [(r, g, bytes(b)) for (r, g, b) in await cur.fetchall()]
