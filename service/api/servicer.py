@@ -9,7 +9,6 @@ from datetime import datetime
 from typing import Any
 
 import grpc
-import uuid6
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 from lane.v1 import lane_service_pb2 as pb
@@ -18,9 +17,11 @@ from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 from service.api import validation as v
 from service.api.errors import lane_error_status, unary
 from service.api.framing import serialize
+from service.api.operation_state import lease_of, operation_state
 from service.api.watch import WatchSettings, watch_lane
-from service.domain import lanes, placement, runs, tools
-from service.domain.errors import InvalidArgument
+from service.domain import lanes, leases, placement, runs, tools
+from service.domain.errors import InvalidArgument, NotFound
+from service.domain.ids import new_id
 from service.domain.jsontext import require_json_object
 from service.domain.state import LaneState
 from service.domain.transition import Transition
@@ -29,11 +30,6 @@ from service.store import Store
 from service.store.requests import RequestKey
 
 Context = grpc.aio.ServicerContext[Any, Any]
-
-
-def new_id() -> str:
-    """A fresh time-ordered id (UUIDv7)."""
-    return str(uuid6.uuid7())
 
 
 def _cancel_requested(state: LaneState) -> bool:
@@ -176,10 +172,28 @@ class LaneServicer(lane_service_pb2_grpc.LaneServiceServicer):
         for index, message in enumerate(request.prompt):
             v.require_kind(message, f"prompt[{index}]", "user", "custom")
         operation_id = request.operation_id or new_id()
+        v.require_id(request.driver_id, "driver_id", optional=True)
+        v.require(
+            bool(request.driver_id) or not request.lease_seconds,
+            "INVALID_LEASE",
+            "lease_seconds needs driver_id",
+            "lease_seconds",
+        )
+        lease = (
+            (request.driver_id, v.lease_seconds(request.lease_seconds))
+            if request.driver_id
+            else None
+        )
 
         def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.StartRunResponse]:
-            t = runs.start_run(state, operation_id, request.prompt, request.settings, now, new_id)
-            return t, pb.StartRunResponse(operation_id=operation_id, revision=t.state.revision)
+            t = runs.start_run(
+                state, operation_id, request.prompt, request.settings, now, new_id, lease
+            )
+            answer = pb.StartRunResponse(operation_id=operation_id, revision=t.state.revision)
+            granted = lease_of(t.state.operation) if t.state.operation else None
+            if granted is not None:
+                answer.lease.CopyFrom(granted)
+            return t, answer
 
         return await self._command("StartRun", request, decide, pb.StartRunResponse)  # type: ignore[no-any-return]
 
@@ -226,7 +240,15 @@ class LaneServicer(lane_service_pb2_grpc.LaneServiceServicer):
         error = request.error if failed else None
 
         def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.EndRunResponse]:
-            t = runs.end_run(state, request.operation_id, request.status, error, now, new_id)
+            t = runs.end_run(
+                state,
+                request.operation_id,
+                request.status,
+                error,
+                now,
+                new_id,
+                lease_token=request.lease_token,
+            )
             assert t.state.last_result is not None
             return t, pb.EndRunResponse(result=t.state.last_result, revision=t.state.revision)
 
@@ -243,7 +265,7 @@ class LaneServicer(lane_service_pb2_grpc.LaneServiceServicer):
         turn_id = request.turn_id or new_id()
 
         def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.StartTurnResponse]:
-            t = runs.start_turn(state, request.operation_id, turn_id, now)
+            t = runs.start_turn(state, request.operation_id, turn_id, now, request.lease_token)
             return t, pb.StartTurnResponse(turn_id=turn_id, revision=t.state.revision)
 
         return await self._command("StartTurn", request, decide, pb.StartTurnResponse)  # type: ignore[no-any-return]
@@ -270,7 +292,13 @@ class LaneServicer(lane_service_pb2_grpc.LaneServiceServicer):
             state: LaneState, now: datetime
         ) -> tuple[Transition, pb.SettleAssistantMessageResponse]:
             t = runs.settle_assistant(
-                state, request.operation_id, request.turn_id, message, now, new_id
+                state,
+                request.operation_id,
+                request.turn_id,
+                message,
+                now,
+                new_id,
+                request.lease_token,
             )
             operation = t.state.operation
             batch = operation.batch if operation else None
@@ -329,6 +357,7 @@ class LaneServicer(lane_service_pb2_grpc.LaneServiceServicer):
                 request.arguments_json,
                 replay,
                 now,
+                request.lease_token,
             )
             return t, pb.StartToolCallResponse(
                 revision=t.state.revision, cancel_requested=_cancel_requested(t.state)
@@ -358,6 +387,7 @@ class LaneServicer(lane_service_pb2_grpc.LaneServiceServicer):
                 request.partial_result,
                 request.checkpoint,
                 now,
+                request.lease_token,
             )
             return t, pb.UpdateToolCallResponse(
                 revision=t.state.revision, cancel_requested=_cancel_requested(t.state)
@@ -404,7 +434,7 @@ class LaneServicer(lane_service_pb2_grpc.LaneServiceServicer):
             state: LaneState, now: datetime
         ) -> tuple[Transition, pb.StageToolOutcomeResponse]:
             t = tools.stage_tool_outcome(
-                state, request.operation_id, request.tool_call_id, request, now
+                state, request.operation_id, request.tool_call_id, request, now, request.lease_token
             )
             operation = t.state.operation
             assert operation is not None and operation.batch is not None
@@ -443,6 +473,91 @@ class LaneServicer(lane_service_pb2_grpc.LaneServiceServicer):
         return await self.store.command(
             request.lane_id, place, pb.StageToolOutcomeResponse, amends=key
         )
+
+    # -- ownership and recovery ----------------------------------------------------------------
+
+    @unary
+    async def AcquireOperation(
+        self, request: pb.AcquireOperationRequest, context: Context
+    ) -> pb.AcquireOperationResponse:
+        v.require_id(request.operation_id, "operation_id")
+        v.require_id(request.driver_id, "driver_id")
+        seconds = v.lease_seconds(request.lease_seconds)
+
+        def decide(
+            state: LaneState, now: datetime
+        ) -> tuple[Transition, pb.AcquireOperationResponse]:
+            t = leases.acquire(state, request.operation_id, request.driver_id, seconds, now, new_id)
+            answer = pb.AcquireOperationResponse(revision=t.state.revision)
+            operation = t.state.operation
+            if operation is not None:  # None only when takeover placement ended the batch's run
+                answer.state.CopyFrom(operation_state(operation))
+                answer.lease.CopyFrom(answer.state.lease)
+            return t, answer
+
+        return await self._command("AcquireOperation", request, decide, pb.AcquireOperationResponse)  # type: ignore[no-any-return]
+
+    @unary
+    async def RenewLease(
+        self, request: pb.RenewLeaseRequest, context: Context
+    ) -> pb.RenewLeaseResponse:
+        v.require_id(request.operation_id, "operation_id")
+        seconds = v.lease_seconds(request.lease_seconds)
+
+        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.RenewLeaseResponse]:
+            t = leases.renew(state, request.operation_id, request.lease_token, seconds, now)
+            assert t.state.operation is not None
+            return t, pb.RenewLeaseResponse(
+                lease=lease_of(t.state.operation), cancel_requested=_cancel_requested(t.state)
+            )
+
+        return await self._command("RenewLease", request, decide, pb.RenewLeaseResponse)  # type: ignore[no-any-return]
+
+    @unary
+    async def ReleaseLease(
+        self, request: pb.ReleaseLeaseRequest, context: Context
+    ) -> pb.ReleaseLeaseResponse:
+        v.require_id(request.operation_id, "operation_id")
+
+        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.ReleaseLeaseResponse]:
+            return leases.release(state, request.operation_id, request.lease_token, now), (
+                pb.ReleaseLeaseResponse()
+            )
+
+        return await self._command("ReleaseLease", request, decide, pb.ReleaseLeaseResponse)  # type: ignore[no-any-return]
+
+    @unary
+    async def ReplayToolCall(
+        self, request: pb.ReplayToolCallRequest, context: Context
+    ) -> pb.ReplayToolCallResponse:
+        v.require_id(request.operation_id, "operation_id")
+        v.require_id(request.tool_call_id, "tool_call_id")
+
+        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.ReplayToolCallResponse]:
+            t = tools.replay_tool_call(
+                state, request.operation_id, request.tool_call_id, request.lease_token, now
+            )
+            return t, pb.ReplayToolCallResponse(
+                revision=t.state.revision, arguments_json=t.events[0].tool_start.arguments_json
+            )
+
+        return await self._command("ReplayToolCall", request, decide, pb.ReplayToolCallResponse)  # type: ignore[no-any-return]
+
+    @unary
+    async def GetOperation(
+        self, request: pb.GetOperationRequest, context: Context
+    ) -> pb.GetOperationResponse:
+        v.require_id(request.lane_id, "lane_id")
+        v.require_id(request.operation_id, "operation_id")
+        operation = await self.store.open_operation(request.lane_id)
+        if operation is None or operation.operation_id != request.operation_id:
+            raise NotFound(
+                "OPERATION_NOT_OPEN",
+                f"operation {request.operation_id} is not open on lane {request.lane_id}",
+                laneId=request.lane_id,
+                operationId=request.operation_id,
+            )
+        return pb.GetOperationResponse(state=operation_state(operation))
 
     # -- watching ------------------------------------------------------------------------------
 

@@ -12,8 +12,10 @@ from lane.v1 import messages_pb2
 
 from service.domain.errors import InvalidArgument
 from service.domain.jsontext import parse_json, require_json_object
+from service.domain.leases import DEFAULT_LEASE_SECONDS
 
 MAX_ID_BYTES = 128
+MAX_LEASE_SECONDS = 3600
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 100
 
@@ -90,3 +92,14 @@ def require_kind(message: messages_pb2.AgentMessage, field: str, *allowed: str) 
         f"{field} must be a {' or '.join(allowed)} message (got {kind or 'nothing'})",
         field,
     )
+
+
+def lease_seconds(value: int) -> int:
+    """A requested lease length: 1 to MAX_LEASE_SECONDS, 0 meaning the default."""
+    require(
+        0 <= value <= MAX_LEASE_SECONDS,
+        "INVALID_LEASE",
+        f"lease_seconds must be between 1 and {MAX_LEASE_SECONDS} (0 for the default)",
+        "lease_seconds",
+    )
+    return value or DEFAULT_LEASE_SECONDS

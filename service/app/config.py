@@ -23,6 +23,10 @@ Every variable is optional; an empty value counts as unset.
     How often the hub polls the event log as a fallback to NOTIFY; ``0 < seconds <= 60``.
     Default ``1.0``; DESIGN.md promises delivery within 1 s without NOTIFY, which holds only
     at 1.0 or below.
+``LANE_ORPHAN_SECONDS``
+    How long a leased run may sit with no live lease and no abort before the service ends it
+    itself (aborted, every unfinished call settled; see docs/recovery.md); seconds >= 0.
+    A run whose abort was requested is ended as soon as its lease lapses. Default ``600``.
 
 A bad value raises :class:`ConfigError`, whose message names the variable.
 """
@@ -65,6 +69,7 @@ class Settings:
     grace_seconds: float = 5.0
     notify: bool = True
     poll_interval_seconds: float = 1.0
+    orphan_seconds: float = 600.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -87,6 +92,7 @@ class Settings:
         grace = get("LANE_GRACE_SECONDS")
         notify = get("LANE_NOTIFY")
         poll = get("LANE_POLL_INTERVAL_SECONDS")
+        orphan = get("LANE_ORPHAN_SECONDS")
         return cls(
             database_url=database_url,
             data_dir=(
@@ -108,6 +114,11 @@ class Settings:
                     allow_zero=False,
                     maximum=_MAX_POLL_INTERVAL_SECONDS,
                 )
+            ),
+            orphan_seconds=(
+                defaults.orphan_seconds
+                if orphan is None
+                else _seconds("LANE_ORPHAN_SECONDS", orphan, allow_zero=True)
             ),
         )
 

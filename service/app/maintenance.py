@@ -1,9 +1,11 @@
-"""Background upkeep of a service process: event-log retention."""
+"""Background upkeep of a service process: event-log retention and reconciling runs that no
+driver holds any more. Every process runs both; each step is an idempotent transaction."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 
 import psycopg
 
@@ -24,4 +26,22 @@ async def retention_forever(store: Store, interval: float = RETENTION_INTERVAL_S
                 log.info("retention advanced the floor of %d lanes", len(floors))
         except (psycopg.Error, OSError) as exc:
             log.warning("retention failed: %s", exc)
+        await asyncio.sleep(interval)
+
+
+RECONCILE_INTERVAL_SECONDS = 1.0
+
+
+async def reconcile_forever(
+    store: Store, orphan_after: timedelta, interval: float = RECONCILE_INTERVAL_SECONDS
+) -> None:
+    """End leased runs whose lease lapsed (aborted ones at once, orphans after
+    ``orphan_after``), every ``interval`` seconds."""
+    while True:
+        try:
+            ended = await store.reconcile_orphans(orphan_after)
+            if ended:
+                log.info("reconciled %d runs no driver holds: %s", len(ended), ", ".join(ended))
+        except (psycopg.Error, OSError) as exc:
+            log.warning("reconciliation failed: %s", exc)
         await asyncio.sleep(interval)

@@ -21,6 +21,7 @@ import logging
 import signal
 import sys
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import grpc
@@ -32,7 +33,7 @@ from lane.v1 import lane_service_pb2
 from service.api import WatchSettings, add_lane_service
 from service.app.config import ConfigError, Settings, mask_password, parse_listen
 from service.app.embedded import EmbeddedPostgres, start_embedded
-from service.app.maintenance import retention_forever
+from service.app.maintenance import reconcile_forever, retention_forever
 from service.hub import Hub
 from service.store import Store
 
@@ -94,7 +95,7 @@ class RunningServer:
     database: str  # human-readable, never with a password
     applied_migrations: list[str]
     embedded: EmbeddedPostgres | None = None
-    maintenance: asyncio.Task[None] | None = None
+    maintenance: list[asyncio.Task[None]] = field(default_factory=list)
     _stop_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
@@ -115,10 +116,10 @@ class RunningServer:
                 self.hub.close_watchers()
                 await self.server.stop(grace)
             finally:
-                if self.maintenance is not None:
-                    self.maintenance.cancel()
+                for task in self.maintenance:
+                    task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
-                        await self.maintenance
+                        await task
                 await _release(self.hub, self.store, self.embedded)
             _log.info("lane service on %s stopped", self.address)
 
@@ -184,7 +185,13 @@ async def start_server(
         database=database,
         applied_migrations=applied,
         embedded=embedded,
-        maintenance=asyncio.create_task(retention_forever(store), name="retention"),
+        maintenance=[
+            asyncio.create_task(retention_forever(store), name="retention"),
+            asyncio.create_task(
+                reconcile_forever(store, timedelta(seconds=settings.orphan_seconds)),
+                name="reconcile",
+            ),
+        ],
     )
     _log.info(
         "lane service listening on %s; database: %s; migrations applied now: %s",

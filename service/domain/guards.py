@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lane.v1 import snapshot_pb2
 
-from service.domain.errors import FailedPrecondition, NotFound
+from service.domain.errors import Aborted, FailedPrecondition, NotFound
 from service.domain.state import LaneState, Operation, Phase, ToolBatch, ToolCall
 
 
@@ -64,3 +64,20 @@ def batch_call(operation: Operation, tool_call_id: str) -> tuple[ToolBatch, Tool
             turnId=batch.turn_id,
         )
     return batch, call
+
+
+def driving(state: LaneState, operation_id: str, lease_token: int) -> Operation:
+    """The open run, if ``lease_token`` may drive it: the current token of a leased run, or 0
+    for a run that was never leased. Anything else is a stale or foreign driver."""
+    operation = open_run(state, operation_id)
+    if operation.lease_token == 0 and lease_token == 0:
+        return operation
+    if lease_token != operation.lease_token or operation.lease_holder is None:
+        raise Aborted(
+            "STALE_LEASE",
+            f"lease token {lease_token} does not hold operation {operation_id}"
+            + (" (it is leased: commands must carry its token)" if lease_token == 0 else ""),
+            operationId=operation_id,
+            leaseToken=lease_token,
+        )
+    return operation

@@ -108,6 +108,7 @@ def place(
             phase=Phase.IDLE,
             batch=None,
             turn_id=None,
+            recovering=False,
             continuation=(
                 Continuation.MAY_FINISH if everything_terminates else Continuation.NEED_ASSISTANT
             ),
@@ -126,4 +127,5 @@ def place(
 def place_ready(state: LaneState, now: datetime, new_id: Callable[[], str]) -> Transition:
     """The placement commit that follows a staging commit (no events when nothing is ready)."""
     log = EventLog(state.lane_id, state.revision, now)
-    return Transition.of(place(state, log, new_id), log)
+    recovering = state.operation is not None and state.operation.recovering
+    return Transition.of(place(state, log, new_id, recovery=recovering), log)

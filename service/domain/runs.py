@@ -11,6 +11,7 @@ from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, sna
 from service.domain import guards
 from service.domain.errors import FailedPrecondition, InvalidArgument
 from service.domain.event_log import EventLog
+from service.domain.leases import granted
 from service.domain.placement import place
 from service.domain.results import synthetic_result
 from service.domain.state import (
@@ -90,8 +91,12 @@ def start_run(
     settings: lane_service_pb2.RunSettings,
     now: datetime,
     new_id: Callable[[], str],
+    lease: tuple[str, int] | None = None,
 ) -> Transition:
-    """Accept a run: place captured inbox items then the prompt; emits run_start first."""
+    """Accept a run: place captured inbox items then the prompt; emits run_start first.
+
+    ``lease`` = (driver id, seconds) leases the new run to that driver.
+    """
     if state.operation is not None:
         raise FailedPrecondition(
             "LANE_BUSY",
@@ -141,6 +146,8 @@ def start_run(
         from_tip_id=state.tip_id,
         settings=settings,
     )
+    if lease is not None:
+        operation = granted(operation, lease[0], lease[1], now)
     next_state = replace(
         state,
         operation=operation,
@@ -187,10 +194,12 @@ def abort_operation(state: LaneState, operation_id: str, now: datetime) -> Trans
     return Transition.of(next_state, log)
 
 
-def start_turn(state: LaneState, operation_id: str, turn_id: str, now: datetime) -> Transition:
+def start_turn(
+    state: LaneState, operation_id: str, turn_id: str, now: datetime, lease_token: int = 0
+) -> Transition:
     """Begin a turn at a boundary: place queued steering (or, when the run may finish,
     follow-up) messages, then emit turn_start."""
-    operation = guards.open_run(state, operation_id)
+    operation = guards.driving(state, operation_id, lease_token)
     guards.require_phase(operation, Phase.IDLE)
     guards.require_not_cancelled(operation)
     settings = operation.settings
@@ -229,9 +238,10 @@ def settle_assistant(
     message: messages_pb2.AssistantMessage,
     now: datetime,
     new_id: Callable[[], str],
+    lease_token: int = 0,
 ) -> Transition:
     """Place the settled assistant message; its tool calls become the planned batch."""
-    operation = guards.open_run(state, operation_id)
+    operation = guards.driving(state, operation_id, lease_token)
     guards.require_phase(operation, Phase.TURN_OPEN)
     if operation.turn_id != turn_id:
         raise FailedPrecondition(
@@ -348,9 +358,17 @@ def end_run(
     new_id: Callable[[], str],
     *,
     recovery: bool = False,
+    lease_token: int | None = 0,
 ) -> Transition:
-    """Terminal commit: settle what is unfinished, record the result, close the operation."""
-    operation = guards.open_run(state, operation_id)
+    """Terminal commit: settle what is unfinished, record the result, close the operation.
+
+    ``lease_token=None`` is the service itself ending an orphaned run (no driver holds it).
+    """
+    operation = (
+        guards.open_run(state, operation_id)
+        if lease_token is None
+        else guards.driving(state, operation_id, lease_token)
+    )
     if operation.cancel_requested:
         status = snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED
         error = None

@@ -86,6 +86,19 @@ class Operation:
     continuation: Continuation = Continuation.NEED_ASSISTANT
     turn_id: str | None = None
     batch: ToolBatch | None = None
+    #: The highest fencing token issued for this run (0: never leased).
+    lease_token: int = 0
+    #: The driver holding the lease, and until when; None once released (or never leased).
+    lease_holder: str | None = None
+    lease_expires: datetime | None = None
+    #: A driver took the run over mid-batch: the batch's events are tagged recovery.
+    recovering: bool = False
+
+    def lease_live(self, now: datetime) -> bool:
+        """Whether a driver holds an unexpired lease."""
+        return self.lease_holder is not None and (
+            self.lease_expires is None or self.lease_expires > now
+        )
 
 
 @dataclass(frozen=True)

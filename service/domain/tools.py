@@ -89,9 +89,10 @@ def start_tool_call(
     arguments_json: str,
     replay: int,
     now: datetime,
+    lease_token: int = 0,
 ) -> Transition:
     """Intent commit: persist effective args and replay policy; emits tool_start."""
-    operation = guards.open_run(state, operation_id)
+    operation = guards.driving(state, operation_id, lease_token)
     batch, call = guards.batch_call(operation, tool_call_id)
     if call.status != CallStatus.PLANNED:
         raise _not_status(call, "planned")
@@ -107,6 +108,7 @@ def start_tool_call(
             tool_name=call.tool_name,
             arguments_json=arguments_json,
         ),
+        recovery=operation.recovering,
     )
     started = replace(
         call, status=CallStatus.EFFECT_PENDING, arguments_json=arguments_json, replay=replay
@@ -121,9 +123,10 @@ def update_tool_call(
     partial_result: messages_pb2.ToolResult,
     checkpoint: bool,
     now: datetime,
+    lease_token: int = 0,
 ) -> Transition:
     """Progress of a running call; emits tool_update. A checkpoint also becomes durable."""
-    operation = guards.open_run(state, operation_id)
+    operation = guards.driving(state, operation_id, lease_token)
     batch, call = guards.batch_call(operation, tool_call_id)
     if call.status != CallStatus.EFFECT_PENDING:
         raise _not_status(call, "effect_pending")
@@ -138,6 +141,7 @@ def update_tool_call(
             partial_result=partial_result,
             checkpoint=checkpoint,
         ),
+        recovery=operation.recovering,
     )
     updated = replace(
         call, progress=partial_result, checkpoint=partial_result if checkpoint else call.checkpoint
@@ -208,9 +212,10 @@ def stage_tool_outcome(
     tool_call_id: str,
     outcome: lane_service_pb2.StageToolOutcomeRequest,
     now: datetime,
+    lease_token: int = 0,
 ) -> Transition:
     """Staging commit for a real or synthetic outcome (placement follows in its own commit)."""
-    operation = guards.open_run(state, operation_id)
+    operation = guards.driving(state, operation_id, lease_token)
     batch, call = guards.batch_call(operation, tool_call_id)
     if call.status not in (CallStatus.PLANNED, CallStatus.EFFECT_PENDING):
         raise _not_status(call, "planned or effect_pending")
@@ -244,4 +249,39 @@ def stage_tool_outcome(
         )
         is_error = True
     log = EventLog(state.lane_id, state.revision, now)
-    return Transition.of(stage(state, log, call, result, is_error=is_error), log)
+    staged = stage(state, log, call, result, is_error=is_error, recovery=operation.recovering)
+    return Transition.of(staged, log)
+
+
+def replay_tool_call(
+    state: LaneState, operation_id: str, tool_call_id: str, lease_token: int, now: datetime
+) -> Transition:
+    """Safe replay after a takeover: the checkpoint-clear commit; emits tool_start tagged
+    recovery with the persisted arguments. The replay then updates and stages as usual."""
+    operation = guards.driving(state, operation_id, lease_token)
+    batch, call = guards.batch_call(operation, tool_call_id)
+    if call.status != CallStatus.EFFECT_PENDING:
+        raise _not_status(call, "effect_pending")
+    guards.require_not_cancelled(operation)
+    if call.replay != lane_service_pb2.REPLAY_POLICY_SAFE or not operation.recovering:
+        raise FailedPrecondition(
+            "NOT_REPLAYABLE",
+            f"tool call {tool_call_id} may not be replayed: only a SAFE call of a run taken over "
+            "mid-batch can run again",
+            toolCallId=tool_call_id,
+        )
+    assert call.arguments_json is not None  # effect_pending always has its arguments
+    log = EventLog(state.lane_id, state.revision, now)
+    log.emit(
+        "tool_start",
+        events_pb2.ToolStartEvent(
+            run_id=operation_id,
+            turn_id=batch.turn_id,
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            arguments_json=call.arguments_json,
+        ),
+        recovery=True,
+    )
+    cleared = replace(call, progress=None, checkpoint=None)
+    return Transition.of(replace(with_call(state, operation, cleared), revision=log.revision), log)

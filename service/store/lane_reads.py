@@ -32,7 +32,8 @@ _LANE = (
 _INBOX = "SELECT body FROM inbox WHERE lane_id = %(lane)s ORDER BY position"
 _OPERATION = (
     "SELECT o.operation_id, o.kind, o.started_time, o.from_tip_id, o.settings,"
-    " o.cancel_requested, o.phase, o.continuation, o.turn_id, o.batch_entry_id, e.body"
+    " o.cancel_requested, o.phase, o.continuation, o.turn_id, o.batch_entry_id, e.body,"
+    " o.lease_token, o.lease_holder, o.lease_expires, o.recovering"
     " FROM lanes l JOIN operations o ON o.operation_id = l.current_operation_id"
     " LEFT JOIN entries e ON e.lane_id = l.lane_id AND e.entry_id = o.batch_entry_id"
     " WHERE l.lane_id = %(lane)s"
@@ -107,6 +108,10 @@ async def _operation(
         turn_id,
         batch_entry_id,
         batch_entry,
+        lease_token,
+        lease_holder,
+        lease_expires,
+        recovering,
     ) = row
     batch = None
     if batch_entry_id is not None:
@@ -128,6 +133,10 @@ async def _operation(
         continuation=Continuation(continuation),
         turn_id=turn_id,
         batch=batch,
+        lease_token=lease_token,
+        lease_holder=lease_holder,
+        lease_expires=lease_expires,
+        recovering=recovering,
     )
 
 

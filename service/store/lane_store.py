@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from google.protobuf.message import Message
@@ -13,7 +13,9 @@ from psycopg_pool import AsyncConnectionPool
 from service.domain import lanes
 from service.domain.capture import capture
 from service.domain.errors import NotFound
-from service.domain.state import LaneState
+from service.domain.ids import new_id
+from service.domain.reconcile import reconcile
+from service.domain.state import LaneState, Operation
 from service.domain.transition import Transition
 from service.store.lane_reads import load_events, load_lane, load_transcript
 from service.store.lane_writes import insert_lane, write_transition
@@ -194,3 +196,40 @@ class Store:
                 group_end = end
             groups[-1][1].append(body)
         return groups
+
+    async def reconcile_orphans(self, orphan_after: timedelta, limit: int = 100) -> list[str]:
+        """End the leased runs no driver holds any more (aborted, or orphaned for
+        ``orphan_after``); return their operation ids. Safe to run from every process."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT lane_id, operation_id FROM operations"
+                " WHERE lease_token > 0 AND phase <> 'ended'"
+                " AND (lease_holder IS NULL OR lease_expires <= now())"
+                " ORDER BY lease_expires LIMIT %s",
+                (limit,),
+            )
+            candidates = await cur.fetchall()
+        ended: list[str] = []
+        for lane_id, operation_id in candidates:
+
+            def decide(
+                state: LaneState, now: datetime, operation_id: str = operation_id
+            ) -> tuple[Transition, lane_service_pb2.EndRunResponse]:
+                t = reconcile(state, operation_id, now, orphan_after, new_id)
+                answer = lane_service_pb2.EndRunResponse(revision=t.state.revision)
+                if t.events and t.state.last_result is not None:
+                    answer.result.CopyFrom(t.state.last_result)
+                return t, answer
+
+            answer = await self.command(lane_id, decide, lane_service_pb2.EndRunResponse)
+            if answer.HasField("result"):
+                ended.append(operation_id)
+        return ended
+
+    async def open_operation(self, lane_id: str) -> Operation | None:
+        """The lane's open operation as stored (no lock)."""
+        async with self.pool.connection() as conn:
+            state = await load_lane(conn, lane_id, lock=False)
+        if state is None:
+            raise lane_not_found(lane_id)
+        return state.operation

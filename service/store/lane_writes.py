@@ -147,6 +147,10 @@ def _row_fields(operation: Operation | None) -> tuple[object, ...] | None:
         operation.continuation.value,
         operation.turn_id,
         batch_entry_id,
+        operation.lease_token,
+        operation.lease_holder,
+        operation.lease_expires,
+        operation.recovering,
     )
 
 
@@ -160,7 +164,8 @@ async def _write_operation(conn: Conn, before: LaneState, after: LaneState) -> N
         await conn.execute("DELETE FROM tool_calls WHERE operation_id = %s", (old.operation_id,))
         await conn.execute(
             "UPDATE operations SET result = %s, phase = 'ended', turn_id = NULL,"
-            " batch_entry_id = NULL WHERE operation_id = %s",
+            " batch_entry_id = NULL, lease_holder = NULL, lease_expires = NULL,"
+            " recovering = false WHERE operation_id = %s",
             (_optional(after.last_result), old.operation_id),
         )
         return
@@ -171,7 +176,8 @@ async def _write_operation(conn: Conn, before: LaneState, after: LaneState) -> N
     if fields != _row_fields(old):
         await conn.execute(
             "UPDATE operations SET cancel_requested = %s, phase = %s, continuation = %s,"
-            " turn_id = %s, batch_entry_id = %s WHERE operation_id = %s",
+            " turn_id = %s, batch_entry_id = %s, lease_token = %s, lease_holder = %s,"
+            " lease_expires = %s, recovering = %s WHERE operation_id = %s",
             (*fields, new.operation_id),  # type: ignore[misc]
         )
     batch = new.batch

@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from lane.v1 import entries_pb2 as _entries_pb2
@@ -22,6 +23,54 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _ToolCallStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolCallStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolCallStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_CALL_STATUS_UNSPECIFIED: _ToolCallStatus.ValueType  # 0
+    TOOL_CALL_STATUS_PLANNED: _ToolCallStatus.ValueType  # 1
+    TOOL_CALL_STATUS_EFFECT_PENDING: _ToolCallStatus.ValueType  # 2
+    TOOL_CALL_STATUS_OUTCOME_READY: _ToolCallStatus.ValueType  # 3
+    TOOL_CALL_STATUS_COMPLETED: _ToolCallStatus.ValueType  # 4
+
+class ToolCallStatus(_ToolCallStatus, metaclass=_ToolCallStatusEnumTypeWrapper):
+    """A tool call's durable status."""
+
+TOOL_CALL_STATUS_UNSPECIFIED: ToolCallStatus.ValueType  # 0
+TOOL_CALL_STATUS_PLANNED: ToolCallStatus.ValueType  # 1
+TOOL_CALL_STATUS_EFFECT_PENDING: ToolCallStatus.ValueType  # 2
+TOOL_CALL_STATUS_OUTCOME_READY: ToolCallStatus.ValueType  # 3
+TOOL_CALL_STATUS_COMPLETED: ToolCallStatus.ValueType  # 4
+Global___ToolCallStatus: _TypeAlias = ToolCallStatus  # noqa: Y015
+
+class _RunPhase:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RunPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunPhase.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RUN_PHASE_UNSPECIFIED: _RunPhase.ValueType  # 0
+    RUN_PHASE_IDLE: _RunPhase.ValueType  # 1
+    """Between turns: a turn may start, or the run may end."""
+    RUN_PHASE_TURN_OPEN: _RunPhase.ValueType  # 2
+    """A turn started; its assistant message is not settled yet."""
+    RUN_PHASE_TOOLS: _RunPhase.ValueType  # 3
+    """The turn's tool batch is not fully placed yet."""
+
+class RunPhase(_RunPhase, metaclass=_RunPhaseEnumTypeWrapper):
+    """Where an open run stands."""
+
+RUN_PHASE_UNSPECIFIED: RunPhase.ValueType  # 0
+RUN_PHASE_IDLE: RunPhase.ValueType  # 1
+"""Between turns: a turn may start, or the run may end."""
+RUN_PHASE_TURN_OPEN: RunPhase.ValueType  # 2
+"""A turn started; its assistant message is not settled yet."""
+RUN_PHASE_TOOLS: RunPhase.ValueType  # 3
+"""The turn's tool batch is not fully placed yet."""
+Global___RunPhase: _TypeAlias = RunPhase  # noqa: Y015
 
 class _ToolExecution:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -122,6 +171,392 @@ SYNTHETIC_CAUSE_CANCELLED: SyntheticCause.ValueType  # 5
 SYNTHETIC_CAUSE_INTERRUPTED: SyntheticCause.ValueType  # 6
 """The effect began but its outcome is unknown: the latest checkpoint plus a notice."""
 Global___SyntheticCause: _TypeAlias = SyntheticCause  # noqa: Y015
+
+@_typing.final
+class Lease(_message.Message):
+    """A driver's ownership of an open run. Every command of a leased run must carry its token; a
+    stale or foreign token is refused with ABORTED (reason STALE_LEASE) and changes nothing.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    DRIVER_ID_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    token: _builtins.int
+    """The fencing token: strictly increasing per run with every acquisition."""
+    driver_id: _builtins.str
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        token: _builtins.int = ...,
+        driver_id: _builtins.str = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_id", b"driver_id", "expire_time", b"expire_time", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Lease: _TypeAlias = Lease  # noqa: Y015
+
+@_typing.final
+class ToolCallState(_message.Message):
+    """One call of a tool batch as stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_INDEX_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    RESULT_ENTRY_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    REPLAY_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    source_index: _builtins.int
+    tool_call_id: _builtins.str
+    tool_name: _builtins.str
+    result_entry_id: _builtins.str
+    status: Global___ToolCallStatus.ValueType
+    replay: Global___ReplayPolicy.ValueType
+    arguments_json: _builtins.str
+    """The effective arguments, once the intent was committed."""
+    @_builtins.property
+    def checkpoint(self) -> _messages_pb2.ToolResult:
+        """The latest checkpoint (the recovery point of an effect_pending call)."""
+
+    def __init__(
+        self,
+        *,
+        source_index: _builtins.int = ...,
+        tool_call_id: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
+        result_entry_id: _builtins.str = ...,
+        status: Global___ToolCallStatus.ValueType = ...,
+        replay: Global___ReplayPolicy.ValueType = ...,
+        arguments_json: _builtins.str | None = ...,
+        checkpoint: _messages_pb2.ToolResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_arguments_json", b"_arguments_json", "arguments_json", b"arguments_json", "checkpoint", b"checkpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_arguments_json", b"_arguments_json", "arguments_json", b"arguments_json", "checkpoint", b"checkpoint", "replay", b"replay", "result_entry_id", b"result_entry_id", "source_index", b"source_index", "status", b"status", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__arguments_json: _TypeAlias = _typing.Literal["arguments_json"]  # noqa: Y015
+    _WhichOneofArgType__arguments_json: _TypeAlias = _typing.Literal["_arguments_json", b"_arguments_json"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__arguments_json) -> _WhichOneofReturnType__arguments_json | None: ...
+
+Global___ToolCallState: _TypeAlias = ToolCallState  # noqa: Y015
+
+@_typing.final
+class OperationState(_message.Message):
+    """An open run's durable state, for a driver taking it over."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
+    ASSISTANT_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    MAY_FINISH_FIELD_NUMBER: _builtins.int
+    operation_id: _builtins.str
+    kind: _snapshot_pb2.OperationKind.ValueType
+    phase: Global___RunPhase.ValueType
+    cancel_requested: _builtins.bool
+    turn_id: _builtins.str
+    """The open turn (RUN_PHASE_TURN_OPEN or RUN_PHASE_TOOLS)."""
+    may_finish: _builtins.bool
+    """The run may finish (EndRun COMPLETED is allowed at RUN_PHASE_IDLE)."""
+    @_builtins.property
+    def settings(self) -> Global___RunSettings: ...
+    @_builtins.property
+    def lease(self) -> Global___Lease:
+        """Absent when the run was never leased or its lease was released."""
+
+    @_builtins.property
+    def assistant(self) -> _messages_pb2.AssistantMessage:
+        """RUN_PHASE_TOOLS only: the batch's assistant message and its calls in source order."""
+
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCallState]: ...
+    def __init__(
+        self,
+        *,
+        operation_id: _builtins.str = ...,
+        kind: _snapshot_pb2.OperationKind.ValueType = ...,
+        phase: Global___RunPhase.ValueType = ...,
+        cancel_requested: _builtins.bool = ...,
+        turn_id: _builtins.str = ...,
+        settings: Global___RunSettings | None = ...,
+        lease: Global___Lease | None = ...,
+        assistant: _messages_pb2.AssistantMessage | None = ...,
+        tool_calls: _abc.Iterable[Global___ToolCallState] | None = ...,
+        may_finish: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant", b"assistant", "lease", b"lease", "settings", b"settings"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant", b"assistant", "cancel_requested", b"cancel_requested", "kind", b"kind", "lease", b"lease", "may_finish", b"may_finish", "operation_id", b"operation_id", "phase", b"phase", "settings", b"settings", "tool_calls", b"tool_calls", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OperationState: _TypeAlias = OperationState  # noqa: Y015
+
+@_typing.final
+class AcquireOperationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    DRIVER_ID_FIELD_NUMBER: _builtins.int
+    LEASE_SECONDS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    driver_id: _builtins.str
+    lease_seconds: _builtins.int
+    """1 to 3600; 0 means 30."""
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        driver_id: _builtins.str = ...,
+        lease_seconds: _builtins.int = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_id", b"driver_id", "lane_id", b"lane_id", "lease_seconds", b"lease_seconds", "operation_id", b"operation_id", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcquireOperationRequest: _TypeAlias = AcquireOperationRequest  # noqa: Y015
+
+@_typing.final
+class AcquireOperationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    @_builtins.property
+    def lease(self) -> Global___Lease: ...
+    @_builtins.property
+    def state(self) -> Global___OperationState:
+        """The state after the takeover commit (ready calls placed)."""
+
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+        state: Global___OperationState | None = ...,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "state", b"state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "revision", b"revision", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcquireOperationResponse: _TypeAlias = AcquireOperationResponse  # noqa: Y015
+
+@_typing.final
+class RenewLeaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    LEASE_SECONDS_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    lease_token: _builtins.int
+    lease_seconds: _builtins.int
+    """1 to 3600; 0 means 30."""
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
+        lease_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "lease_seconds", b"lease_seconds", "lease_token", b"lease_token", "operation_id", b"operation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewLeaseRequest: _TypeAlias = RenewLeaseRequest  # noqa: Y015
+
+@_typing.final
+class RenewLeaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    cancel_requested: _builtins.bool
+    @_builtins.property
+    def lease(self) -> Global___Lease: ...
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+        cancel_requested: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested", b"cancel_requested", "lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewLeaseResponse: _TypeAlias = RenewLeaseResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseLeaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    lease_token: _builtins.int
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseLeaseRequest: _TypeAlias = ReleaseLeaseRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseLeaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseLeaseResponse: _TypeAlias = ReleaseLeaseResponse  # noqa: Y015
+
+@_typing.final
+class ReplayToolCallRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    tool_call_id: _builtins.str
+    lease_token: _builtins.int
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "request_id", b"request_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayToolCallRequest: _TypeAlias = ReplayToolCallRequest  # noqa: Y015
+
+@_typing.final
+class ReplayToolCallResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    arguments_json: _builtins.str
+    """The persisted effective arguments to replay with."""
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        arguments_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayToolCallResponse: _TypeAlias = ReplayToolCallResponse  # noqa: Y015
+
+@_typing.final
+class GetOperationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "operation_id", b"operation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetOperationRequest: _TypeAlias = GetOperationRequest  # noqa: Y015
+
+@_typing.final
+class GetOperationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def state(self) -> Global___OperationState: ...
+    def __init__(
+        self,
+        *,
+        state: Global___OperationState | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetOperationResponse: _TypeAlias = GetOperationResponse  # noqa: Y015
 
 @_typing.final
 class CreateLaneRequest(_message.Message):
@@ -469,10 +904,19 @@ class StartRunRequest(_message.Message):
     PROMPT_FIELD_NUMBER: _builtins.int
     SETTINGS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    DRIVER_ID_FIELD_NUMBER: _builtins.int
+    LEASE_SECONDS_FIELD_NUMBER: _builtins.int
     lane_id: _builtins.str
     operation_id: _builtins.str
     """Optional: the new operation's id (generated when empty)."""
     request_id: _builtins.str
+    driver_id: _builtins.str
+    """Optional: lease the new run to this driver (its commands must then carry the token).
+    Without it the run is unleased: any caller may drive it, and the service never reconciles
+    it on its own.
+    """
+    lease_seconds: _builtins.int
+    """With driver_id: 1 to 3600; 0 means 30."""
     @_builtins.property
     def prompt(self) -> _containers.RepeatedCompositeFieldContainer[_messages_pb2.AgentMessage]:
         """The prompt messages. May be empty when the inbox holds items to capture."""
@@ -487,10 +931,12 @@ class StartRunRequest(_message.Message):
         prompt: _abc.Iterable[_messages_pb2.AgentMessage] | None = ...,
         settings: Global___RunSettings | None = ...,
         request_id: _builtins.str = ...,
+        driver_id: _builtins.str = ...,
+        lease_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "operation_id", b"operation_id", "prompt", b"prompt", "request_id", b"request_id", "settings", b"settings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_id", b"driver_id", "lane_id", b"lane_id", "lease_seconds", b"lease_seconds", "operation_id", b"operation_id", "prompt", b"prompt", "request_id", b"request_id", "settings", b"settings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -502,17 +948,23 @@ class StartRunResponse(_message.Message):
 
     OPERATION_ID_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
     operation_id: _builtins.str
     revision: _builtins.int
+    @_builtins.property
+    def lease(self) -> Global___Lease:
+        """Present when driver_id was given."""
+
     def __init__(
         self,
         *,
         operation_id: _builtins.str = ...,
         revision: _builtins.int = ...,
+        lease: Global___Lease | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["operation_id", b"operation_id", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "operation_id", b"operation_id", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -575,11 +1027,14 @@ class EndRunRequest(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
     lane_id: _builtins.str
     operation_id: _builtins.str
     status: _snapshot_pb2.OperationResultStatus.ValueType
     """COMPLETED, FAILED or ABORTED. A run whose abort was requested always ends ABORTED."""
     request_id: _builtins.str
+    lease_token: _builtins.int
+    """The lease's fencing token; required when the run is leased."""
     @_builtins.property
     def error(self) -> _snapshot_pb2.OperationError:
         """Required iff status is FAILED."""
@@ -592,10 +1047,11 @@ class EndRunRequest(_message.Message):
         status: _snapshot_pb2.OperationResultStatus.ValueType = ...,
         error: _snapshot_pb2.OperationError | None = ...,
         request_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "lane_id", b"lane_id", "operation_id", b"operation_id", "request_id", b"request_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "request_id", b"request_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -632,11 +1088,14 @@ class StartTurnRequest(_message.Message):
     OPERATION_ID_FIELD_NUMBER: _builtins.int
     TURN_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
     lane_id: _builtins.str
     operation_id: _builtins.str
     turn_id: _builtins.str
     """Optional: the new turn's id (generated when empty)."""
     request_id: _builtins.str
+    lease_token: _builtins.int
+    """The lease's fencing token; required when the run is leased."""
     def __init__(
         self,
         *,
@@ -644,10 +1103,11 @@ class StartTurnRequest(_message.Message):
         operation_id: _builtins.str = ...,
         turn_id: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "operation_id", b"operation_id", "request_id", b"request_id", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "request_id", b"request_id", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -687,10 +1147,13 @@ class SettleAssistantMessageRequest(_message.Message):
     TURN_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
     lane_id: _builtins.str
     operation_id: _builtins.str
     turn_id: _builtins.str
     request_id: _builtins.str
+    lease_token: _builtins.int
+    """The lease's fencing token; required when the run is leased."""
     @_builtins.property
     def message(self) -> _messages_pb2.AssistantMessage: ...
     def __init__(
@@ -701,10 +1164,11 @@ class SettleAssistantMessageRequest(_message.Message):
         turn_id: _builtins.str = ...,
         message: _messages_pb2.AssistantMessage | None = ...,
         request_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "message", b"message", "operation_id", b"operation_id", "request_id", b"request_id", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "lease_token", b"lease_token", "message", b"message", "operation_id", b"operation_id", "request_id", b"request_id", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -836,6 +1300,7 @@ class StartToolCallRequest(_message.Message):
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     REPLAY_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
     lane_id: _builtins.str
     operation_id: _builtins.str
     tool_call_id: _builtins.str
@@ -843,6 +1308,8 @@ class StartToolCallRequest(_message.Message):
     """The effective arguments (after preparation and before_tool) as a JSON object."""
     replay: Global___ReplayPolicy.ValueType
     request_id: _builtins.str
+    lease_token: _builtins.int
+    """The lease's fencing token; required when the run is leased."""
     def __init__(
         self,
         *,
@@ -852,10 +1319,11 @@ class StartToolCallRequest(_message.Message):
         arguments_json: _builtins.str = ...,
         replay: Global___ReplayPolicy.ValueType = ...,
         request_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "lane_id", b"lane_id", "operation_id", b"operation_id", "replay", b"replay", "request_id", b"request_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "replay", b"replay", "request_id", b"request_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -893,12 +1361,15 @@ class UpdateToolCallRequest(_message.Message):
     PARTIAL_RESULT_FIELD_NUMBER: _builtins.int
     CHECKPOINT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
     lane_id: _builtins.str
     operation_id: _builtins.str
     tool_call_id: _builtins.str
     checkpoint: _builtins.bool
     """Also keep it as the call's recovery checkpoint."""
     request_id: _builtins.str
+    lease_token: _builtins.int
+    """The lease's fencing token; required when the run is leased."""
     @_builtins.property
     def partial_result(self) -> _messages_pb2.ToolResult:
         """The complete latest progress snapshot."""
@@ -912,10 +1383,11 @@ class UpdateToolCallRequest(_message.Message):
         partial_result: _messages_pb2.ToolResult | None = ...,
         checkpoint: _builtins.bool = ...,
         request_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["partial_result", b"partial_result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "lane_id", b"lane_id", "operation_id", b"operation_id", "partial_result", b"partial_result", "request_id", b"request_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "partial_result", b"partial_result", "request_id", b"request_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1009,10 +1481,13 @@ class StageToolOutcomeRequest(_message.Message):
     EXECUTED_FIELD_NUMBER: _builtins.int
     SYNTHETIC_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
     lane_id: _builtins.str
     operation_id: _builtins.str
     tool_call_id: _builtins.str
     request_id: _builtins.str
+    lease_token: _builtins.int
+    """The lease's fencing token; required when the run is leased."""
     @_builtins.property
     def executed(self) -> Global___ExecutedOutcome: ...
     @_builtins.property
@@ -1026,10 +1501,11 @@ class StageToolOutcomeRequest(_message.Message):
         executed: Global___ExecutedOutcome | None = ...,
         synthetic: Global___SyntheticOutcome | None = ...,
         request_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["executed", b"executed", "outcome", b"outcome", "synthetic", b"synthetic"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["executed", b"executed", "lane_id", b"lane_id", "operation_id", b"operation_id", "outcome", b"outcome", "request_id", b"request_id", "synthetic", b"synthetic", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["executed", b"executed", "lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "outcome", b"outcome", "request_id", b"request_id", "synthetic", b"synthetic", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["executed", "synthetic"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015

@@ -115,6 +115,31 @@ class LaneServiceStub:
                 request_serializer=lane_dot_v1_dot_lane__service__pb2.WatchLaneRequest.SerializeToString,
                 response_deserializer=lane_dot_v1_dot_lane__service__pb2.WatchLaneResponse.FromString,
                 _registered_method=True)
+        self.AcquireOperation = channel.unary_unary(
+                '/lane.v1.LaneService/AcquireOperation',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.AcquireOperationRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.AcquireOperationResponse.FromString,
+                _registered_method=True)
+        self.RenewLease = channel.unary_unary(
+                '/lane.v1.LaneService/RenewLease',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.RenewLeaseRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.RenewLeaseResponse.FromString,
+                _registered_method=True)
+        self.ReleaseLease = channel.unary_unary(
+                '/lane.v1.LaneService/ReleaseLease',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.ReleaseLeaseRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.ReleaseLeaseResponse.FromString,
+                _registered_method=True)
+        self.ReplayToolCall = channel.unary_unary(
+                '/lane.v1.LaneService/ReplayToolCall',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.ReplayToolCallRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.ReplayToolCallResponse.FromString,
+                _registered_method=True)
+        self.GetOperation = channel.unary_unary(
+                '/lane.v1.LaneService/GetOperation',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.GetOperationRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.GetOperationResponse.FromString,
+                _registered_method=True)
 
 
 class LaneServiceServicer:
@@ -237,6 +262,45 @@ class LaneServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcquireOperation(self, request, context):
+        """Take over the open run: a new lease with a higher fencing token, and the run's durable
+        state. Allowed when the run has no live lease (never leased, released or expired) or the
+        caller already holds it. Taking over a tool batch places its ready prefix and emits
+        turn_start tagged recovery.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewLease(self, request, context):
+        """Extend the caller's lease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseLease(self, request, context):
+        """Give the lease up (the run stays open for another driver, or for reconciliation).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplayToolCall(self, request, context):
+        """Safe replay of an effect_pending call whose replay policy is SAFE, after a takeover:
+        clears its checkpoint and emits tool_start tagged recovery with the persisted arguments.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetOperation(self, request, context):
+        """The open run's durable state (batch, calls, statuses, persisted args, checkpoints).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LaneServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -314,6 +378,31 @@ def add_LaneServiceServicer_to_server(servicer, server):
                     servicer.WatchLane,
                     request_deserializer=lane_dot_v1_dot_lane__service__pb2.WatchLaneRequest.FromString,
                     response_serializer=lane_dot_v1_dot_lane__service__pb2.WatchLaneResponse.SerializeToString,
+            ),
+            'AcquireOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireOperation,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.AcquireOperationRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.AcquireOperationResponse.SerializeToString,
+            ),
+            'RenewLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewLease,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.RenewLeaseRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.RenewLeaseResponse.SerializeToString,
+            ),
+            'ReleaseLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseLease,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.ReleaseLeaseRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.ReleaseLeaseResponse.SerializeToString,
+            ),
+            'ReplayToolCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayToolCall,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.ReplayToolCallRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.ReplayToolCallResponse.SerializeToString,
+            ),
+            'GetOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOperation,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.GetOperationRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.GetOperationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -727,6 +816,141 @@ class LaneService:
             '/lane.v1.LaneService/WatchLane',
             lane_dot_v1_dot_lane__service__pb2.WatchLaneRequest.SerializeToString,
             lane_dot_v1_dot_lane__service__pb2.WatchLaneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/AcquireOperation',
+            lane_dot_v1_dot_lane__service__pb2.AcquireOperationRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.AcquireOperationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/RenewLease',
+            lane_dot_v1_dot_lane__service__pb2.RenewLeaseRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.RenewLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/ReleaseLease',
+            lane_dot_v1_dot_lane__service__pb2.ReleaseLeaseRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.ReleaseLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayToolCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/ReplayToolCall',
+            lane_dot_v1_dot_lane__service__pb2.ReplayToolCallRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.ReplayToolCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/GetOperation',
+            lane_dot_v1_dot_lane__service__pb2.GetOperationRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.GetOperationResponse.FromString,
             options,
             channel_credentials,
             insecure,

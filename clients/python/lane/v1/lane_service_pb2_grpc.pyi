@@ -80,6 +80,22 @@ class LaneServiceStub:
     """
     WatchLane: _grpc.UnaryStreamMultiCallable[_lane_service_pb2.WatchLaneRequest, _lane_service_pb2.WatchLaneResponse]
     """A snapshot, then every event group committed after it, then heartbeats while idle."""
+    AcquireOperation: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.AcquireOperationRequest, _lane_service_pb2.AcquireOperationResponse]
+    """Take over the open run: a new lease with a higher fencing token, and the run's durable
+    state. Allowed when the run has no live lease (never leased, released or expired) or the
+    caller already holds it. Taking over a tool batch places its ready prefix and emits
+    turn_start tagged recovery.
+    """
+    RenewLease: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.RenewLeaseRequest, _lane_service_pb2.RenewLeaseResponse]
+    """Extend the caller's lease."""
+    ReleaseLease: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.ReleaseLeaseRequest, _lane_service_pb2.ReleaseLeaseResponse]
+    """Give the lease up (the run stays open for another driver, or for reconciliation)."""
+    ReplayToolCall: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.ReplayToolCallRequest, _lane_service_pb2.ReplayToolCallResponse]
+    """Safe replay of an effect_pending call whose replay policy is SAFE, after a takeover:
+    clears its checkpoint and emits tool_start tagged recovery with the persisted arguments.
+    """
+    GetOperation: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.GetOperationRequest, _lane_service_pb2.GetOperationResponse]
+    """The open run's durable state (batch, calls, statuses, persisted args, checkpoints)."""
 
 @_typing.type_check_only
 class LaneServiceAsyncStub(LaneServiceStub):
@@ -133,6 +149,22 @@ class LaneServiceAsyncStub(LaneServiceStub):
     """
     WatchLane: _aio.UnaryStreamMultiCallable[_lane_service_pb2.WatchLaneRequest, _lane_service_pb2.WatchLaneResponse]  # type: ignore[assignment]
     """A snapshot, then every event group committed after it, then heartbeats while idle."""
+    AcquireOperation: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.AcquireOperationRequest, _lane_service_pb2.AcquireOperationResponse]  # type: ignore[assignment]
+    """Take over the open run: a new lease with a higher fencing token, and the run's durable
+    state. Allowed when the run has no live lease (never leased, released or expired) or the
+    caller already holds it. Taking over a tool batch places its ready prefix and emits
+    turn_start tagged recovery.
+    """
+    RenewLease: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.RenewLeaseRequest, _lane_service_pb2.RenewLeaseResponse]  # type: ignore[assignment]
+    """Extend the caller's lease."""
+    ReleaseLease: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.ReleaseLeaseRequest, _lane_service_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
+    """Give the lease up (the run stays open for another driver, or for reconciliation)."""
+    ReplayToolCall: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.ReplayToolCallRequest, _lane_service_pb2.ReplayToolCallResponse]  # type: ignore[assignment]
+    """Safe replay of an effect_pending call whose replay policy is SAFE, after a takeover:
+    clears its checkpoint and emits tool_start tagged recovery with the persisted arguments.
+    """
+    GetOperation: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.GetOperationRequest, _lane_service_pb2.GetOperationResponse]  # type: ignore[assignment]
+    """The open run's durable state (batch, calls, statuses, persisted args, checkpoints)."""
 
 class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
     """The lane service: drivers commit each step of an agent run; watchers follow a lane live.
@@ -273,5 +305,51 @@ class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_lane_service_pb2.WatchLaneResponse], _abc.AsyncIterator[_lane_service_pb2.WatchLaneResponse]]:
         """A snapshot, then every event group committed after it, then heartbeats while idle."""
+
+    @_abc_1.abstractmethod
+    def AcquireOperation(
+        self,
+        request: _lane_service_pb2.AcquireOperationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.AcquireOperationResponse, _abc.Awaitable[_lane_service_pb2.AcquireOperationResponse]]:
+        """Take over the open run: a new lease with a higher fencing token, and the run's durable
+        state. Allowed when the run has no live lease (never leased, released or expired) or the
+        caller already holds it. Taking over a tool batch places its ready prefix and emits
+        turn_start tagged recovery.
+        """
+
+    @_abc_1.abstractmethod
+    def RenewLease(
+        self,
+        request: _lane_service_pb2.RenewLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.RenewLeaseResponse, _abc.Awaitable[_lane_service_pb2.RenewLeaseResponse]]:
+        """Extend the caller's lease."""
+
+    @_abc_1.abstractmethod
+    def ReleaseLease(
+        self,
+        request: _lane_service_pb2.ReleaseLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.ReleaseLeaseResponse, _abc.Awaitable[_lane_service_pb2.ReleaseLeaseResponse]]:
+        """Give the lease up (the run stays open for another driver, or for reconciliation)."""
+
+    @_abc_1.abstractmethod
+    def ReplayToolCall(
+        self,
+        request: _lane_service_pb2.ReplayToolCallRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.ReplayToolCallResponse, _abc.Awaitable[_lane_service_pb2.ReplayToolCallResponse]]:
+        """Safe replay of an effect_pending call whose replay policy is SAFE, after a takeover:
+        clears its checkpoint and emits tool_start tagged recovery with the persisted arguments.
+        """
+
+    @_abc_1.abstractmethod
+    def GetOperation(
+        self,
+        request: _lane_service_pb2.GetOperationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.GetOperationResponse, _abc.Awaitable[_lane_service_pb2.GetOperationResponse]]:
+        """The open run's durable state (batch, calls, statuses, persisted args, checkpoints)."""
 
 def add_LaneServiceServicer_to_server(servicer: LaneServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

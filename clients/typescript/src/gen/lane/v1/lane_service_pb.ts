@@ -4,13 +4,15 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { CustomEntry, Entry } from "./entries_pb.js";
 import { file_lane_v1_entries } from "./entries_pb.js";
 import type { HarnessEvent } from "./events_pb.js";
 import { file_lane_v1_events } from "./events_pb.js";
 import type { AgentMessage, AssistantMessage, ToolResult, ToolResultMessage, Usage } from "./messages_pb.js";
 import { file_lane_v1_messages } from "./messages_pb.js";
-import type { LaneConfiguration, LaneSnapshot, ModelRef, OperationError, OperationResult, OperationResultStatus, OperationStatus, QueueKind, ThinkingLevel } from "./snapshot_pb.js";
+import type { LaneConfiguration, LaneSnapshot, ModelRef, OperationError, OperationKind, OperationResult, OperationResultStatus, OperationStatus, QueueKind, ThinkingLevel } from "./snapshot_pb.js";
 import { file_lane_v1_snapshot } from "./snapshot_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -18,7 +20,433 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file lane/v1/lane_service.proto.
  */
 export const file_lane_v1_lane_service: GenFile = /*@__PURE__*/
-  fileDesc("ChpsYW5lL3YxL2xhbmVfc2VydmljZS5wcm90bxIHbGFuZS52MSJrChFDcmVhdGVMYW5lUmVxdWVzdBIPCgdsYW5lX2lkGAEgASgJEjEKDWNvbmZpZ3VyYXRpb24YAiABKAsyGi5sYW5lLnYxLkxhbmVDb25maWd1cmF0aW9uEhIKCnJlcXVlc3RfaWQYAyABKAkiNwoSQ3JlYXRlTGFuZVJlc3BvbnNlEg8KB2NyZWF0ZWQYASABKAgSEAoIcmV2aXNpb24YAiABKAMiKQoWR2V0TGFuZVNuYXBzaG90UmVxdWVzdBIPCgdsYW5lX2lkGAEgASgJIkIKF0dldExhbmVTbmFwc2hvdFJlc3BvbnNlEicKCHNuYXBzaG90GAEgASgLMhUubGFuZS52MS5MYW5lU25hcHNob3QiOQoQTGlzdExhbmVzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSKKAQoLTGFuZVN1bW1hcnkSDwoHbGFuZV9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoAxIOCgZ0aXBfaWQYAyABKAkSFAoMb3BlcmF0aW9uX2lkGAQgASgJEjIKEG9wZXJhdGlvbl9zdGF0dXMYBSABKA4yGC5sYW5lLnYxLk9wZXJhdGlvblN0YXR1cyJRChFMaXN0TGFuZXNSZXNwb25zZRIjCgVsYW5lcxgBIAMoCzIULmxhbmUudjEuTGFuZVN1bW1hcnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIhoKCVRvb2xOYW1lcxINCgVuYW1lcxgBIAMoCSK/AQoXVXBkYXRlTGFuZUNvbmZpZ1JlcXVlc3QSDwoHbGFuZV9pZBgBIAEoCRIgCgVtb2RlbBgCIAEoCzIRLmxhbmUudjEuTW9kZWxSZWYSLgoOdGhpbmtpbmdfbGV2ZWwYAyABKA4yFi5sYW5lLnYxLlRoaW5raW5nTGV2ZWwSLQoRYWN0aXZlX3Rvb2xfbmFtZXMYBCABKAsyEi5sYW5lLnYxLlRvb2xOYW1lcxISCgpyZXF1ZXN0X2lkGAUgASgJIl8KGFVwZGF0ZUxhbmVDb25maWdSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxIxCg1jb25maWd1cmF0aW9uGAIgASgLMhoubGFuZS52MS5MYW5lQ29uZmlndXJhdGlvbiK4AQoVRW5xdWV1ZU1lc3NhZ2VSZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSIAoEa2luZBgCIAEoDjISLmxhbmUudjEuUXVldWVLaW5kEigKB21lc3NhZ2UYAyABKAsyFS5sYW5lLnYxLkFnZW50TWVzc2FnZUgAEiYKBmN1c3RvbRgEIAEoCzIULmxhbmUudjEuQ3VzdG9tRW50cnlIABISCgpyZXF1ZXN0X2lkGAUgASgJQgYKBGl0ZW0iPAoWRW5xdWV1ZU1lc3NhZ2VSZXNwb25zZRIQCghlbnRyeV9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoAyKaAQoLUnVuU2V0dGluZ3MSLgoOdG9vbF9leGVjdXRpb24YASABKA4yFi5sYW5lLnYxLlRvb2xFeGVjdXRpb24SLAoNc3RlZXJpbmdfbW9kZRgCIAEoDjIVLmxhbmUudjEuRGVsaXZlcnlNb2RlEi0KDmZvbGxvd191cF9tb2RlGAMgASgOMhUubGFuZS52MS5EZWxpdmVyeU1vZGUimwEKD1N0YXJ0UnVuUmVxdWVzdBIPCgdsYW5lX2lkGAEgASgJEhQKDG9wZXJhdGlvbl9pZBgCIAEoCRIlCgZwcm9tcHQYAyADKAsyFS5sYW5lLnYxLkFnZW50TWVzc2FnZRImCghzZXR0aW5ncxgEIAEoCzIULmxhbmUudjEuUnVuU2V0dGluZ3MSEgoKcmVxdWVzdF9pZBgFIAEoCSI6ChBTdGFydFJ1blJlc3BvbnNlEhQKDG9wZXJhdGlvbl9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoAyJSChVBYm9ydE9wZXJhdGlvblJlcXVlc3QSDwoHbGFuZV9pZBgBIAEoCRIUCgxvcGVyYXRpb25faWQYAiABKAkSEgoKcmVxdWVzdF9pZBgDIAEoCSJDChZBYm9ydE9wZXJhdGlvblJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDEhcKD25ld2x5X3JlcXVlc3RlZBgCIAEoCCKiAQoNRW5kUnVuUmVxdWVzdBIPCgdsYW5lX2lkGAEgASgJEhQKDG9wZXJhdGlvbl9pZBgCIAEoCRIuCgZzdGF0dXMYAyABKA4yHi5sYW5lLnYxLk9wZXJhdGlvblJlc3VsdFN0YXR1cxImCgVlcnJvchgEIAEoCzIXLmxhbmUudjEuT3BlcmF0aW9uRXJyb3ISEgoKcmVxdWVzdF9pZBgFIAEoCSJMCg5FbmRSdW5SZXNwb25zZRIoCgZyZXN1bHQYASABKAsyGC5sYW5lLnYxLk9wZXJhdGlvblJlc3VsdBIQCghyZXZpc2lvbhgCIAEoAyJeChBTdGFydFR1cm5SZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSFAoMb3BlcmF0aW9uX2lkGAIgASgJEg8KB3R1cm5faWQYAyABKAkSEgoKcmVxdWVzdF9pZBgEIAEoCSJQChFTdGFydFR1cm5SZXNwb25zZRIPCgd0dXJuX2lkGAEgASgJEhAKCHJldmlzaW9uGAIgASgDEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYAyABKAgilwEKHVNldHRsZUFzc2lzdGFudE1lc3NhZ2VSZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSFAoMb3BlcmF0aW9uX2lkGAIgASgJEg8KB3R1cm5faWQYAyABKAkSKgoHbWVzc2FnZRgEIAEoCzIZLmxhbmUudjEuQXNzaXN0YW50TWVzc2FnZRISCgpyZXF1ZXN0X2lkGAUgASgJImkKD1BsYW5uZWRUb29sQ2FsbBIUCgx0b29sX2NhbGxfaWQYASABKAkSEQoJdG9vbF9uYW1lGAIgASgJEhQKDHNvdXJjZV9pbmRleBgDIAEoBRIXCg9yZXN1bHRfZW50cnlfaWQYBCABKAkijAEKHlNldHRsZUFzc2lzdGFudE1lc3NhZ2VSZXNwb25zZRIQCghlbnRyeV9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoAxIsCgp0b29sX2NhbGxzGAMgAygLMhgubGFuZS52MS5QbGFubmVkVG9vbENhbGwSGAoQY2FuY2VsX3JlcXVlc3RlZBgEIAEoCCJ+ChJSZWNvcmRVc2FnZVJlcXVlc3QSDwoHbGFuZV9pZBgBIAEoCRIdCgV1c2FnZRgCIAEoCzIOLmxhbmUudjEuVXNhZ2USEAoIZW50cnlfaWQYAyABKAkSEgoKYWRqdXN0bWVudBgEIAEoCBISCgpyZXF1ZXN0X2lkGAUgASgJIjkKE1JlY29yZFVzYWdlUmVzcG9uc2USEAoIdXNhZ2VfaWQYASABKAkSEAoIcmV2aXNpb24YAiABKAMipgEKFFN0YXJ0VG9vbENhbGxSZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSFAoMb3BlcmF0aW9uX2lkGAIgASgJEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIWCg5hcmd1bWVudHNfanNvbhgEIAEoCRIlCgZyZXBsYXkYBSABKA4yFS5sYW5lLnYxLlJlcGxheVBvbGljeRISCgpyZXF1ZXN0X2lkGAYgASgJIkMKFVN0YXJ0VG9vbENhbGxSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxIYChBjYW5jZWxfcmVxdWVzdGVkGAIgASgIIqkBChVVcGRhdGVUb29sQ2FsbFJlcXVlc3QSDwoHbGFuZV9pZBgBIAEoCRIUCgxvcGVyYXRpb25faWQYAiABKAkSFAoMdG9vbF9jYWxsX2lkGAMgASgJEisKDnBhcnRpYWxfcmVzdWx0GAQgASgLMhMubGFuZS52MS5Ub29sUmVzdWx0EhIKCmNoZWNrcG9pbnQYBSABKAgSEgoKcmVxdWVzdF9pZBgGIAEoCSJEChZVcGRhdGVUb29sQ2FsbFJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgDEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYAiABKAgiSAoPRXhlY3V0ZWRPdXRjb21lEiMKBnJlc3VsdBgBIAEoCzITLmxhbmUudjEuVG9vbFJlc3VsdBIQCghpc19lcnJvchgCIAEoCCJeChBTeW50aGV0aWNPdXRjb21lEiYKBWNhdXNlGAEgASgOMhcubGFuZS52MS5TeW50aGV0aWNDYXVzZRIPCgdtZXNzYWdlGAIgASgJEhEKCXRlcm1pbmF0ZRgDIAEoCCLTAQoXU3RhZ2VUb29sT3V0Y29tZVJlcXVlc3QSDwoHbGFuZV9pZBgBIAEoCRIUCgxvcGVyYXRpb25faWQYAiABKAkSFAoMdG9vbF9jYWxsX2lkGAMgASgJEiwKCGV4ZWN1dGVkGAQgASgLMhgubGFuZS52MS5FeGVjdXRlZE91dGNvbWVIABIuCglzeW50aGV0aWMYBSABKAsyGS5sYW5lLnYxLlN5bnRoZXRpY091dGNvbWVIABISCgpyZXF1ZXN0X2lkGAYgASgJQgkKB291dGNvbWUiwQEKGFN0YWdlVG9vbE91dGNvbWVSZXNwb25zZRIXCg9zdGFnZWRfcmV2aXNpb24YASABKAMSEAoIcmV2aXNpb24YAiABKAMSHAoUcGxhY2VkX3Rvb2xfY2FsbF9pZHMYAyADKAkSFgoOYmF0Y2hfY29tcGxldGUYBCABKAgSGAoQY2FuY2VsX3JlcXVlc3RlZBgFIAEoCBIqCgZzdGFnZWQYBiABKAsyGi5sYW5lLnYxLlRvb2xSZXN1bHRNZXNzYWdlIlMKEFdhdGNoTGFuZVJlcXVlc3QSDwoHbGFuZV9pZBgBIAEoCRIbCg5hZnRlcl9yZXZpc2lvbhgCIAEoA0gAiAEBQhEKD19hZnRlcl9yZXZpc2lvbiJRCgxTbmFwc2hvdEhlYWQSJwoIc25hcHNob3QYASABKAsyFS5sYW5lLnYxLkxhbmVTbmFwc2hvdBIYChBmb2xsb3dpbmdfY2h1bmtzGAIgASgFIjIKD1RyYW5zY3JpcHRDaHVuaxIfCgdlbnRyaWVzGAEgAygLMg4ubGFuZS52MS5FbnRyeSIzCgpFdmVudEdyb3VwEiUKBmV2ZW50cxgBIAMoCzIVLmxhbmUudjEuSGFybmVzc0V2ZW50IiIKCUhlYXJ0YmVhdBIVCg1oZWFkX3JldmlzaW9uGAEgASgDItEBChFXYXRjaExhbmVSZXNwb25zZRIpCghzbmFwc2hvdBgBIAEoCzIVLmxhbmUudjEuU25hcHNob3RIZWFkSAASNAoQdHJhbnNjcmlwdF9jaHVuaxgCIAEoCzIYLmxhbmUudjEuVHJhbnNjcmlwdENodW5rSAASKgoLZXZlbnRfZ3JvdXAYAyABKAsyEy5sYW5lLnYxLkV2ZW50R3JvdXBIABInCgloZWFydGJlYXQYBCABKAsyEi5sYW5lLnYxLkhlYXJ0YmVhdEgAQgYKBGl0ZW0qawoNVG9vbEV4ZWN1dGlvbhIeChpUT09MX0VYRUNVVElPTl9VTlNQRUNJRklFRBAAEhsKF1RPT0xfRVhFQ1VUSU9OX1BBUkFMTEVMEAESHQoZVE9PTF9FWEVDVVRJT05fU0VRVUVOVElBTBACKmUKDERlbGl2ZXJ5TW9kZRIdChlERUxJVkVSWV9NT0RFX1VOU1BFQ0lGSUVEEAASFQoRREVMSVZFUllfTU9ERV9BTEwQARIfChtERUxJVkVSWV9NT0RFX09ORV9BVF9BX1RJTUUQAipeCgxSZXBsYXlQb2xpY3kSHQoZUkVQTEFZX1BPTElDWV9VTlNQRUNJRklFRBAAEhcKE1JFUExBWV9QT0xJQ1lfTkVWRVIQARIWChJSRVBMQVlfUE9MSUNZX1NBRkUQAir1AQoOU3ludGhldGljQ2F1c2USHwobU1lOVEhFVElDX0NBVVNFX1VOU1BFQ0lGSUVEEAASIAocU1lOVEhFVElDX0NBVVNFX1VOS05PV05fVE9PTBABEiUKIVNZTlRIRVRJQ19DQVVTRV9JTlZBTElEX0FSR1VNRU5UUxACEhoKFlNZTlRIRVRJQ19DQVVTRV9ERU5JRUQQAxIdChlTWU5USEVUSUNfQ0FVU0VfVFJVTkNBVEVEEAQSHQoZU1lOVEhFVElDX0NBVVNFX0NBTkNFTExFRBAFEh8KG1NZTlRIRVRJQ19DQVVTRV9JTlRFUlJVUFRFRBAGMqQJCgtMYW5lU2VydmljZRJFCgpDcmVhdGVMYW5lEhoubGFuZS52MS5DcmVhdGVMYW5lUmVxdWVzdBobLmxhbmUudjEuQ3JlYXRlTGFuZVJlc3BvbnNlElQKD0dldExhbmVTbmFwc2hvdBIfLmxhbmUudjEuR2V0TGFuZVNuYXBzaG90UmVxdWVzdBogLmxhbmUudjEuR2V0TGFuZVNuYXBzaG90UmVzcG9uc2USQgoJTGlzdExhbmVzEhkubGFuZS52MS5MaXN0TGFuZXNSZXF1ZXN0GhoubGFuZS52MS5MaXN0TGFuZXNSZXNwb25zZRJXChBVcGRhdGVMYW5lQ29uZmlnEiAubGFuZS52MS5VcGRhdGVMYW5lQ29uZmlnUmVxdWVzdBohLmxhbmUudjEuVXBkYXRlTGFuZUNvbmZpZ1Jlc3BvbnNlElEKDkVucXVldWVNZXNzYWdlEh4ubGFuZS52MS5FbnF1ZXVlTWVzc2FnZVJlcXVlc3QaHy5sYW5lLnYxLkVucXVldWVNZXNzYWdlUmVzcG9uc2USPwoIU3RhcnRSdW4SGC5sYW5lLnYxLlN0YXJ0UnVuUmVxdWVzdBoZLmxhbmUudjEuU3RhcnRSdW5SZXNwb25zZRJRCg5BYm9ydE9wZXJhdGlvbhIeLmxhbmUudjEuQWJvcnRPcGVyYXRpb25SZXF1ZXN0Gh8ubGFuZS52MS5BYm9ydE9wZXJhdGlvblJlc3BvbnNlEjkKBkVuZFJ1bhIWLmxhbmUudjEuRW5kUnVuUmVxdWVzdBoXLmxhbmUudjEuRW5kUnVuUmVzcG9uc2USQgoJU3RhcnRUdXJuEhkubGFuZS52MS5TdGFydFR1cm5SZXF1ZXN0GhoubGFuZS52MS5TdGFydFR1cm5SZXNwb25zZRJpChZTZXR0bGVBc3Npc3RhbnRNZXNzYWdlEiYubGFuZS52MS5TZXR0bGVBc3Npc3RhbnRNZXNzYWdlUmVxdWVzdBonLmxhbmUudjEuU2V0dGxlQXNzaXN0YW50TWVzc2FnZVJlc3BvbnNlEkgKC1JlY29yZFVzYWdlEhsubGFuZS52MS5SZWNvcmRVc2FnZVJlcXVlc3QaHC5sYW5lLnYxLlJlY29yZFVzYWdlUmVzcG9uc2USTgoNU3RhcnRUb29sQ2FsbBIdLmxhbmUudjEuU3RhcnRUb29sQ2FsbFJlcXVlc3QaHi5sYW5lLnYxLlN0YXJ0VG9vbENhbGxSZXNwb25zZRJRCg5VcGRhdGVUb29sQ2FsbBIeLmxhbmUudjEuVXBkYXRlVG9vbENhbGxSZXF1ZXN0Gh8ubGFuZS52MS5VcGRhdGVUb29sQ2FsbFJlc3BvbnNlElcKEFN0YWdlVG9vbE91dGNvbWUSIC5sYW5lLnYxLlN0YWdlVG9vbE91dGNvbWVSZXF1ZXN0GiEubGFuZS52MS5TdGFnZVRvb2xPdXRjb21lUmVzcG9uc2USRAoJV2F0Y2hMYW5lEhkubGFuZS52MS5XYXRjaExhbmVSZXF1ZXN0GhoubGFuZS52MS5XYXRjaExhbmVSZXNwb25zZTABYgZwcm90bzM", [file_lane_v1_entries, file_lane_v1_events, file_lane_v1_messages, file_lane_v1_snapshot]);
+  fileDesc("ChpsYW5lL3YxL2xhbmVfc2VydmljZS5wcm90bxIHbGFuZS52MSJaCgVMZWFzZRINCgV0b2tlbhgBIAEoAxIRCglkcml2ZXJfaWQYAiABKAkSLwoLZXhwaXJlX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpACCg1Ub29sQ2FsbFN0YXRlEhQKDHNvdXJjZV9pbmRleBgBIAEoBRIUCgx0b29sX2NhbGxfaWQYAiABKAkSEQoJdG9vbF9uYW1lGAMgASgJEhcKD3Jlc3VsdF9lbnRyeV9pZBgEIAEoCRInCgZzdGF0dXMYBSABKA4yFy5sYW5lLnYxLlRvb2xDYWxsU3RhdHVzEiUKBnJlcGxheRgGIAEoDjIVLmxhbmUudjEuUmVwbGF5UG9saWN5EhsKDmFyZ3VtZW50c19qc29uGAcgASgJSACIAQESJwoKY2hlY2twb2ludBgIIAEoCzITLmxhbmUudjEuVG9vbFJlc3VsdEIRCg9fYXJndW1lbnRzX2pzb24izgIKDk9wZXJhdGlvblN0YXRlEhQKDG9wZXJhdGlvbl9pZBgBIAEoCRIkCgRraW5kGAIgASgOMhYubGFuZS52MS5PcGVyYXRpb25LaW5kEiAKBXBoYXNlGAMgASgOMhEubGFuZS52MS5SdW5QaGFzZRIYChBjYW5jZWxfcmVxdWVzdGVkGAQgASgIEg8KB3R1cm5faWQYBSABKAkSJgoIc2V0dGluZ3MYBiABKAsyFC5sYW5lLnYxLlJ1blNldHRpbmdzEh0KBWxlYXNlGAcgASgLMg4ubGFuZS52MS5MZWFzZRIsCglhc3Npc3RhbnQYCCABKAsyGS5sYW5lLnYxLkFzc2lzdGFudE1lc3NhZ2USKgoKdG9vbF9jYWxscxgJIAMoCzIWLmxhbmUudjEuVG9vbENhbGxTdGF0ZRISCgptYXlfZmluaXNoGAogASgIIn4KF0FjcXVpcmVPcGVyYXRpb25SZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSFAoMb3BlcmF0aW9uX2lkGAIgASgJEhEKCWRyaXZlcl9pZBgDIAEoCRIVCg1sZWFzZV9zZWNvbmRzGAQgASgFEhIKCnJlcXVlc3RfaWQYBSABKAkicwoYQWNxdWlyZU9wZXJhdGlvblJlc3BvbnNlEh0KBWxlYXNlGAEgASgLMg4ubGFuZS52MS5MZWFzZRImCgVzdGF0ZRgCIAEoCzIXLmxhbmUudjEuT3BlcmF0aW9uU3RhdGUSEAoIcmV2aXNpb24YAyABKAMiZgoRUmVuZXdMZWFzZVJlcXVlc3QSDwoHbGFuZV9pZBgBIAEoCRIUCgxvcGVyYXRpb25faWQYAiABKAkSEwoLbGVhc2VfdG9rZW4YAyABKAMSFQoNbGVhc2Vfc2Vjb25kcxgEIAEoBSJNChJSZW5ld0xlYXNlUmVzcG9uc2USHQoFbGVhc2UYASABKAsyDi5sYW5lLnYxLkxlYXNlEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYAiABKAgiUQoTUmVsZWFzZUxlYXNlUmVxdWVzdBIPCgdsYW5lX2lkGAEgASgJEhQKDG9wZXJhdGlvbl9pZBgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoAyIWChRSZWxlYXNlTGVhc2VSZXNwb25zZSJ9ChVSZXBsYXlUb29sQ2FsbFJlcXVlc3QSDwoHbGFuZV9pZBgBIAEoCRIUCgxvcGVyYXRpb25faWQYAiABKAkSFAoMdG9vbF9jYWxsX2lkGAMgASgJEhMKC2xlYXNlX3Rva2VuGAQgASgDEhIKCnJlcXVlc3RfaWQYBSABKAkiQgoWUmVwbGF5VG9vbENhbGxSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxIWCg5hcmd1bWVudHNfanNvbhgCIAEoCSI8ChNHZXRPcGVyYXRpb25SZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSFAoMb3BlcmF0aW9uX2lkGAIgASgJIj4KFEdldE9wZXJhdGlvblJlc3BvbnNlEiYKBXN0YXRlGAEgASgLMhcubGFuZS52MS5PcGVyYXRpb25TdGF0ZSJrChFDcmVhdGVMYW5lUmVxdWVzdBIPCgdsYW5lX2lkGAEgASgJEjEKDWNvbmZpZ3VyYXRpb24YAiABKAsyGi5sYW5lLnYxLkxhbmVDb25maWd1cmF0aW9uEhIKCnJlcXVlc3RfaWQYAyABKAkiNwoSQ3JlYXRlTGFuZVJlc3BvbnNlEg8KB2NyZWF0ZWQYASABKAgSEAoIcmV2aXNpb24YAiABKAMiKQoWR2V0TGFuZVNuYXBzaG90UmVxdWVzdBIPCgdsYW5lX2lkGAEgASgJIkIKF0dldExhbmVTbmFwc2hvdFJlc3BvbnNlEicKCHNuYXBzaG90GAEgASgLMhUubGFuZS52MS5MYW5lU25hcHNob3QiOQoQTGlzdExhbmVzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSKKAQoLTGFuZVN1bW1hcnkSDwoHbGFuZV9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoAxIOCgZ0aXBfaWQYAyABKAkSFAoMb3BlcmF0aW9uX2lkGAQgASgJEjIKEG9wZXJhdGlvbl9zdGF0dXMYBSABKA4yGC5sYW5lLnYxLk9wZXJhdGlvblN0YXR1cyJRChFMaXN0TGFuZXNSZXNwb25zZRIjCgVsYW5lcxgBIAMoCzIULmxhbmUudjEuTGFuZVN1bW1hcnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIhoKCVRvb2xOYW1lcxINCgVuYW1lcxgBIAMoCSK/AQoXVXBkYXRlTGFuZUNvbmZpZ1JlcXVlc3QSDwoHbGFuZV9pZBgBIAEoCRIgCgVtb2RlbBgCIAEoCzIRLmxhbmUudjEuTW9kZWxSZWYSLgoOdGhpbmtpbmdfbGV2ZWwYAyABKA4yFi5sYW5lLnYxLlRoaW5raW5nTGV2ZWwSLQoRYWN0aXZlX3Rvb2xfbmFtZXMYBCABKAsyEi5sYW5lLnYxLlRvb2xOYW1lcxISCgpyZXF1ZXN0X2lkGAUgASgJIl8KGFVwZGF0ZUxhbmVDb25maWdSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxIxCg1jb25maWd1cmF0aW9uGAIgASgLMhoubGFuZS52MS5MYW5lQ29uZmlndXJhdGlvbiK4AQoVRW5xdWV1ZU1lc3NhZ2VSZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSIAoEa2luZBgCIAEoDjISLmxhbmUudjEuUXVldWVLaW5kEigKB21lc3NhZ2UYAyABKAsyFS5sYW5lLnYxLkFnZW50TWVzc2FnZUgAEiYKBmN1c3RvbRgEIAEoCzIULmxhbmUudjEuQ3VzdG9tRW50cnlIABISCgpyZXF1ZXN0X2lkGAUgASgJQgYKBGl0ZW0iPAoWRW5xdWV1ZU1lc3NhZ2VSZXNwb25zZRIQCghlbnRyeV9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoAyKaAQoLUnVuU2V0dGluZ3MSLgoOdG9vbF9leGVjdXRpb24YASABKA4yFi5sYW5lLnYxLlRvb2xFeGVjdXRpb24SLAoNc3RlZXJpbmdfbW9kZRgCIAEoDjIVLmxhbmUudjEuRGVsaXZlcnlNb2RlEi0KDmZvbGxvd191cF9tb2RlGAMgASgOMhUubGFuZS52MS5EZWxpdmVyeU1vZGUixQEKD1N0YXJ0UnVuUmVxdWVzdBIPCgdsYW5lX2lkGAEgASgJEhQKDG9wZXJhdGlvbl9pZBgCIAEoCRIlCgZwcm9tcHQYAyADKAsyFS5sYW5lLnYxLkFnZW50TWVzc2FnZRImCghzZXR0aW5ncxgEIAEoCzIULmxhbmUudjEuUnVuU2V0dGluZ3MSEgoKcmVxdWVzdF9pZBgFIAEoCRIRCglkcml2ZXJfaWQYBiABKAkSFQoNbGVhc2Vfc2Vjb25kcxgHIAEoBSJZChBTdGFydFJ1blJlc3BvbnNlEhQKDG9wZXJhdGlvbl9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoAxIdCgVsZWFzZRgDIAEoCzIOLmxhbmUudjEuTGVhc2UiUgoVQWJvcnRPcGVyYXRpb25SZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSFAoMb3BlcmF0aW9uX2lkGAIgASgJEhIKCnJlcXVlc3RfaWQYAyABKAkiQwoWQWJvcnRPcGVyYXRpb25SZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxIXCg9uZXdseV9yZXF1ZXN0ZWQYAiABKAgitwEKDUVuZFJ1blJlcXVlc3QSDwoHbGFuZV9pZBgBIAEoCRIUCgxvcGVyYXRpb25faWQYAiABKAkSLgoGc3RhdHVzGAMgASgOMh4ubGFuZS52MS5PcGVyYXRpb25SZXN1bHRTdGF0dXMSJgoFZXJyb3IYBCABKAsyFy5sYW5lLnYxLk9wZXJhdGlvbkVycm9yEhIKCnJlcXVlc3RfaWQYBSABKAkSEwoLbGVhc2VfdG9rZW4YBiABKAMiTAoORW5kUnVuUmVzcG9uc2USKAoGcmVzdWx0GAEgASgLMhgubGFuZS52MS5PcGVyYXRpb25SZXN1bHQSEAoIcmV2aXNpb24YAiABKAMicwoQU3RhcnRUdXJuUmVxdWVzdBIPCgdsYW5lX2lkGAEgASgJEhQKDG9wZXJhdGlvbl9pZBgCIAEoCRIPCgd0dXJuX2lkGAMgASgJEhIKCnJlcXVlc3RfaWQYBCABKAkSEwoLbGVhc2VfdG9rZW4YBSABKAMiUAoRU3RhcnRUdXJuUmVzcG9uc2USDwoHdHVybl9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoAxIYChBjYW5jZWxfcmVxdWVzdGVkGAMgASgIIqwBCh1TZXR0bGVBc3Npc3RhbnRNZXNzYWdlUmVxdWVzdBIPCgdsYW5lX2lkGAEgASgJEhQKDG9wZXJhdGlvbl9pZBgCIAEoCRIPCgd0dXJuX2lkGAMgASgJEioKB21lc3NhZ2UYBCABKAsyGS5sYW5lLnYxLkFzc2lzdGFudE1lc3NhZ2USEgoKcmVxdWVzdF9pZBgFIAEoCRITCgtsZWFzZV90b2tlbhgGIAEoAyJpCg9QbGFubmVkVG9vbENhbGwSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIUCgxzb3VyY2VfaW5kZXgYAyABKAUSFwoPcmVzdWx0X2VudHJ5X2lkGAQgASgJIowBCh5TZXR0bGVBc3Npc3RhbnRNZXNzYWdlUmVzcG9uc2USEAoIZW50cnlfaWQYASABKAkSEAoIcmV2aXNpb24YAiABKAMSLAoKdG9vbF9jYWxscxgDIAMoCzIYLmxhbmUudjEuUGxhbm5lZFRvb2xDYWxsEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYBCABKAgifgoSUmVjb3JkVXNhZ2VSZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSHQoFdXNhZ2UYAiABKAsyDi5sYW5lLnYxLlVzYWdlEhAKCGVudHJ5X2lkGAMgASgJEhIKCmFkanVzdG1lbnQYBCABKAgSEgoKcmVxdWVzdF9pZBgFIAEoCSI5ChNSZWNvcmRVc2FnZVJlc3BvbnNlEhAKCHVzYWdlX2lkGAEgASgJEhAKCHJldmlzaW9uGAIgASgDIrsBChRTdGFydFRvb2xDYWxsUmVxdWVzdBIPCgdsYW5lX2lkGAEgASgJEhQKDG9wZXJhdGlvbl9pZBgCIAEoCRIUCgx0b29sX2NhbGxfaWQYAyABKAkSFgoOYXJndW1lbnRzX2pzb24YBCABKAkSJQoGcmVwbGF5GAUgASgOMhUubGFuZS52MS5SZXBsYXlQb2xpY3kSEgoKcmVxdWVzdF9pZBgGIAEoCRITCgtsZWFzZV90b2tlbhgHIAEoAyJDChVTdGFydFRvb2xDYWxsUmVzcG9uc2USEAoIcmV2aXNpb24YASABKAMSGAoQY2FuY2VsX3JlcXVlc3RlZBgCIAEoCCK+AQoVVXBkYXRlVG9vbENhbGxSZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSFAoMb3BlcmF0aW9uX2lkGAIgASgJEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIrCg5wYXJ0aWFsX3Jlc3VsdBgEIAEoCzITLmxhbmUudjEuVG9vbFJlc3VsdBISCgpjaGVja3BvaW50GAUgASgIEhIKCnJlcXVlc3RfaWQYBiABKAkSEwoLbGVhc2VfdG9rZW4YByABKAMiRAoWVXBkYXRlVG9vbENhbGxSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoAxIYChBjYW5jZWxfcmVxdWVzdGVkGAIgASgIIkgKD0V4ZWN1dGVkT3V0Y29tZRIjCgZyZXN1bHQYASABKAsyEy5sYW5lLnYxLlRvb2xSZXN1bHQSEAoIaXNfZXJyb3IYAiABKAgiXgoQU3ludGhldGljT3V0Y29tZRImCgVjYXVzZRgBIAEoDjIXLmxhbmUudjEuU3ludGhldGljQ2F1c2USDwoHbWVzc2FnZRgCIAEoCRIRCgl0ZXJtaW5hdGUYAyABKAgi6AEKF1N0YWdlVG9vbE91dGNvbWVSZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSFAoMb3BlcmF0aW9uX2lkGAIgASgJEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIsCghleGVjdXRlZBgEIAEoCzIYLmxhbmUudjEuRXhlY3V0ZWRPdXRjb21lSAASLgoJc3ludGhldGljGAUgASgLMhkubGFuZS52MS5TeW50aGV0aWNPdXRjb21lSAASEgoKcmVxdWVzdF9pZBgGIAEoCRITCgtsZWFzZV90b2tlbhgHIAEoA0IJCgdvdXRjb21lIsEBChhTdGFnZVRvb2xPdXRjb21lUmVzcG9uc2USFwoPc3RhZ2VkX3JldmlzaW9uGAEgASgDEhAKCHJldmlzaW9uGAIgASgDEhwKFHBsYWNlZF90b29sX2NhbGxfaWRzGAMgAygJEhYKDmJhdGNoX2NvbXBsZXRlGAQgASgIEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYBSABKAgSKgoGc3RhZ2VkGAYgASgLMhoubGFuZS52MS5Ub29sUmVzdWx0TWVzc2FnZSJTChBXYXRjaExhbmVSZXF1ZXN0Eg8KB2xhbmVfaWQYASABKAkSGwoOYWZ0ZXJfcmV2aXNpb24YAiABKANIAIgBAUIRCg9fYWZ0ZXJfcmV2aXNpb24iUQoMU25hcHNob3RIZWFkEicKCHNuYXBzaG90GAEgASgLMhUubGFuZS52MS5MYW5lU25hcHNob3QSGAoQZm9sbG93aW5nX2NodW5rcxgCIAEoBSIyCg9UcmFuc2NyaXB0Q2h1bmsSHwoHZW50cmllcxgBIAMoCzIOLmxhbmUudjEuRW50cnkiMwoKRXZlbnRHcm91cBIlCgZldmVudHMYASADKAsyFS5sYW5lLnYxLkhhcm5lc3NFdmVudCIiCglIZWFydGJlYXQSFQoNaGVhZF9yZXZpc2lvbhgBIAEoAyLRAQoRV2F0Y2hMYW5lUmVzcG9uc2USKQoIc25hcHNob3QYASABKAsyFS5sYW5lLnYxLlNuYXBzaG90SGVhZEgAEjQKEHRyYW5zY3JpcHRfY2h1bmsYAiABKAsyGC5sYW5lLnYxLlRyYW5zY3JpcHRDaHVua0gAEioKC2V2ZW50X2dyb3VwGAMgASgLMhMubGFuZS52MS5FdmVudEdyb3VwSAASJwoJaGVhcnRiZWF0GAQgASgLMhIubGFuZS52MS5IZWFydGJlYXRIAEIGCgRpdGVtKrkBCg5Ub29sQ2FsbFN0YXR1cxIgChxUT09MX0NBTExfU1RBVFVTX1VOU1BFQ0lGSUVEEAASHAoYVE9PTF9DQUxMX1NUQVRVU19QTEFOTkVEEAESIwofVE9PTF9DQUxMX1NUQVRVU19FRkZFQ1RfUEVORElORxACEiIKHlRPT0xfQ0FMTF9TVEFUVVNfT1VUQ09NRV9SRUFEWRADEh4KGlRPT0xfQ0FMTF9TVEFUVVNfQ09NUExFVEVEEAQqZwoIUnVuUGhhc2USGQoVUlVOX1BIQVNFX1VOU1BFQ0lGSUVEEAASEgoOUlVOX1BIQVNFX0lETEUQARIXChNSVU5fUEhBU0VfVFVSTl9PUEVOEAISEwoPUlVOX1BIQVNFX1RPT0xTEAMqawoNVG9vbEV4ZWN1dGlvbhIeChpUT09MX0VYRUNVVElPTl9VTlNQRUNJRklFRBAAEhsKF1RPT0xfRVhFQ1VUSU9OX1BBUkFMTEVMEAESHQoZVE9PTF9FWEVDVVRJT05fU0VRVUVOVElBTBACKmUKDERlbGl2ZXJ5TW9kZRIdChlERUxJVkVSWV9NT0RFX1VOU1BFQ0lGSUVEEAASFQoRREVMSVZFUllfTU9ERV9BTEwQARIfChtERUxJVkVSWV9NT0RFX09ORV9BVF9BX1RJTUUQAipeCgxSZXBsYXlQb2xpY3kSHQoZUkVQTEFZX1BPTElDWV9VTlNQRUNJRklFRBAAEhcKE1JFUExBWV9QT0xJQ1lfTkVWRVIQARIWChJSRVBMQVlfUE9MSUNZX1NBRkUQAir1AQoOU3ludGhldGljQ2F1c2USHwobU1lOVEhFVElDX0NBVVNFX1VOU1BFQ0lGSUVEEAASIAocU1lOVEhFVElDX0NBVVNFX1VOS05PV05fVE9PTBABEiUKIVNZTlRIRVRJQ19DQVVTRV9JTlZBTElEX0FSR1VNRU5UUxACEhoKFlNZTlRIRVRJQ19DQVVTRV9ERU5JRUQQAxIdChlTWU5USEVUSUNfQ0FVU0VfVFJVTkNBVEVEEAQSHQoZU1lOVEhFVElDX0NBVVNFX0NBTkNFTExFRBAFEh8KG1NZTlRIRVRJQ19DQVVTRV9JTlRFUlJVUFRFRBAGMrEMCgtMYW5lU2VydmljZRJFCgpDcmVhdGVMYW5lEhoubGFuZS52MS5DcmVhdGVMYW5lUmVxdWVzdBobLmxhbmUudjEuQ3JlYXRlTGFuZVJlc3BvbnNlElQKD0dldExhbmVTbmFwc2hvdBIfLmxhbmUudjEuR2V0TGFuZVNuYXBzaG90UmVxdWVzdBogLmxhbmUudjEuR2V0TGFuZVNuYXBzaG90UmVzcG9uc2USQgoJTGlzdExhbmVzEhkubGFuZS52MS5MaXN0TGFuZXNSZXF1ZXN0GhoubGFuZS52MS5MaXN0TGFuZXNSZXNwb25zZRJXChBVcGRhdGVMYW5lQ29uZmlnEiAubGFuZS52MS5VcGRhdGVMYW5lQ29uZmlnUmVxdWVzdBohLmxhbmUudjEuVXBkYXRlTGFuZUNvbmZpZ1Jlc3BvbnNlElEKDkVucXVldWVNZXNzYWdlEh4ubGFuZS52MS5FbnF1ZXVlTWVzc2FnZVJlcXVlc3QaHy5sYW5lLnYxLkVucXVldWVNZXNzYWdlUmVzcG9uc2USPwoIU3RhcnRSdW4SGC5sYW5lLnYxLlN0YXJ0UnVuUmVxdWVzdBoZLmxhbmUudjEuU3RhcnRSdW5SZXNwb25zZRJRCg5BYm9ydE9wZXJhdGlvbhIeLmxhbmUudjEuQWJvcnRPcGVyYXRpb25SZXF1ZXN0Gh8ubGFuZS52MS5BYm9ydE9wZXJhdGlvblJlc3BvbnNlEjkKBkVuZFJ1bhIWLmxhbmUudjEuRW5kUnVuUmVxdWVzdBoXLmxhbmUudjEuRW5kUnVuUmVzcG9uc2USQgoJU3RhcnRUdXJuEhkubGFuZS52MS5TdGFydFR1cm5SZXF1ZXN0GhoubGFuZS52MS5TdGFydFR1cm5SZXNwb25zZRJpChZTZXR0bGVBc3Npc3RhbnRNZXNzYWdlEiYubGFuZS52MS5TZXR0bGVBc3Npc3RhbnRNZXNzYWdlUmVxdWVzdBonLmxhbmUudjEuU2V0dGxlQXNzaXN0YW50TWVzc2FnZVJlc3BvbnNlEkgKC1JlY29yZFVzYWdlEhsubGFuZS52MS5SZWNvcmRVc2FnZVJlcXVlc3QaHC5sYW5lLnYxLlJlY29yZFVzYWdlUmVzcG9uc2USTgoNU3RhcnRUb29sQ2FsbBIdLmxhbmUudjEuU3RhcnRUb29sQ2FsbFJlcXVlc3QaHi5sYW5lLnYxLlN0YXJ0VG9vbENhbGxSZXNwb25zZRJRCg5VcGRhdGVUb29sQ2FsbBIeLmxhbmUudjEuVXBkYXRlVG9vbENhbGxSZXF1ZXN0Gh8ubGFuZS52MS5VcGRhdGVUb29sQ2FsbFJlc3BvbnNlElcKEFN0YWdlVG9vbE91dGNvbWUSIC5sYW5lLnYxLlN0YWdlVG9vbE91dGNvbWVSZXF1ZXN0GiEubGFuZS52MS5TdGFnZVRvb2xPdXRjb21lUmVzcG9uc2USRAoJV2F0Y2hMYW5lEhkubGFuZS52MS5XYXRjaExhbmVSZXF1ZXN0GhoubGFuZS52MS5XYXRjaExhbmVSZXNwb25zZTABElcKEEFjcXVpcmVPcGVyYXRpb24SIC5sYW5lLnYxLkFjcXVpcmVPcGVyYXRpb25SZXF1ZXN0GiEubGFuZS52MS5BY3F1aXJlT3BlcmF0aW9uUmVzcG9uc2USRQoKUmVuZXdMZWFzZRIaLmxhbmUudjEuUmVuZXdMZWFzZVJlcXVlc3QaGy5sYW5lLnYxLlJlbmV3TGVhc2VSZXNwb25zZRJLCgxSZWxlYXNlTGVhc2USHC5sYW5lLnYxLlJlbGVhc2VMZWFzZVJlcXVlc3QaHS5sYW5lLnYxLlJlbGVhc2VMZWFzZVJlc3BvbnNlElEKDlJlcGxheVRvb2xDYWxsEh4ubGFuZS52MS5SZXBsYXlUb29sQ2FsbFJlcXVlc3QaHy5sYW5lLnYxLlJlcGxheVRvb2xDYWxsUmVzcG9uc2USSwoMR2V0T3BlcmF0aW9uEhwubGFuZS52MS5HZXRPcGVyYXRpb25SZXF1ZXN0Gh0ubGFuZS52MS5HZXRPcGVyYXRpb25SZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_timestamp, file_lane_v1_entries, file_lane_v1_events, file_lane_v1_messages, file_lane_v1_snapshot]);
+
+/**
+ * A driver's ownership of an open run. Every command of a leased run must carry its token; a
+ * stale or foreign token is refused with ABORTED (reason STALE_LEASE) and changes nothing.
+ *
+ * @generated from message lane.v1.Lease
+ */
+export type Lease = Message<"lane.v1.Lease"> & {
+  /**
+   * The fencing token: strictly increasing per run with every acquisition.
+   *
+   * @generated from field: int64 token = 1;
+   */
+  token: bigint;
+
+  /**
+   * @generated from field: string driver_id = 2;
+   */
+  driverId: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp expire_time = 3;
+   */
+  expireTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message lane.v1.Lease.
+ * Use `create(LeaseSchema)` to create a new message.
+ */
+export const LeaseSchema: GenMessage<Lease> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 0);
+
+/**
+ * One call of a tool batch as stored.
+ *
+ * @generated from message lane.v1.ToolCallState
+ */
+export type ToolCallState = Message<"lane.v1.ToolCallState"> & {
+  /**
+   * @generated from field: int32 source_index = 1;
+   */
+  sourceIndex: number;
+
+  /**
+   * @generated from field: string tool_call_id = 2;
+   */
+  toolCallId: string;
+
+  /**
+   * @generated from field: string tool_name = 3;
+   */
+  toolName: string;
+
+  /**
+   * @generated from field: string result_entry_id = 4;
+   */
+  resultEntryId: string;
+
+  /**
+   * @generated from field: lane.v1.ToolCallStatus status = 5;
+   */
+  status: ToolCallStatus;
+
+  /**
+   * @generated from field: lane.v1.ReplayPolicy replay = 6;
+   */
+  replay: ReplayPolicy;
+
+  /**
+   * The effective arguments, once the intent was committed.
+   *
+   * @generated from field: optional string arguments_json = 7;
+   */
+  argumentsJson?: string | undefined;
+
+  /**
+   * The latest checkpoint (the recovery point of an effect_pending call).
+   *
+   * @generated from field: lane.v1.ToolResult checkpoint = 8;
+   */
+  checkpoint?: ToolResult | undefined;
+};
+
+/**
+ * Describes the message lane.v1.ToolCallState.
+ * Use `create(ToolCallStateSchema)` to create a new message.
+ */
+export const ToolCallStateSchema: GenMessage<ToolCallState> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 1);
+
+/**
+ * An open run's durable state, for a driver taking it over.
+ *
+ * @generated from message lane.v1.OperationState
+ */
+export type OperationState = Message<"lane.v1.OperationState"> & {
+  /**
+   * @generated from field: string operation_id = 1;
+   */
+  operationId: string;
+
+  /**
+   * @generated from field: lane.v1.OperationKind kind = 2;
+   */
+  kind: OperationKind;
+
+  /**
+   * @generated from field: lane.v1.RunPhase phase = 3;
+   */
+  phase: RunPhase;
+
+  /**
+   * @generated from field: bool cancel_requested = 4;
+   */
+  cancelRequested: boolean;
+
+  /**
+   * The open turn (RUN_PHASE_TURN_OPEN or RUN_PHASE_TOOLS).
+   *
+   * @generated from field: string turn_id = 5;
+   */
+  turnId: string;
+
+  /**
+   * @generated from field: lane.v1.RunSettings settings = 6;
+   */
+  settings?: RunSettings | undefined;
+
+  /**
+   * Absent when the run was never leased or its lease was released.
+   *
+   * @generated from field: lane.v1.Lease lease = 7;
+   */
+  lease?: Lease | undefined;
+
+  /**
+   * RUN_PHASE_TOOLS only: the batch's assistant message and its calls in source order.
+   *
+   * @generated from field: lane.v1.AssistantMessage assistant = 8;
+   */
+  assistant?: AssistantMessage | undefined;
+
+  /**
+   * @generated from field: repeated lane.v1.ToolCallState tool_calls = 9;
+   */
+  toolCalls: ToolCallState[];
+
+  /**
+   * The run may finish (EndRun COMPLETED is allowed at RUN_PHASE_IDLE).
+   *
+   * @generated from field: bool may_finish = 10;
+   */
+  mayFinish: boolean;
+};
+
+/**
+ * Describes the message lane.v1.OperationState.
+ * Use `create(OperationStateSchema)` to create a new message.
+ */
+export const OperationStateSchema: GenMessage<OperationState> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 2);
+
+/**
+ * @generated from message lane.v1.AcquireOperationRequest
+ */
+export type AcquireOperationRequest = Message<"lane.v1.AcquireOperationRequest"> & {
+  /**
+   * @generated from field: string lane_id = 1;
+   */
+  laneId: string;
+
+  /**
+   * @generated from field: string operation_id = 2;
+   */
+  operationId: string;
+
+  /**
+   * @generated from field: string driver_id = 3;
+   */
+  driverId: string;
+
+  /**
+   * 1 to 3600; 0 means 30.
+   *
+   * @generated from field: int32 lease_seconds = 4;
+   */
+  leaseSeconds: number;
+
+  /**
+   * @generated from field: string request_id = 5;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message lane.v1.AcquireOperationRequest.
+ * Use `create(AcquireOperationRequestSchema)` to create a new message.
+ */
+export const AcquireOperationRequestSchema: GenMessage<AcquireOperationRequest> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 3);
+
+/**
+ * @generated from message lane.v1.AcquireOperationResponse
+ */
+export type AcquireOperationResponse = Message<"lane.v1.AcquireOperationResponse"> & {
+  /**
+   * @generated from field: lane.v1.Lease lease = 1;
+   */
+  lease?: Lease | undefined;
+
+  /**
+   * The state after the takeover commit (ready calls placed).
+   *
+   * @generated from field: lane.v1.OperationState state = 2;
+   */
+  state?: OperationState | undefined;
+
+  /**
+   * @generated from field: int64 revision = 3;
+   */
+  revision: bigint;
+};
+
+/**
+ * Describes the message lane.v1.AcquireOperationResponse.
+ * Use `create(AcquireOperationResponseSchema)` to create a new message.
+ */
+export const AcquireOperationResponseSchema: GenMessage<AcquireOperationResponse> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 4);
+
+/**
+ * @generated from message lane.v1.RenewLeaseRequest
+ */
+export type RenewLeaseRequest = Message<"lane.v1.RenewLeaseRequest"> & {
+  /**
+   * @generated from field: string lane_id = 1;
+   */
+  laneId: string;
+
+  /**
+   * @generated from field: string operation_id = 2;
+   */
+  operationId: string;
+
+  /**
+   * @generated from field: int64 lease_token = 3;
+   */
+  leaseToken: bigint;
+
+  /**
+   * 1 to 3600; 0 means 30.
+   *
+   * @generated from field: int32 lease_seconds = 4;
+   */
+  leaseSeconds: number;
+};
+
+/**
+ * Describes the message lane.v1.RenewLeaseRequest.
+ * Use `create(RenewLeaseRequestSchema)` to create a new message.
+ */
+export const RenewLeaseRequestSchema: GenMessage<RenewLeaseRequest> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 5);
+
+/**
+ * @generated from message lane.v1.RenewLeaseResponse
+ */
+export type RenewLeaseResponse = Message<"lane.v1.RenewLeaseResponse"> & {
+  /**
+   * @generated from field: lane.v1.Lease lease = 1;
+   */
+  lease?: Lease | undefined;
+
+  /**
+   * @generated from field: bool cancel_requested = 2;
+   */
+  cancelRequested: boolean;
+};
+
+/**
+ * Describes the message lane.v1.RenewLeaseResponse.
+ * Use `create(RenewLeaseResponseSchema)` to create a new message.
+ */
+export const RenewLeaseResponseSchema: GenMessage<RenewLeaseResponse> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 6);
+
+/**
+ * @generated from message lane.v1.ReleaseLeaseRequest
+ */
+export type ReleaseLeaseRequest = Message<"lane.v1.ReleaseLeaseRequest"> & {
+  /**
+   * @generated from field: string lane_id = 1;
+   */
+  laneId: string;
+
+  /**
+   * @generated from field: string operation_id = 2;
+   */
+  operationId: string;
+
+  /**
+   * @generated from field: int64 lease_token = 3;
+   */
+  leaseToken: bigint;
+};
+
+/**
+ * Describes the message lane.v1.ReleaseLeaseRequest.
+ * Use `create(ReleaseLeaseRequestSchema)` to create a new message.
+ */
+export const ReleaseLeaseRequestSchema: GenMessage<ReleaseLeaseRequest> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 7);
+
+/**
+ * @generated from message lane.v1.ReleaseLeaseResponse
+ */
+export type ReleaseLeaseResponse = Message<"lane.v1.ReleaseLeaseResponse"> & {
+};
+
+/**
+ * Describes the message lane.v1.ReleaseLeaseResponse.
+ * Use `create(ReleaseLeaseResponseSchema)` to create a new message.
+ */
+export const ReleaseLeaseResponseSchema: GenMessage<ReleaseLeaseResponse> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 8);
+
+/**
+ * @generated from message lane.v1.ReplayToolCallRequest
+ */
+export type ReplayToolCallRequest = Message<"lane.v1.ReplayToolCallRequest"> & {
+  /**
+   * @generated from field: string lane_id = 1;
+   */
+  laneId: string;
+
+  /**
+   * @generated from field: string operation_id = 2;
+   */
+  operationId: string;
+
+  /**
+   * @generated from field: string tool_call_id = 3;
+   */
+  toolCallId: string;
+
+  /**
+   * @generated from field: int64 lease_token = 4;
+   */
+  leaseToken: bigint;
+
+  /**
+   * @generated from field: string request_id = 5;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message lane.v1.ReplayToolCallRequest.
+ * Use `create(ReplayToolCallRequestSchema)` to create a new message.
+ */
+export const ReplayToolCallRequestSchema: GenMessage<ReplayToolCallRequest> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 9);
+
+/**
+ * @generated from message lane.v1.ReplayToolCallResponse
+ */
+export type ReplayToolCallResponse = Message<"lane.v1.ReplayToolCallResponse"> & {
+  /**
+   * @generated from field: int64 revision = 1;
+   */
+  revision: bigint;
+
+  /**
+   * The persisted effective arguments to replay with.
+   *
+   * @generated from field: string arguments_json = 2;
+   */
+  argumentsJson: string;
+};
+
+/**
+ * Describes the message lane.v1.ReplayToolCallResponse.
+ * Use `create(ReplayToolCallResponseSchema)` to create a new message.
+ */
+export const ReplayToolCallResponseSchema: GenMessage<ReplayToolCallResponse> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 10);
+
+/**
+ * @generated from message lane.v1.GetOperationRequest
+ */
+export type GetOperationRequest = Message<"lane.v1.GetOperationRequest"> & {
+  /**
+   * @generated from field: string lane_id = 1;
+   */
+  laneId: string;
+
+  /**
+   * @generated from field: string operation_id = 2;
+   */
+  operationId: string;
+};
+
+/**
+ * Describes the message lane.v1.GetOperationRequest.
+ * Use `create(GetOperationRequestSchema)` to create a new message.
+ */
+export const GetOperationRequestSchema: GenMessage<GetOperationRequest> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 11);
+
+/**
+ * @generated from message lane.v1.GetOperationResponse
+ */
+export type GetOperationResponse = Message<"lane.v1.GetOperationResponse"> & {
+  /**
+   * @generated from field: lane.v1.OperationState state = 1;
+   */
+  state?: OperationState | undefined;
+};
+
+/**
+ * Describes the message lane.v1.GetOperationResponse.
+ * Use `create(GetOperationResponseSchema)` to create a new message.
+ */
+export const GetOperationResponseSchema: GenMessage<GetOperationResponse> = /*@__PURE__*/
+  messageDesc(file_lane_v1_lane_service, 12);
 
 /**
  * @generated from message lane.v1.CreateLaneRequest
@@ -47,7 +475,7 @@ export type CreateLaneRequest = Message<"lane.v1.CreateLaneRequest"> & {
  * Use `create(CreateLaneRequestSchema)` to create a new message.
  */
 export const CreateLaneRequestSchema: GenMessage<CreateLaneRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 0);
+  messageDesc(file_lane_v1_lane_service, 13);
 
 /**
  * @generated from message lane.v1.CreateLaneResponse
@@ -69,7 +497,7 @@ export type CreateLaneResponse = Message<"lane.v1.CreateLaneResponse"> & {
  * Use `create(CreateLaneResponseSchema)` to create a new message.
  */
 export const CreateLaneResponseSchema: GenMessage<CreateLaneResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 1);
+  messageDesc(file_lane_v1_lane_service, 14);
 
 /**
  * @generated from message lane.v1.GetLaneSnapshotRequest
@@ -86,7 +514,7 @@ export type GetLaneSnapshotRequest = Message<"lane.v1.GetLaneSnapshotRequest"> &
  * Use `create(GetLaneSnapshotRequestSchema)` to create a new message.
  */
 export const GetLaneSnapshotRequestSchema: GenMessage<GetLaneSnapshotRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 2);
+  messageDesc(file_lane_v1_lane_service, 15);
 
 /**
  * @generated from message lane.v1.GetLaneSnapshotResponse
@@ -103,7 +531,7 @@ export type GetLaneSnapshotResponse = Message<"lane.v1.GetLaneSnapshotResponse">
  * Use `create(GetLaneSnapshotResponseSchema)` to create a new message.
  */
 export const GetLaneSnapshotResponseSchema: GenMessage<GetLaneSnapshotResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 3);
+  messageDesc(file_lane_v1_lane_service, 16);
 
 /**
  * @generated from message lane.v1.ListLanesRequest
@@ -127,7 +555,7 @@ export type ListLanesRequest = Message<"lane.v1.ListLanesRequest"> & {
  * Use `create(ListLanesRequestSchema)` to create a new message.
  */
 export const ListLanesRequestSchema: GenMessage<ListLanesRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 4);
+  messageDesc(file_lane_v1_lane_service, 17);
 
 /**
  * One line of ListLanes.
@@ -168,7 +596,7 @@ export type LaneSummary = Message<"lane.v1.LaneSummary"> & {
  * Use `create(LaneSummarySchema)` to create a new message.
  */
 export const LaneSummarySchema: GenMessage<LaneSummary> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 5);
+  messageDesc(file_lane_v1_lane_service, 18);
 
 /**
  * @generated from message lane.v1.ListLanesResponse
@@ -190,7 +618,7 @@ export type ListLanesResponse = Message<"lane.v1.ListLanesResponse"> & {
  * Use `create(ListLanesResponseSchema)` to create a new message.
  */
 export const ListLanesResponseSchema: GenMessage<ListLanesResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 6);
+  messageDesc(file_lane_v1_lane_service, 19);
 
 /**
  * A replacement list of tool names; its presence means "replace".
@@ -209,7 +637,7 @@ export type ToolNames = Message<"lane.v1.ToolNames"> & {
  * Use `create(ToolNamesSchema)` to create a new message.
  */
 export const ToolNamesSchema: GenMessage<ToolNames> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 7);
+  messageDesc(file_lane_v1_lane_service, 20);
 
 /**
  * @generated from message lane.v1.UpdateLaneConfigRequest
@@ -246,7 +674,7 @@ export type UpdateLaneConfigRequest = Message<"lane.v1.UpdateLaneConfigRequest">
  * Use `create(UpdateLaneConfigRequestSchema)` to create a new message.
  */
 export const UpdateLaneConfigRequestSchema: GenMessage<UpdateLaneConfigRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 8);
+  messageDesc(file_lane_v1_lane_service, 21);
 
 /**
  * @generated from message lane.v1.UpdateLaneConfigResponse
@@ -268,7 +696,7 @@ export type UpdateLaneConfigResponse = Message<"lane.v1.UpdateLaneConfigResponse
  * Use `create(UpdateLaneConfigResponseSchema)` to create a new message.
  */
 export const UpdateLaneConfigResponseSchema: GenMessage<UpdateLaneConfigResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 9);
+  messageDesc(file_lane_v1_lane_service, 22);
 
 /**
  * @generated from message lane.v1.EnqueueMessageRequest
@@ -316,7 +744,7 @@ export type EnqueueMessageRequest = Message<"lane.v1.EnqueueMessageRequest"> & {
  * Use `create(EnqueueMessageRequestSchema)` to create a new message.
  */
 export const EnqueueMessageRequestSchema: GenMessage<EnqueueMessageRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 10);
+  messageDesc(file_lane_v1_lane_service, 23);
 
 /**
  * @generated from message lane.v1.EnqueueMessageResponse
@@ -338,7 +766,7 @@ export type EnqueueMessageResponse = Message<"lane.v1.EnqueueMessageResponse"> &
  * Use `create(EnqueueMessageResponseSchema)` to create a new message.
  */
 export const EnqueueMessageResponseSchema: GenMessage<EnqueueMessageResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 11);
+  messageDesc(file_lane_v1_lane_service, 24);
 
 /**
  * Settings captured when a run starts. Unspecified values take the defaults: parallel tool
@@ -368,7 +796,7 @@ export type RunSettings = Message<"lane.v1.RunSettings"> & {
  * Use `create(RunSettingsSchema)` to create a new message.
  */
 export const RunSettingsSchema: GenMessage<RunSettings> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 12);
+  messageDesc(file_lane_v1_lane_service, 25);
 
 /**
  * @generated from message lane.v1.StartRunRequest
@@ -402,6 +830,22 @@ export type StartRunRequest = Message<"lane.v1.StartRunRequest"> & {
    * @generated from field: string request_id = 5;
    */
   requestId: string;
+
+  /**
+   * Optional: lease the new run to this driver (its commands must then carry the token).
+   * Without it the run is unleased: any caller may drive it, and the service never reconciles
+   * it on its own.
+   *
+   * @generated from field: string driver_id = 6;
+   */
+  driverId: string;
+
+  /**
+   * With driver_id: 1 to 3600; 0 means 30.
+   *
+   * @generated from field: int32 lease_seconds = 7;
+   */
+  leaseSeconds: number;
 };
 
 /**
@@ -409,7 +853,7 @@ export type StartRunRequest = Message<"lane.v1.StartRunRequest"> & {
  * Use `create(StartRunRequestSchema)` to create a new message.
  */
 export const StartRunRequestSchema: GenMessage<StartRunRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 13);
+  messageDesc(file_lane_v1_lane_service, 26);
 
 /**
  * @generated from message lane.v1.StartRunResponse
@@ -424,6 +868,13 @@ export type StartRunResponse = Message<"lane.v1.StartRunResponse"> & {
    * @generated from field: int64 revision = 2;
    */
   revision: bigint;
+
+  /**
+   * Present when driver_id was given.
+   *
+   * @generated from field: lane.v1.Lease lease = 3;
+   */
+  lease?: Lease | undefined;
 };
 
 /**
@@ -431,7 +882,7 @@ export type StartRunResponse = Message<"lane.v1.StartRunResponse"> & {
  * Use `create(StartRunResponseSchema)` to create a new message.
  */
 export const StartRunResponseSchema: GenMessage<StartRunResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 14);
+  messageDesc(file_lane_v1_lane_service, 27);
 
 /**
  * @generated from message lane.v1.AbortOperationRequest
@@ -458,7 +909,7 @@ export type AbortOperationRequest = Message<"lane.v1.AbortOperationRequest"> & {
  * Use `create(AbortOperationRequestSchema)` to create a new message.
  */
 export const AbortOperationRequestSchema: GenMessage<AbortOperationRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 15);
+  messageDesc(file_lane_v1_lane_service, 28);
 
 /**
  * @generated from message lane.v1.AbortOperationResponse
@@ -482,7 +933,7 @@ export type AbortOperationResponse = Message<"lane.v1.AbortOperationResponse"> &
  * Use `create(AbortOperationResponseSchema)` to create a new message.
  */
 export const AbortOperationResponseSchema: GenMessage<AbortOperationResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 16);
+  messageDesc(file_lane_v1_lane_service, 29);
 
 /**
  * @generated from message lane.v1.EndRunRequest
@@ -516,6 +967,13 @@ export type EndRunRequest = Message<"lane.v1.EndRunRequest"> & {
    * @generated from field: string request_id = 5;
    */
   requestId: string;
+
+  /**
+   * The lease's fencing token; required when the run is leased.
+   *
+   * @generated from field: int64 lease_token = 6;
+   */
+  leaseToken: bigint;
 };
 
 /**
@@ -523,7 +981,7 @@ export type EndRunRequest = Message<"lane.v1.EndRunRequest"> & {
  * Use `create(EndRunRequestSchema)` to create a new message.
  */
 export const EndRunRequestSchema: GenMessage<EndRunRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 17);
+  messageDesc(file_lane_v1_lane_service, 30);
 
 /**
  * @generated from message lane.v1.EndRunResponse
@@ -545,7 +1003,7 @@ export type EndRunResponse = Message<"lane.v1.EndRunResponse"> & {
  * Use `create(EndRunResponseSchema)` to create a new message.
  */
 export const EndRunResponseSchema: GenMessage<EndRunResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 18);
+  messageDesc(file_lane_v1_lane_service, 31);
 
 /**
  * @generated from message lane.v1.StartTurnRequest
@@ -572,6 +1030,13 @@ export type StartTurnRequest = Message<"lane.v1.StartTurnRequest"> & {
    * @generated from field: string request_id = 4;
    */
   requestId: string;
+
+  /**
+   * The lease's fencing token; required when the run is leased.
+   *
+   * @generated from field: int64 lease_token = 5;
+   */
+  leaseToken: bigint;
 };
 
 /**
@@ -579,7 +1044,7 @@ export type StartTurnRequest = Message<"lane.v1.StartTurnRequest"> & {
  * Use `create(StartTurnRequestSchema)` to create a new message.
  */
 export const StartTurnRequestSchema: GenMessage<StartTurnRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 19);
+  messageDesc(file_lane_v1_lane_service, 32);
 
 /**
  * @generated from message lane.v1.StartTurnResponse
@@ -606,7 +1071,7 @@ export type StartTurnResponse = Message<"lane.v1.StartTurnResponse"> & {
  * Use `create(StartTurnResponseSchema)` to create a new message.
  */
 export const StartTurnResponseSchema: GenMessage<StartTurnResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 20);
+  messageDesc(file_lane_v1_lane_service, 33);
 
 /**
  * @generated from message lane.v1.SettleAssistantMessageRequest
@@ -636,6 +1101,13 @@ export type SettleAssistantMessageRequest = Message<"lane.v1.SettleAssistantMess
    * @generated from field: string request_id = 5;
    */
   requestId: string;
+
+  /**
+   * The lease's fencing token; required when the run is leased.
+   *
+   * @generated from field: int64 lease_token = 6;
+   */
+  leaseToken: bigint;
 };
 
 /**
@@ -643,7 +1115,7 @@ export type SettleAssistantMessageRequest = Message<"lane.v1.SettleAssistantMess
  * Use `create(SettleAssistantMessageRequestSchema)` to create a new message.
  */
 export const SettleAssistantMessageRequestSchema: GenMessage<SettleAssistantMessageRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 21);
+  messageDesc(file_lane_v1_lane_service, 34);
 
 /**
  * A call of the new tool batch, as planned.
@@ -681,7 +1153,7 @@ export type PlannedToolCall = Message<"lane.v1.PlannedToolCall"> & {
  * Use `create(PlannedToolCallSchema)` to create a new message.
  */
 export const PlannedToolCallSchema: GenMessage<PlannedToolCall> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 22);
+  messageDesc(file_lane_v1_lane_service, 35);
 
 /**
  * @generated from message lane.v1.SettleAssistantMessageResponse
@@ -713,7 +1185,7 @@ export type SettleAssistantMessageResponse = Message<"lane.v1.SettleAssistantMes
  * Use `create(SettleAssistantMessageResponseSchema)` to create a new message.
  */
 export const SettleAssistantMessageResponseSchema: GenMessage<SettleAssistantMessageResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 23);
+  messageDesc(file_lane_v1_lane_service, 36);
 
 /**
  * @generated from message lane.v1.RecordUsageRequest
@@ -752,7 +1224,7 @@ export type RecordUsageRequest = Message<"lane.v1.RecordUsageRequest"> & {
  * Use `create(RecordUsageRequestSchema)` to create a new message.
  */
 export const RecordUsageRequestSchema: GenMessage<RecordUsageRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 24);
+  messageDesc(file_lane_v1_lane_service, 37);
 
 /**
  * @generated from message lane.v1.RecordUsageResponse
@@ -774,7 +1246,7 @@ export type RecordUsageResponse = Message<"lane.v1.RecordUsageResponse"> & {
  * Use `create(RecordUsageResponseSchema)` to create a new message.
  */
 export const RecordUsageResponseSchema: GenMessage<RecordUsageResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 25);
+  messageDesc(file_lane_v1_lane_service, 38);
 
 /**
  * @generated from message lane.v1.StartToolCallRequest
@@ -811,6 +1283,13 @@ export type StartToolCallRequest = Message<"lane.v1.StartToolCallRequest"> & {
    * @generated from field: string request_id = 6;
    */
   requestId: string;
+
+  /**
+   * The lease's fencing token; required when the run is leased.
+   *
+   * @generated from field: int64 lease_token = 7;
+   */
+  leaseToken: bigint;
 };
 
 /**
@@ -818,7 +1297,7 @@ export type StartToolCallRequest = Message<"lane.v1.StartToolCallRequest"> & {
  * Use `create(StartToolCallRequestSchema)` to create a new message.
  */
 export const StartToolCallRequestSchema: GenMessage<StartToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 26);
+  messageDesc(file_lane_v1_lane_service, 39);
 
 /**
  * @generated from message lane.v1.StartToolCallResponse
@@ -840,7 +1319,7 @@ export type StartToolCallResponse = Message<"lane.v1.StartToolCallResponse"> & {
  * Use `create(StartToolCallResponseSchema)` to create a new message.
  */
 export const StartToolCallResponseSchema: GenMessage<StartToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 27);
+  messageDesc(file_lane_v1_lane_service, 40);
 
 /**
  * @generated from message lane.v1.UpdateToolCallRequest
@@ -879,6 +1358,13 @@ export type UpdateToolCallRequest = Message<"lane.v1.UpdateToolCallRequest"> & {
    * @generated from field: string request_id = 6;
    */
   requestId: string;
+
+  /**
+   * The lease's fencing token; required when the run is leased.
+   *
+   * @generated from field: int64 lease_token = 7;
+   */
+  leaseToken: bigint;
 };
 
 /**
@@ -886,7 +1372,7 @@ export type UpdateToolCallRequest = Message<"lane.v1.UpdateToolCallRequest"> & {
  * Use `create(UpdateToolCallRequestSchema)` to create a new message.
  */
 export const UpdateToolCallRequestSchema: GenMessage<UpdateToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 28);
+  messageDesc(file_lane_v1_lane_service, 41);
 
 /**
  * @generated from message lane.v1.UpdateToolCallResponse
@@ -908,7 +1394,7 @@ export type UpdateToolCallResponse = Message<"lane.v1.UpdateToolCallResponse"> &
  * Use `create(UpdateToolCallResponseSchema)` to create a new message.
  */
 export const UpdateToolCallResponseSchema: GenMessage<UpdateToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 29);
+  messageDesc(file_lane_v1_lane_service, 42);
 
 /**
  * A result the tool really produced.
@@ -934,7 +1420,7 @@ export type ExecutedOutcome = Message<"lane.v1.ExecutedOutcome"> & {
  * Use `create(ExecutedOutcomeSchema)` to create a new message.
  */
 export const ExecutedOutcomeSchema: GenMessage<ExecutedOutcome> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 30);
+  messageDesc(file_lane_v1_lane_service, 43);
 
 /**
  * A result the service writes on the tool's behalf.
@@ -967,7 +1453,7 @@ export type SyntheticOutcome = Message<"lane.v1.SyntheticOutcome"> & {
  * Use `create(SyntheticOutcomeSchema)` to create a new message.
  */
 export const SyntheticOutcomeSchema: GenMessage<SyntheticOutcome> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 31);
+  messageDesc(file_lane_v1_lane_service, 44);
 
 /**
  * @generated from message lane.v1.StageToolOutcomeRequest
@@ -1009,6 +1495,13 @@ export type StageToolOutcomeRequest = Message<"lane.v1.StageToolOutcomeRequest">
    * @generated from field: string request_id = 6;
    */
   requestId: string;
+
+  /**
+   * The lease's fencing token; required when the run is leased.
+   *
+   * @generated from field: int64 lease_token = 7;
+   */
+  leaseToken: bigint;
 };
 
 /**
@@ -1016,7 +1509,7 @@ export type StageToolOutcomeRequest = Message<"lane.v1.StageToolOutcomeRequest">
  * Use `create(StageToolOutcomeRequestSchema)` to create a new message.
  */
 export const StageToolOutcomeRequestSchema: GenMessage<StageToolOutcomeRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 32);
+  messageDesc(file_lane_v1_lane_service, 45);
 
 /**
  * @generated from message lane.v1.StageToolOutcomeResponse
@@ -1068,7 +1561,7 @@ export type StageToolOutcomeResponse = Message<"lane.v1.StageToolOutcomeResponse
  * Use `create(StageToolOutcomeResponseSchema)` to create a new message.
  */
 export const StageToolOutcomeResponseSchema: GenMessage<StageToolOutcomeResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 33);
+  messageDesc(file_lane_v1_lane_service, 46);
 
 /**
  * @generated from message lane.v1.WatchLaneRequest
@@ -1093,7 +1586,7 @@ export type WatchLaneRequest = Message<"lane.v1.WatchLaneRequest"> & {
  * Use `create(WatchLaneRequestSchema)` to create a new message.
  */
 export const WatchLaneRequestSchema: GenMessage<WatchLaneRequest> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 34);
+  messageDesc(file_lane_v1_lane_service, 47);
 
 /**
  * The first message of a watch without after_revision.
@@ -1119,7 +1612,7 @@ export type SnapshotHead = Message<"lane.v1.SnapshotHead"> & {
  * Use `create(SnapshotHeadSchema)` to create a new message.
  */
 export const SnapshotHeadSchema: GenMessage<SnapshotHead> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 35);
+  messageDesc(file_lane_v1_lane_service, 48);
 
 /**
  * More transcript entries of the snapshot, appended in order.
@@ -1138,7 +1631,7 @@ export type TranscriptChunk = Message<"lane.v1.TranscriptChunk"> & {
  * Use `create(TranscriptChunkSchema)` to create a new message.
  */
 export const TranscriptChunkSchema: GenMessage<TranscriptChunk> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 36);
+  messageDesc(file_lane_v1_lane_service, 49);
 
 /**
  * All events of one commit, in order. Never split.
@@ -1157,7 +1650,7 @@ export type EventGroup = Message<"lane.v1.EventGroup"> & {
  * Use `create(EventGroupSchema)` to create a new message.
  */
 export const EventGroupSchema: GenMessage<EventGroup> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 37);
+  messageDesc(file_lane_v1_lane_service, 50);
 
 /**
  * Sent when the lane is idle: no event with a revision at or below head_revision will follow.
@@ -1176,7 +1669,7 @@ export type Heartbeat = Message<"lane.v1.Heartbeat"> & {
  * Use `create(HeartbeatSchema)` to create a new message.
  */
 export const HeartbeatSchema: GenMessage<Heartbeat> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 38);
+  messageDesc(file_lane_v1_lane_service, 51);
 
 /**
  * @generated from message lane.v1.WatchLaneResponse
@@ -1217,7 +1710,84 @@ export type WatchLaneResponse = Message<"lane.v1.WatchLaneResponse"> & {
  * Use `create(WatchLaneResponseSchema)` to create a new message.
  */
 export const WatchLaneResponseSchema: GenMessage<WatchLaneResponse> = /*@__PURE__*/
-  messageDesc(file_lane_v1_lane_service, 39);
+  messageDesc(file_lane_v1_lane_service, 52);
+
+/**
+ * A tool call's durable status.
+ *
+ * @generated from enum lane.v1.ToolCallStatus
+ */
+export enum ToolCallStatus {
+  /**
+   * @generated from enum value: TOOL_CALL_STATUS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: TOOL_CALL_STATUS_PLANNED = 1;
+   */
+  PLANNED = 1,
+
+  /**
+   * @generated from enum value: TOOL_CALL_STATUS_EFFECT_PENDING = 2;
+   */
+  EFFECT_PENDING = 2,
+
+  /**
+   * @generated from enum value: TOOL_CALL_STATUS_OUTCOME_READY = 3;
+   */
+  OUTCOME_READY = 3,
+
+  /**
+   * @generated from enum value: TOOL_CALL_STATUS_COMPLETED = 4;
+   */
+  COMPLETED = 4,
+}
+
+/**
+ * Describes the enum lane.v1.ToolCallStatus.
+ */
+export const ToolCallStatusSchema: GenEnum<ToolCallStatus> = /*@__PURE__*/
+  enumDesc(file_lane_v1_lane_service, 0);
+
+/**
+ * Where an open run stands.
+ *
+ * @generated from enum lane.v1.RunPhase
+ */
+export enum RunPhase {
+  /**
+   * @generated from enum value: RUN_PHASE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Between turns: a turn may start, or the run may end.
+   *
+   * @generated from enum value: RUN_PHASE_IDLE = 1;
+   */
+  IDLE = 1,
+
+  /**
+   * A turn started; its assistant message is not settled yet.
+   *
+   * @generated from enum value: RUN_PHASE_TURN_OPEN = 2;
+   */
+  TURN_OPEN = 2,
+
+  /**
+   * The turn's tool batch is not fully placed yet.
+   *
+   * @generated from enum value: RUN_PHASE_TOOLS = 3;
+   */
+  TOOLS = 3,
+}
+
+/**
+ * Describes the enum lane.v1.RunPhase.
+ */
+export const RunPhaseSchema: GenEnum<RunPhase> = /*@__PURE__*/
+  enumDesc(file_lane_v1_lane_service, 1);
 
 /**
  * How a run executes the tool calls of one assistant message.
@@ -1249,7 +1819,7 @@ export enum ToolExecution {
  * Describes the enum lane.v1.ToolExecution.
  */
 export const ToolExecutionSchema: GenEnum<ToolExecution> = /*@__PURE__*/
-  enumDesc(file_lane_v1_lane_service, 0);
+  enumDesc(file_lane_v1_lane_service, 2);
 
 /**
  * How many queued messages a turn boundary takes.
@@ -1277,7 +1847,7 @@ export enum DeliveryMode {
  * Describes the enum lane.v1.DeliveryMode.
  */
 export const DeliveryModeSchema: GenEnum<DeliveryMode> = /*@__PURE__*/
-  enumDesc(file_lane_v1_lane_service, 1);
+  enumDesc(file_lane_v1_lane_service, 3);
 
 /**
  * Whether a tool's effect may be repeated after a crash.
@@ -1309,7 +1879,7 @@ export enum ReplayPolicy {
  * Describes the enum lane.v1.ReplayPolicy.
  */
 export const ReplayPolicySchema: GenEnum<ReplayPolicy> = /*@__PURE__*/
-  enumDesc(file_lane_v1_lane_service, 2);
+  enumDesc(file_lane_v1_lane_service, 4);
 
 /**
  * Why a call got a result without (finishing) its effect.
@@ -1369,7 +1939,7 @@ export enum SyntheticCause {
  * Describes the enum lane.v1.SyntheticCause.
  */
 export const SyntheticCauseSchema: GenEnum<SyntheticCause> = /*@__PURE__*/
-  enumDesc(file_lane_v1_lane_service, 3);
+  enumDesc(file_lane_v1_lane_service, 5);
 
 /**
  * The lane service: drivers commit each step of an agent run; watchers follow a lane live.
@@ -1537,6 +2107,60 @@ export const LaneService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchLaneRequestSchema;
     output: typeof WatchLaneResponseSchema;
+  },
+  /**
+   * Take over the open run: a new lease with a higher fencing token, and the run's durable
+   * state. Allowed when the run has no live lease (never leased, released or expired) or the
+   * caller already holds it. Taking over a tool batch places its ready prefix and emits
+   * turn_start tagged recovery.
+   *
+   * @generated from rpc lane.v1.LaneService.AcquireOperation
+   */
+  acquireOperation: {
+    methodKind: "unary";
+    input: typeof AcquireOperationRequestSchema;
+    output: typeof AcquireOperationResponseSchema;
+  },
+  /**
+   * Extend the caller's lease.
+   *
+   * @generated from rpc lane.v1.LaneService.RenewLease
+   */
+  renewLease: {
+    methodKind: "unary";
+    input: typeof RenewLeaseRequestSchema;
+    output: typeof RenewLeaseResponseSchema;
+  },
+  /**
+   * Give the lease up (the run stays open for another driver, or for reconciliation).
+   *
+   * @generated from rpc lane.v1.LaneService.ReleaseLease
+   */
+  releaseLease: {
+    methodKind: "unary";
+    input: typeof ReleaseLeaseRequestSchema;
+    output: typeof ReleaseLeaseResponseSchema;
+  },
+  /**
+   * Safe replay of an effect_pending call whose replay policy is SAFE, after a takeover:
+   * clears its checkpoint and emits tool_start tagged recovery with the persisted arguments.
+   *
+   * @generated from rpc lane.v1.LaneService.ReplayToolCall
+   */
+  replayToolCall: {
+    methodKind: "unary";
+    input: typeof ReplayToolCallRequestSchema;
+    output: typeof ReplayToolCallResponseSchema;
+  },
+  /**
+   * The open run's durable state (batch, calls, statuses, persisted args, checkpoints).
+   *
+   * @generated from rpc lane.v1.LaneService.GetOperation
+   */
+  getOperation: {
+    methodKind: "unary";
+    input: typeof GetOperationRequestSchema;
+    output: typeof GetOperationResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_lane_v1_lane_service, 0);

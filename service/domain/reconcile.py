@@ -1,0 +1,47 @@
+"""The service ending a run no driver holds (harness-model §3.7, "reconciliation").
+
+A leased run whose lease lapsed is reconciled once its abort was requested, or once it has been
+orphaned for a while without a new driver taking it over: planned calls get the cancelled
+synthetic (tool_start + tool_end), effect_pending calls the interruption result from their
+checkpoint (tool_end only), outcome_ready calls are placed, then run_end ABORTED — every event
+tagged recovery. No tool runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from lane.v1 import snapshot_pb2
+
+from service.domain.leases import reconcilable
+from service.domain.runs import end_run
+from service.domain.state import LaneState
+from service.domain.transition import Transition
+
+
+def reconcile(
+    state: LaneState,
+    operation_id: str,
+    now: datetime,
+    orphan_after: timedelta,
+    new_id: Callable[[], str],
+) -> Transition:
+    """End ``operation_id`` if it is still reconcilable now; otherwise change nothing."""
+    operation = state.operation
+    if (
+        operation is None
+        or operation.operation_id != operation_id
+        or not reconcilable(operation, now, orphan_after)
+    ):
+        return Transition(state=state)
+    return end_run(
+        state,
+        operation_id,
+        snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED,
+        None,
+        now,
+        new_id,
+        recovery=True,
+        lease_token=None,
+    )
