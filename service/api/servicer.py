@@ -97,8 +97,9 @@ class LaneServicer(lane_service_pb2_grpc.LaneServiceServicer):
         answer_type: type[Any],
     ) -> Any:
         v.require_id(request.lane_id, "lane_id")
-        v.require_id(request.request_id, "request_id", optional=True)
-        key = RequestKey.of(method, request, request.request_id)
+        request_id = getattr(request, "request_id", "")  # lease renewal/release have none
+        v.require_id(request_id, "request_id", optional=True)
+        key = RequestKey.of(method, request, request_id)
         return await self.store.command(request.lane_id, decide, answer_type, key)
 
     @unary

@@ -73,15 +73,27 @@ async def _write(
     except Exception as exc:
         # grpcio raises an internal error type when the peer is already gone.
         raise WatcherGone from exc
-    await context.abort_with_status(
+    await _end(
+        context,
         status_of(
             code_pb2.RESOURCE_EXHAUSTED,
             "WATCHER_TOO_SLOW",
             f"the watcher did not read for {settings.write_deadline_seconds}s; resume after the "
             f"last revision received (the stream had delivered at least revision {revision})",
             {"lastRevision": str(revision)},
-        )
+        ),
     )
+
+
+async def _end(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
+    """End the stream with ``status`` (raises grpc's AbortError, as an abort does)."""
+    try:
+        await context.abort_with_status(status)
+    except grpc.aio.AbortError:
+        raise
+    except Exception as exc:
+        # The status cannot be sent: the peer is gone or a write is still stuck.
+        raise WatcherGone from exc
 
 
 async def watch_lane(
@@ -133,13 +145,14 @@ async def _serve(
             if not await subscription.wait(settings.heartbeat_seconds) and not hub.closing:
                 heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
                 await _write(context, heartbeat, settings, revision)
-        await context.abort_with_status(
+        await _end(
+            context,
             status_of(
                 code_pb2.UNAVAILABLE,
                 "SERVER_SHUTTING_DOWN",
                 f"the server is shutting down; resume after revision {revision}",
                 {"lastRevision": str(revision)},
-            )
+            ),
         )
 
 
