@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
-from lane.v1 import messages_pb2
+from lane.v1 import entries_pb2, messages_pb2
 
 from service.domain.errors import InvalidArgument
 from service.domain.jsontext import parse_json, require_json_object
+
+__all__ = ["parse_json", "require_json_object"]
 from service.domain.leases import DEFAULT_LEASE_SECONDS
 
 MAX_ID_BYTES = 128
@@ -103,3 +105,22 @@ def lease_seconds(value: int) -> int:
         "lease_seconds",
     )
     return value or DEFAULT_LEASE_SECONDS
+
+
+def requested_lease(driver_id: str, seconds: int) -> tuple[str, int] | None:
+    """The (driver id, seconds) lease a request asks for, or None for an unleased operation."""
+    require_id(driver_id, "driver_id", optional=True)
+    require(
+        bool(driver_id) or not seconds,
+        "INVALID_LEASE",
+        "lease_seconds needs driver_id",
+        "lease_seconds",
+    )
+    return (driver_id, lease_seconds(seconds)) if driver_id else None
+
+
+def check_compaction(entry: entries_pb2.CompactionEntry, field: str) -> None:
+    """A compaction entry needs its summary."""
+    require(
+        bool(entry.summary), "MISSING_FIELD", f"{field}.summary is required", f"{field}.summary"
+    )

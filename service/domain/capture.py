@@ -61,6 +61,12 @@ def _operation(state: LaneState, operation: Operation) -> snapshot_pb2.SnapshotO
         ),
     )
     snapshot.started_time.FromDatetime(operation.started_time)
+    if operation.retry is not None:
+        snapshot.retry.CopyFrom(operation.retry)
+    if operation.deferred is not None:
+        snapshot.deferred.CopyFrom(operation.deferred)
+    if operation.streaming is not None:
+        snapshot.streaming_message.CopyFrom(operation.streaming)
     if operation.batch is not None:
         for call in sorted(operation.batch.calls, key=lambda c: c.source_index):
             row = project_tool(state, operation.batch, call)

@@ -8,6 +8,31 @@ from service.domain.errors import Aborted, FailedPrecondition, NotFound
 from service.domain.state import LaneState, Operation, Phase, ToolBatch, ToolCall
 
 
+def require_no_operation(state: LaneState) -> None:
+    """Refuse to open an operation while another is open."""
+    if state.operation is not None:
+        raise FailedPrecondition(
+            "LANE_BUSY",
+            f"lane {state.lane_id} already has open operation {state.operation.operation_id}",
+            laneId=state.lane_id,
+            openOperationId=state.operation.operation_id,
+        )
+
+
+def open_operation(state: LaneState, operation_id: str) -> Operation:
+    """The lane's open operation with this id (of any kind), or the refusal."""
+    operation = state.operation
+    if operation is None or operation.operation_id != operation_id:
+        raise FailedPrecondition(
+            "OPERATION_NOT_OPEN",
+            f"operation {operation_id} is not the open operation of lane {state.lane_id}",
+            laneId=state.lane_id,
+            operationId=operation_id,
+            openOperationId=operation.operation_id if operation else "",
+        )
+    return operation
+
+
 def open_run(state: LaneState, operation_id: str) -> Operation:
     """The lane's open run with this id, or the refusal that says why not."""
     operation = state.operation
@@ -70,8 +95,15 @@ def driving(state: LaneState, operation_id: str, lease_token: int) -> Operation:
     """The open run, if ``lease_token`` may drive it: the current token of a leased run, or 0
     for a run that was never leased. Anything else is a stale or foreign driver."""
     operation = open_run(state, operation_id)
+    check_token(operation, lease_token)
+    return operation
+
+
+def check_token(operation: Operation, lease_token: int) -> None:
+    """Refuse a stale or foreign ``lease_token`` (0 drives a run that was never leased)."""
+    operation_id = operation.operation_id
     if operation.lease_token == 0 and lease_token == 0:
-        return operation
+        return
     if lease_token != operation.lease_token or operation.lease_holder is None:
         raise Aborted(
             "STALE_LEASE",
@@ -80,4 +112,3 @@ def driving(state: LaneState, operation_id: str, lease_token: int) -> Operation:
             operationId=operation_id,
             leaseToken=lease_token,
         )
-    return operation

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from lane.v1 import snapshot_pb2
 
+from service.domain.compaction import end_compaction
 from service.domain.leases import reconcilable
 from service.domain.runs import end_run
 from service.domain.state import LaneState
@@ -35,6 +36,17 @@ def reconcile(
         or not reconcilable(operation, now, orphan_after)
     ):
         return Transition(state=state)
+    if operation.kind == snapshot_pb2.OPERATION_KIND_COMPACTION:
+        return end_compaction(
+            state,
+            operation_id,
+            snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED,
+            None,
+            None,
+            now,
+            new_id,
+            lease_token=None,
+        )
     return end_run(
         state,
         operation_id,

@@ -9,6 +9,7 @@ from datetime import datetime
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 
 from service.domain import guards
+from service.domain.assistant import open_turn
 from service.domain.errors import FailedPrecondition, InvalidArgument
 from service.domain.event_log import EventLog
 from service.domain.leases import granted
@@ -97,13 +98,7 @@ def start_run(
 
     ``lease`` = (driver id, seconds) leases the new run to that driver.
     """
-    if state.operation is not None:
-        raise FailedPrecondition(
-            "LANE_BUSY",
-            f"lane {state.lane_id} already has open operation {state.operation.operation_id}",
-            laneId=state.lane_id,
-            openOperationId=state.operation.operation_id,
-        )
+    guards.require_no_operation(state)
     captured = [
         item
         for item in state.inbox
@@ -241,15 +236,7 @@ def settle_assistant(
     lease_token: int = 0,
 ) -> Transition:
     """Place the settled assistant message; its tool calls become the planned batch."""
-    operation = guards.driving(state, operation_id, lease_token)
-    guards.require_phase(operation, Phase.TURN_OPEN)
-    if operation.turn_id != turn_id:
-        raise FailedPrecondition(
-            "TURN_MISMATCH",
-            f"turn {turn_id} is not the open turn {operation.turn_id}",
-            turnId=turn_id,
-            openTurnId=operation.turn_id or "",
-        )
+    operation = open_turn(state, operation_id, turn_id, lease_token, streaming_ok=True)
     log = EventLog(state.lane_id, state.revision, now)
     entry_id = new_id()
     agent_message = messages_pb2.AgentMessage(assistant=message)
@@ -263,6 +250,17 @@ def settle_assistant(
     totals = state.usage_totals
     if message.HasField("usage"):
         totals = log.record_usage(new_id(), message.usage, totals, entry_id=entry_id)
+    if operation.attempt > 1:
+        retry_end = events_pb2.RetryEndEvent(
+            run_id=operation_id,
+            step=turn_id,
+            attempt=operation.attempt,
+            success=message.stop_reason != messages_pb2.STOP_REASON_ERROR,
+        )
+        if message.HasField("error_message"):
+            retry_end.final_error = message.error_message
+        log.emit("retry_end", retry_end)
+    operation = replace(operation, streaming=None, attempt=1)
     calls = tuple(
         ToolCall(
             source_index=index,

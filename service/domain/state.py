@@ -93,6 +93,15 @@ class Operation:
     lease_expires: datetime | None = None
     #: A driver took the run over mid-batch: the batch's events are tagged recovery.
     recovering: bool = False
+    #: The assistant response streaming in the open turn (the latest complete partial).
+    streaming: messages_pb2.AssistantMessage | None = None
+    #: The scheduled retry of the open turn's model call, and the attempt under way.
+    retry: snapshot_pb2.RetryState | None = None
+    attempt: int = 1
+    #: The deferred response the run is suspended on.
+    deferred: snapshot_pb2.DeferredState | None = None
+    #: Why a compaction operation runs (lane.v1.CompactionReason).
+    reason: int = 0
 
     def lease_live(self, now: datetime) -> bool:
         """Whether a driver holds an unexpired lease."""

@@ -33,7 +33,8 @@ _INBOX = "SELECT body FROM inbox WHERE lane_id = %(lane)s ORDER BY position"
 _OPERATION = (
     "SELECT o.operation_id, o.kind, o.started_time, o.from_tip_id, o.settings,"
     " o.cancel_requested, o.phase, o.continuation, o.turn_id, o.batch_entry_id, e.body,"
-    " o.lease_token, o.lease_holder, o.lease_expires, o.recovering"
+    " o.lease_token, o.lease_holder, o.lease_expires, o.recovering,"
+    " o.streaming, o.retry, o.deferred, o.attempt, o.reason"
     " FROM lanes l JOIN operations o ON o.operation_id = l.current_operation_id"
     " LEFT JOIN entries e ON e.lane_id = l.lane_id AND e.entry_id = o.batch_entry_id"
     " WHERE l.lane_id = %(lane)s"
@@ -112,6 +113,11 @@ async def _operation(
         lease_holder,
         lease_expires,
         recovering,
+        streaming,
+        retry,
+        deferred,
+        attempt,
+        reason,
     ) = row
     batch = None
     if batch_entry_id is not None:
@@ -137,6 +143,11 @@ async def _operation(
         lease_holder=lease_holder,
         lease_expires=lease_expires,
         recovering=recovering,
+        streaming=decode_optional(messages_pb2.AssistantMessage, streaming),
+        retry=decode_optional(snapshot_pb2.RetryState, retry),
+        attempt=attempt,
+        deferred=decode_optional(snapshot_pb2.DeferredState, deferred),
+        reason=reason,
     )
 
 

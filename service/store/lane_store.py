@@ -233,3 +233,11 @@ class Store:
         if state is None:
             raise lane_not_found(lane_id)
         return state.operation
+
+    async def entry_exists(self, lane_id: str, entry_id: str) -> bool:
+        """Whether the lane has the entry (entries are immutable and never deleted)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT 1 FROM entries WHERE lane_id = %s AND entry_id = %s", (lane_id, entry_id)
+            )
+            return await cur.fetchone() is not None

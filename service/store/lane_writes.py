@@ -115,7 +115,7 @@ async def _insert_operation(conn: Conn, lane_id: str, operation: Operation) -> N
     """Insert a new operation row; an id used before (by any lane) is refused."""
     cur = await conn.execute(
         "INSERT INTO operations (operation_id, lane_id, kind, started_time, from_tip_id,"
-        " settings, phase, continuation) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+        " settings, phase, continuation, reason) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (operation_id) DO NOTHING RETURNING operation_id",
         (
             operation.operation_id,
@@ -126,6 +126,7 @@ async def _insert_operation(conn: Conn, lane_id: str, operation: Operation) -> N
             encode(operation.settings),
             operation.phase.value,
             operation.continuation.value,
+            operation.reason,
         ),
     )
     if await cur.fetchone() is None:
@@ -151,11 +152,19 @@ def _row_fields(operation: Operation | None) -> tuple[object, ...] | None:
         operation.lease_holder,
         operation.lease_expires,
         operation.recovering,
+        _optional(operation.streaming),
+        _optional(operation.retry),
+        _optional(operation.deferred),
+        operation.attempt,
     )
 
 
 async def _write_operation(conn: Conn, before: LaneState, after: LaneState) -> None:
     old, new = before.operation, after.operation
+    if old is None and new is None:
+        if after.last_result is not None and after.last_operation_id != before.last_operation_id:
+            await _insert_ended_operation(conn, after)
+        return
     if old == new:
         return
     if new is None:
@@ -165,7 +174,8 @@ async def _write_operation(conn: Conn, before: LaneState, after: LaneState) -> N
         await conn.execute(
             "UPDATE operations SET result = %s, phase = 'ended', turn_id = NULL,"
             " batch_entry_id = NULL, lease_holder = NULL, lease_expires = NULL,"
-            " recovering = false WHERE operation_id = %s",
+            " recovering = false, streaming = NULL, retry = NULL, deferred = NULL"
+            " WHERE operation_id = %s",
             (_optional(after.last_result), old.operation_id),
         )
         return
@@ -177,7 +187,8 @@ async def _write_operation(conn: Conn, before: LaneState, after: LaneState) -> N
         await conn.execute(
             "UPDATE operations SET cancel_requested = %s, phase = %s, continuation = %s,"
             " turn_id = %s, batch_entry_id = %s, lease_token = %s, lease_holder = %s,"
-            " lease_expires = %s, recovering = %s WHERE operation_id = %s",
+            " lease_expires = %s, recovering = %s, streaming = %s, retry = %s, deferred = %s,"
+            " attempt = %s WHERE operation_id = %s",
             (*fields, new.operation_id),  # type: ignore[misc]
         )
     batch = new.batch
@@ -219,4 +230,31 @@ async def _write_operation(conn: Conn, before: LaneState, after: LaneState) -> N
                 )
                 for c in changed
             ],
+        )
+
+
+async def _insert_ended_operation(conn: Conn, state: LaneState) -> None:
+    """The row of an operation opened and ended in one commit (navigation): its record."""
+    result = state.last_result
+    assert result is not None
+    cur = await conn.execute(
+        "INSERT INTO operations (operation_id, lane_id, kind, started_time, from_tip_id,"
+        " settings, phase, continuation, result) VALUES (%s, %s, %s, %s, %s, %s, 'ended', %s, %s)"
+        " ON CONFLICT (operation_id) DO NOTHING RETURNING operation_id",
+        (
+            result.operation_id,
+            state.lane_id,
+            result.kind,
+            result.started_time.ToDatetime(tzinfo=UTC),
+            result.from_tip_id or None,
+            b"",
+            "may_finish",
+            encode(result),
+        ),
+    )
+    if await cur.fetchone() is None:
+        raise AlreadyExists(
+            "OPERATION_ID_EXISTS",
+            f"operation id {result.operation_id} was used before",
+            operationId=result.operation_id,
         )

@@ -1708,3 +1708,716 @@ class WatchLaneResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
 
 Global___WatchLaneResponse: _TypeAlias = WatchLaneResponse  # noqa: Y015
+
+@_typing.final
+class StreamedPartial(_message.Message):
+    """One partial of a streaming assistant response: the complete message so far."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    STREAM_EVENT_JSON_FIELD_NUMBER: _builtins.int
+    stream_event_json: _builtins.str
+    """The provider stream event, as JSON text."""
+    @_builtins.property
+    def message(self) -> _messages_pb2.AssistantMessage:
+        """stop_reason PENDING."""
+
+    def __init__(
+        self,
+        *,
+        message: _messages_pb2.AssistantMessage | None = ...,
+        stream_event_json: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_stream_event_json", b"_stream_event_json", "message", b"message", "stream_event_json", b"stream_event_json"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_stream_event_json", b"_stream_event_json", "message", b"message", "stream_event_json", b"stream_event_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__stream_event_json: _TypeAlias = _typing.Literal["stream_event_json"]  # noqa: Y015
+    _WhichOneofArgType__stream_event_json: _TypeAlias = _typing.Literal["_stream_event_json", b"_stream_event_json"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stream_event_json) -> _WhichOneofReturnType__stream_event_json | None: ...
+
+Global___StreamedPartial: _TypeAlias = StreamedPartial  # noqa: Y015
+
+@_typing.final
+class AppendAssistantStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    PARTIALS_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    turn_id: _builtins.str
+    lease_token: _builtins.int
+    request_id: _builtins.str
+    @_builtins.property
+    def partials(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamedPartial]: ...
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        partials: _abc.Iterable[Global___StreamedPartial] | None = ...,
+        lease_token: _builtins.int = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "partials", b"partials", "request_id", b"request_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendAssistantStreamRequest: _TypeAlias = AppendAssistantStreamRequest  # noqa: Y015
+
+@_typing.final
+class AppendAssistantStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    cancel_requested: _builtins.bool
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        cancel_requested: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested", b"cancel_requested", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendAssistantStreamResponse: _TypeAlias = AppendAssistantStreamResponse  # noqa: Y015
+
+@_typing.final
+class ScheduleRetryRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    FAILED_MESSAGE_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    DELAY_MS_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    turn_id: _builtins.str
+    max_attempts: _builtins.int
+    """The attempt after this one must not exceed it."""
+    delay_ms: _builtins.int
+    error_message: _builtins.str
+    lease_token: _builtins.int
+    request_id: _builtins.str
+    @_builtins.property
+    def failed_message(self) -> _messages_pb2.AssistantMessage:
+        """Optional: the failed response (stop_reason ERROR), placed in the transcript."""
+
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        failed_message: _messages_pb2.AssistantMessage | None = ...,
+        max_attempts: _builtins.int = ...,
+        delay_ms: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failed_message", b"failed_message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_ms", b"delay_ms", "error_message", b"error_message", "failed_message", b"failed_message", "lane_id", b"lane_id", "lease_token", b"lease_token", "max_attempts", b"max_attempts", "operation_id", b"operation_id", "request_id", b"request_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScheduleRetryRequest: _TypeAlias = ScheduleRetryRequest  # noqa: Y015
+
+@_typing.final
+class ScheduleRetryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    NEXT_ATTEMPT_TIME_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    attempt: _builtins.int
+    """The attempt that was scheduled."""
+    @_builtins.property
+    def next_attempt_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+        next_attempt_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["next_attempt_time", b"next_attempt_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "next_attempt_time", b"next_attempt_time", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScheduleRetryResponse: _TypeAlias = ScheduleRetryResponse  # noqa: Y015
+
+@_typing.final
+class StartRetryRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    turn_id: _builtins.str
+    lease_token: _builtins.int
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "request_id", b"request_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartRetryRequest: _TypeAlias = StartRetryRequest  # noqa: Y015
+
+@_typing.final
+class StartRetryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    attempt: _builtins.int
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartRetryResponse: _TypeAlias = StartRetryResponse  # noqa: Y015
+
+@_typing.final
+class SuspendRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    DEFERRED_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    turn_id: _builtins.str
+    lease_token: _builtins.int
+    request_id: _builtins.str
+    @_builtins.property
+    def deferred(self) -> _snapshot_pb2.DeferredState: ...
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        deferred: _snapshot_pb2.DeferredState | None = ...,
+        lease_token: _builtins.int = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deferred", b"deferred"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deferred", b"deferred", "lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "request_id", b"request_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SuspendRunRequest: _TypeAlias = SuspendRunRequest  # noqa: Y015
+
+@_typing.final
+class SuspendRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SuspendRunResponse: _TypeAlias = SuspendRunResponse  # noqa: Y015
+
+@_typing.final
+class ResumeRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    lease_token: _builtins.int
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeRunRequest: _TypeAlias = ResumeRunRequest  # noqa: Y015
+
+@_typing.final
+class ResumeRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeRunResponse: _TypeAlias = ResumeRunResponse  # noqa: Y015
+
+@_typing.final
+class StartCompactionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    DRIVER_ID_FIELD_NUMBER: _builtins.int
+    LEASE_SECONDS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    """Optional: the new operation's id (generated when empty)."""
+    reason: _events_pb2.CompactionReason.ValueType
+    driver_id: _builtins.str
+    """Optional lease, as for StartRun."""
+    lease_seconds: _builtins.int
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        reason: _events_pb2.CompactionReason.ValueType = ...,
+        driver_id: _builtins.str = ...,
+        lease_seconds: _builtins.int = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_id", b"driver_id", "lane_id", b"lane_id", "lease_seconds", b"lease_seconds", "operation_id", b"operation_id", "reason", b"reason", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartCompactionRequest: _TypeAlias = StartCompactionRequest  # noqa: Y015
+
+@_typing.final
+class StartCompactionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
+    operation_id: _builtins.str
+    revision: _builtins.int
+    @_builtins.property
+    def lease(self) -> Global___Lease: ...
+    def __init__(
+        self,
+        *,
+        operation_id: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        lease: Global___Lease | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "operation_id", b"operation_id", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartCompactionResponse: _TypeAlias = StartCompactionResponse  # noqa: Y015
+
+@_typing.final
+class EndCompactionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ENTRY_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    status: _snapshot_pb2.OperationResultStatus.ValueType
+    """COMPLETED (with entry), DECLINED, ABORTED or FAILED (with error)."""
+    lease_token: _builtins.int
+    request_id: _builtins.str
+    @_builtins.property
+    def entry(self) -> _entries_pb2.CompactionEntry: ...
+    @_builtins.property
+    def error(self) -> _snapshot_pb2.OperationError: ...
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        status: _snapshot_pb2.OperationResultStatus.ValueType = ...,
+        entry: _entries_pb2.CompactionEntry | None = ...,
+        error: _snapshot_pb2.OperationError | None = ...,
+        lease_token: _builtins.int = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry", "error", b"error", "lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "request_id", b"request_id", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndCompactionRequest: _TypeAlias = EndCompactionRequest  # noqa: Y015
+
+@_typing.final
+class EndCompactionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    @_builtins.property
+    def result(self) -> _snapshot_pb2.OperationResult: ...
+    def __init__(
+        self,
+        *,
+        result: _snapshot_pb2.OperationResult | None = ...,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result", b"result", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndCompactionResponse: _TypeAlias = EndCompactionResponse  # noqa: Y015
+
+@_typing.final
+class CompactRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    ENTRY_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    operation_id: _builtins.str
+    reason: _events_pb2.CompactionReason.ValueType
+    lease_token: _builtins.int
+    request_id: _builtins.str
+    @_builtins.property
+    def entry(self) -> _entries_pb2.CompactionEntry: ...
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        operation_id: _builtins.str = ...,
+        entry: _entries_pb2.CompactionEntry | None = ...,
+        reason: _events_pb2.CompactionReason.ValueType = ...,
+        lease_token: _builtins.int = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry", "lane_id", b"lane_id", "lease_token", b"lease_token", "operation_id", b"operation_id", "reason", b"reason", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompactRunRequest: _TypeAlias = CompactRunRequest  # noqa: Y015
+
+@_typing.final
+class CompactRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_ID_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    entry_id: _builtins.str
+    revision: _builtins.int
+    def __init__(
+        self,
+        *,
+        entry_id: _builtins.str = ...,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_id", b"entry_id", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompactRunResponse: _TypeAlias = CompactRunResponse  # noqa: Y015
+
+@_typing.final
+class NavigateLaneRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    TARGET_ENTRY_ID_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    target_entry_id: _builtins.str
+    """An entry of this lane."""
+    request_id: _builtins.str
+    @_builtins.property
+    def summary(self) -> _entries_pb2.BranchSummaryEntry:
+        """Optional: a summary of the branch being left, placed as a child of the target."""
+
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        target_entry_id: _builtins.str = ...,
+        summary: _entries_pb2.BranchSummaryEntry | None = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "request_id", b"request_id", "summary", b"summary", "target_entry_id", b"target_entry_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NavigateLaneRequest: _TypeAlias = NavigateLaneRequest  # noqa: Y015
+
+@_typing.final
+class NavigateLaneResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    operation_id: _builtins.str
+    revision: _builtins.int
+    @_builtins.property
+    def result(self) -> _snapshot_pb2.OperationResult: ...
+    def __init__(
+        self,
+        *,
+        operation_id: _builtins.str = ...,
+        result: _snapshot_pb2.OperationResult | None = ...,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operation_id", b"operation_id", "result", b"result", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NavigateLaneResponse: _TypeAlias = NavigateLaneResponse  # noqa: Y015
+
+@_typing.final
+class ReportFaultRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    code: _builtins.str
+    message: _builtins.str
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        code: _builtins.str = ...,
+        message: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "lane_id", b"lane_id", "message", b"message", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportFaultRequest: _TypeAlias = ReportFaultRequest  # noqa: Y015
+
+@_typing.final
+class ReportFaultResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportFaultResponse: _TypeAlias = ReportFaultResponse  # noqa: Y015
+
+@_typing.final
+class ReportHandlerErrorRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    STACK_FIELD_NUMBER: _builtins.int
+    HOOK_FIELD_NUMBER: _builtins.int
+    EVENT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    error: _builtins.str
+    stack: _builtins.str
+    hook: _builtins.str
+    event: _builtins.str
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        error: _builtins.str = ...,
+        stack: _builtins.str | None = ...,
+        hook: _builtins.str = ...,
+        event: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_stack", b"_stack", "event", b"event", "hook", b"hook", "source", b"source", "stack", b"stack"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_stack", b"_stack", "error", b"error", "event", b"event", "hook", b"hook", "lane_id", b"lane_id", "request_id", b"request_id", "source", b"source", "stack", b"stack"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__stack: _TypeAlias = _typing.Literal["stack"]  # noqa: Y015
+    _WhichOneofArgType__stack: _TypeAlias = _typing.Literal["_stack", b"_stack"]  # noqa: Y015
+    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["hook", "event"]  # noqa: Y015
+    _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stack) -> _WhichOneofReturnType__stack | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
+
+Global___ReportHandlerErrorRequest: _TypeAlias = ReportHandlerErrorRequest  # noqa: Y015
+
+@_typing.final
+class ReportHandlerErrorResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportHandlerErrorResponse: _TypeAlias = ReportHandlerErrorResponse  # noqa: Y015
+
+@_typing.final
+class SetLaneValueRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    SESSION_NAME_FIELD_NUMBER: _builtins.int
+    ENTRY_LABEL_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    request_id: _builtins.str
+    @_builtins.property
+    def session_name(self) -> _events_pb2.SessionNameValue: ...
+    @_builtins.property
+    def entry_label(self) -> _events_pb2.EntryLabelValue: ...
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        session_name: _events_pb2.SessionNameValue | None = ...,
+        entry_label: _events_pb2.EntryLabelValue | None = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["entry_label", b"entry_label", "session_name", b"session_name", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_label", b"entry_label", "lane_id", b"lane_id", "request_id", b"request_id", "session_name", b"session_name", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_value: _TypeAlias = _typing.Literal["session_name", "entry_label"]  # noqa: Y015
+    _WhichOneofArgType_value: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_value) -> _WhichOneofReturnType_value | None: ...
+
+Global___SetLaneValueRequest: _TypeAlias = SetLaneValueRequest  # noqa: Y015
+
+@_typing.final
+class SetLaneValueResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetLaneValueResponse: _TypeAlias = SetLaneValueResponse  # noqa: Y015

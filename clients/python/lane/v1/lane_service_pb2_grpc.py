@@ -140,6 +140,66 @@ class LaneServiceStub:
                 request_serializer=lane_dot_v1_dot_lane__service__pb2.GetOperationRequest.SerializeToString,
                 response_deserializer=lane_dot_v1_dot_lane__service__pb2.GetOperationResponse.FromString,
                 _registered_method=True)
+        self.AppendAssistantStream = channel.unary_unary(
+                '/lane.v1.LaneService/AppendAssistantStream',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.AppendAssistantStreamRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.AppendAssistantStreamResponse.FromString,
+                _registered_method=True)
+        self.ScheduleRetry = channel.unary_unary(
+                '/lane.v1.LaneService/ScheduleRetry',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.ScheduleRetryRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.ScheduleRetryResponse.FromString,
+                _registered_method=True)
+        self.StartRetry = channel.unary_unary(
+                '/lane.v1.LaneService/StartRetry',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.StartRetryRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.StartRetryResponse.FromString,
+                _registered_method=True)
+        self.SuspendRun = channel.unary_unary(
+                '/lane.v1.LaneService/SuspendRun',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.SuspendRunRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.SuspendRunResponse.FromString,
+                _registered_method=True)
+        self.ResumeRun = channel.unary_unary(
+                '/lane.v1.LaneService/ResumeRun',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.ResumeRunRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.ResumeRunResponse.FromString,
+                _registered_method=True)
+        self.StartCompaction = channel.unary_unary(
+                '/lane.v1.LaneService/StartCompaction',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.StartCompactionRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.StartCompactionResponse.FromString,
+                _registered_method=True)
+        self.EndCompaction = channel.unary_unary(
+                '/lane.v1.LaneService/EndCompaction',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.EndCompactionRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.EndCompactionResponse.FromString,
+                _registered_method=True)
+        self.CompactRun = channel.unary_unary(
+                '/lane.v1.LaneService/CompactRun',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.CompactRunRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.CompactRunResponse.FromString,
+                _registered_method=True)
+        self.NavigateLane = channel.unary_unary(
+                '/lane.v1.LaneService/NavigateLane',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.NavigateLaneRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.NavigateLaneResponse.FromString,
+                _registered_method=True)
+        self.ReportFault = channel.unary_unary(
+                '/lane.v1.LaneService/ReportFault',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.ReportFaultRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.ReportFaultResponse.FromString,
+                _registered_method=True)
+        self.ReportHandlerError = channel.unary_unary(
+                '/lane.v1.LaneService/ReportHandlerError',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.ReportHandlerErrorRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.ReportHandlerErrorResponse.FromString,
+                _registered_method=True)
+        self.SetLaneValue = channel.unary_unary(
+                '/lane.v1.LaneService/SetLaneValue',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.SetLaneValueRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.SetLaneValueResponse.FromString,
+                _registered_method=True)
 
 
 class LaneServiceServicer:
@@ -301,6 +361,93 @@ class LaneServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AppendAssistantStream(self, request, context):
+        """Stream the open turn's assistant response as it arrives, in batches the driver chooses:
+        message_start with the first (PENDING) partial, message_update for each later one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScheduleRetry(self, request, context):
+        """The open turn's model call failed and will be tried again: optionally places the failed
+        response, then retry_scheduled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartRetry(self, request, context):
+        """The scheduled retry begins: retry_start. (retry_end follows when the turn settles.)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SuspendRun(self, request, context):
+        """The model answered with a deferred handle: run_suspend.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeRun(self, request, context):
+        """Polling the deferred response resumes: run_resume.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartCompaction(self, request, context):
+        """Open a standalone compaction operation: compaction_start.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndCompaction(self, request, context):
+        """End the compaction operation: its compaction entry (when completed), compaction_end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompactRun(self, request, context):
+        """Compact inside an idle run: compaction_start, the compaction entry, compaction_end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def NavigateLane(self, request, context):
+        """Move the lane's tip to an earlier entry (optionally summarizing the branch left):
+        navigation_start, [entry_added], navigation_end. Watchers re-snapshot (rebase).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportFault(self, request, context):
+        """A driver reports a fault of the lane: fault (the snapshot shows faulted).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportHandlerError(self, request, context):
+        """A driver's hook or event handler threw: handler_error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetLaneValue(self, request, context):
+        """Session metadata: the session name or an entry label: value_update.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LaneServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -403,6 +550,66 @@ def add_LaneServiceServicer_to_server(servicer, server):
                     servicer.GetOperation,
                     request_deserializer=lane_dot_v1_dot_lane__service__pb2.GetOperationRequest.FromString,
                     response_serializer=lane_dot_v1_dot_lane__service__pb2.GetOperationResponse.SerializeToString,
+            ),
+            'AppendAssistantStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendAssistantStream,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.AppendAssistantStreamRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.AppendAssistantStreamResponse.SerializeToString,
+            ),
+            'ScheduleRetry': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScheduleRetry,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.ScheduleRetryRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.ScheduleRetryResponse.SerializeToString,
+            ),
+            'StartRetry': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRetry,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.StartRetryRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.StartRetryResponse.SerializeToString,
+            ),
+            'SuspendRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.SuspendRun,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.SuspendRunRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.SuspendRunResponse.SerializeToString,
+            ),
+            'ResumeRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeRun,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.ResumeRunRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.ResumeRunResponse.SerializeToString,
+            ),
+            'StartCompaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartCompaction,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.StartCompactionRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.StartCompactionResponse.SerializeToString,
+            ),
+            'EndCompaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndCompaction,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.EndCompactionRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.EndCompactionResponse.SerializeToString,
+            ),
+            'CompactRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompactRun,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.CompactRunRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.CompactRunResponse.SerializeToString,
+            ),
+            'NavigateLane': grpc.unary_unary_rpc_method_handler(
+                    servicer.NavigateLane,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.NavigateLaneRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.NavigateLaneResponse.SerializeToString,
+            ),
+            'ReportFault': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportFault,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.ReportFaultRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.ReportFaultResponse.SerializeToString,
+            ),
+            'ReportHandlerError': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportHandlerError,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.ReportHandlerErrorRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.ReportHandlerErrorResponse.SerializeToString,
+            ),
+            'SetLaneValue': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLaneValue,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.SetLaneValueRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.SetLaneValueResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -951,6 +1158,330 @@ class LaneService:
             '/lane.v1.LaneService/GetOperation',
             lane_dot_v1_dot_lane__service__pb2.GetOperationRequest.SerializeToString,
             lane_dot_v1_dot_lane__service__pb2.GetOperationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendAssistantStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/AppendAssistantStream',
+            lane_dot_v1_dot_lane__service__pb2.AppendAssistantStreamRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.AppendAssistantStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScheduleRetry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/ScheduleRetry',
+            lane_dot_v1_dot_lane__service__pb2.ScheduleRetryRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.ScheduleRetryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartRetry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/StartRetry',
+            lane_dot_v1_dot_lane__service__pb2.StartRetryRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.StartRetryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SuspendRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/SuspendRun',
+            lane_dot_v1_dot_lane__service__pb2.SuspendRunRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.SuspendRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/ResumeRun',
+            lane_dot_v1_dot_lane__service__pb2.ResumeRunRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.ResumeRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartCompaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/StartCompaction',
+            lane_dot_v1_dot_lane__service__pb2.StartCompactionRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.StartCompactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndCompaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/EndCompaction',
+            lane_dot_v1_dot_lane__service__pb2.EndCompactionRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.EndCompactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompactRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/CompactRun',
+            lane_dot_v1_dot_lane__service__pb2.CompactRunRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.CompactRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NavigateLane(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/NavigateLane',
+            lane_dot_v1_dot_lane__service__pb2.NavigateLaneRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.NavigateLaneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportFault(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/ReportFault',
+            lane_dot_v1_dot_lane__service__pb2.ReportFaultRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.ReportFaultResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportHandlerError(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/ReportHandlerError',
+            lane_dot_v1_dot_lane__service__pb2.ReportHandlerErrorRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.ReportHandlerErrorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLaneValue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/SetLaneValue',
+            lane_dot_v1_dot_lane__service__pb2.SetLaneValueRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.SetLaneValueResponse.FromString,
             options,
             channel_credentials,
             insecure,

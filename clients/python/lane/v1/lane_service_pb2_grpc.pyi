@@ -96,6 +96,36 @@ class LaneServiceStub:
     """
     GetOperation: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.GetOperationRequest, _lane_service_pb2.GetOperationResponse]
     """The open run's durable state (batch, calls, statuses, persisted args, checkpoints)."""
+    AppendAssistantStream: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.AppendAssistantStreamRequest, _lane_service_pb2.AppendAssistantStreamResponse]
+    """Stream the open turn's assistant response as it arrives, in batches the driver chooses:
+    message_start with the first (PENDING) partial, message_update for each later one.
+    """
+    ScheduleRetry: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.ScheduleRetryRequest, _lane_service_pb2.ScheduleRetryResponse]
+    """The open turn's model call failed and will be tried again: optionally places the failed
+    response, then retry_scheduled.
+    """
+    StartRetry: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.StartRetryRequest, _lane_service_pb2.StartRetryResponse]
+    """The scheduled retry begins: retry_start. (retry_end follows when the turn settles.)"""
+    SuspendRun: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.SuspendRunRequest, _lane_service_pb2.SuspendRunResponse]
+    """The model answered with a deferred handle: run_suspend."""
+    ResumeRun: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.ResumeRunRequest, _lane_service_pb2.ResumeRunResponse]
+    """Polling the deferred response resumes: run_resume."""
+    StartCompaction: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.StartCompactionRequest, _lane_service_pb2.StartCompactionResponse]
+    """Open a standalone compaction operation: compaction_start."""
+    EndCompaction: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.EndCompactionRequest, _lane_service_pb2.EndCompactionResponse]
+    """End the compaction operation: its compaction entry (when completed), compaction_end."""
+    CompactRun: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.CompactRunRequest, _lane_service_pb2.CompactRunResponse]
+    """Compact inside an idle run: compaction_start, the compaction entry, compaction_end."""
+    NavigateLane: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.NavigateLaneRequest, _lane_service_pb2.NavigateLaneResponse]
+    """Move the lane's tip to an earlier entry (optionally summarizing the branch left):
+    navigation_start, [entry_added], navigation_end. Watchers re-snapshot (rebase).
+    """
+    ReportFault: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.ReportFaultRequest, _lane_service_pb2.ReportFaultResponse]
+    """A driver reports a fault of the lane: fault (the snapshot shows faulted)."""
+    ReportHandlerError: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.ReportHandlerErrorRequest, _lane_service_pb2.ReportHandlerErrorResponse]
+    """A driver's hook or event handler threw: handler_error."""
+    SetLaneValue: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.SetLaneValueRequest, _lane_service_pb2.SetLaneValueResponse]
+    """Session metadata: the session name or an entry label: value_update."""
 
 @_typing.type_check_only
 class LaneServiceAsyncStub(LaneServiceStub):
@@ -165,6 +195,36 @@ class LaneServiceAsyncStub(LaneServiceStub):
     """
     GetOperation: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.GetOperationRequest, _lane_service_pb2.GetOperationResponse]  # type: ignore[assignment]
     """The open run's durable state (batch, calls, statuses, persisted args, checkpoints)."""
+    AppendAssistantStream: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.AppendAssistantStreamRequest, _lane_service_pb2.AppendAssistantStreamResponse]  # type: ignore[assignment]
+    """Stream the open turn's assistant response as it arrives, in batches the driver chooses:
+    message_start with the first (PENDING) partial, message_update for each later one.
+    """
+    ScheduleRetry: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.ScheduleRetryRequest, _lane_service_pb2.ScheduleRetryResponse]  # type: ignore[assignment]
+    """The open turn's model call failed and will be tried again: optionally places the failed
+    response, then retry_scheduled.
+    """
+    StartRetry: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.StartRetryRequest, _lane_service_pb2.StartRetryResponse]  # type: ignore[assignment]
+    """The scheduled retry begins: retry_start. (retry_end follows when the turn settles.)"""
+    SuspendRun: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.SuspendRunRequest, _lane_service_pb2.SuspendRunResponse]  # type: ignore[assignment]
+    """The model answered with a deferred handle: run_suspend."""
+    ResumeRun: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.ResumeRunRequest, _lane_service_pb2.ResumeRunResponse]  # type: ignore[assignment]
+    """Polling the deferred response resumes: run_resume."""
+    StartCompaction: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.StartCompactionRequest, _lane_service_pb2.StartCompactionResponse]  # type: ignore[assignment]
+    """Open a standalone compaction operation: compaction_start."""
+    EndCompaction: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.EndCompactionRequest, _lane_service_pb2.EndCompactionResponse]  # type: ignore[assignment]
+    """End the compaction operation: its compaction entry (when completed), compaction_end."""
+    CompactRun: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.CompactRunRequest, _lane_service_pb2.CompactRunResponse]  # type: ignore[assignment]
+    """Compact inside an idle run: compaction_start, the compaction entry, compaction_end."""
+    NavigateLane: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.NavigateLaneRequest, _lane_service_pb2.NavigateLaneResponse]  # type: ignore[assignment]
+    """Move the lane's tip to an earlier entry (optionally summarizing the branch left):
+    navigation_start, [entry_added], navigation_end. Watchers re-snapshot (rebase).
+    """
+    ReportFault: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.ReportFaultRequest, _lane_service_pb2.ReportFaultResponse]  # type: ignore[assignment]
+    """A driver reports a fault of the lane: fault (the snapshot shows faulted)."""
+    ReportHandlerError: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.ReportHandlerErrorRequest, _lane_service_pb2.ReportHandlerErrorResponse]  # type: ignore[assignment]
+    """A driver's hook or event handler threw: handler_error."""
+    SetLaneValue: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.SetLaneValueRequest, _lane_service_pb2.SetLaneValueResponse]  # type: ignore[assignment]
+    """Session metadata: the session name or an entry label: value_update."""
 
 class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
     """The lane service: drivers commit each step of an agent run; watchers follow a lane live.
@@ -351,5 +411,107 @@ class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_lane_service_pb2.GetOperationResponse, _abc.Awaitable[_lane_service_pb2.GetOperationResponse]]:
         """The open run's durable state (batch, calls, statuses, persisted args, checkpoints)."""
+
+    @_abc_1.abstractmethod
+    def AppendAssistantStream(
+        self,
+        request: _lane_service_pb2.AppendAssistantStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.AppendAssistantStreamResponse, _abc.Awaitable[_lane_service_pb2.AppendAssistantStreamResponse]]:
+        """Stream the open turn's assistant response as it arrives, in batches the driver chooses:
+        message_start with the first (PENDING) partial, message_update for each later one.
+        """
+
+    @_abc_1.abstractmethod
+    def ScheduleRetry(
+        self,
+        request: _lane_service_pb2.ScheduleRetryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.ScheduleRetryResponse, _abc.Awaitable[_lane_service_pb2.ScheduleRetryResponse]]:
+        """The open turn's model call failed and will be tried again: optionally places the failed
+        response, then retry_scheduled.
+        """
+
+    @_abc_1.abstractmethod
+    def StartRetry(
+        self,
+        request: _lane_service_pb2.StartRetryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.StartRetryResponse, _abc.Awaitable[_lane_service_pb2.StartRetryResponse]]:
+        """The scheduled retry begins: retry_start. (retry_end follows when the turn settles.)"""
+
+    @_abc_1.abstractmethod
+    def SuspendRun(
+        self,
+        request: _lane_service_pb2.SuspendRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.SuspendRunResponse, _abc.Awaitable[_lane_service_pb2.SuspendRunResponse]]:
+        """The model answered with a deferred handle: run_suspend."""
+
+    @_abc_1.abstractmethod
+    def ResumeRun(
+        self,
+        request: _lane_service_pb2.ResumeRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.ResumeRunResponse, _abc.Awaitable[_lane_service_pb2.ResumeRunResponse]]:
+        """Polling the deferred response resumes: run_resume."""
+
+    @_abc_1.abstractmethod
+    def StartCompaction(
+        self,
+        request: _lane_service_pb2.StartCompactionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.StartCompactionResponse, _abc.Awaitable[_lane_service_pb2.StartCompactionResponse]]:
+        """Open a standalone compaction operation: compaction_start."""
+
+    @_abc_1.abstractmethod
+    def EndCompaction(
+        self,
+        request: _lane_service_pb2.EndCompactionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.EndCompactionResponse, _abc.Awaitable[_lane_service_pb2.EndCompactionResponse]]:
+        """End the compaction operation: its compaction entry (when completed), compaction_end."""
+
+    @_abc_1.abstractmethod
+    def CompactRun(
+        self,
+        request: _lane_service_pb2.CompactRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.CompactRunResponse, _abc.Awaitable[_lane_service_pb2.CompactRunResponse]]:
+        """Compact inside an idle run: compaction_start, the compaction entry, compaction_end."""
+
+    @_abc_1.abstractmethod
+    def NavigateLane(
+        self,
+        request: _lane_service_pb2.NavigateLaneRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.NavigateLaneResponse, _abc.Awaitable[_lane_service_pb2.NavigateLaneResponse]]:
+        """Move the lane's tip to an earlier entry (optionally summarizing the branch left):
+        navigation_start, [entry_added], navigation_end. Watchers re-snapshot (rebase).
+        """
+
+    @_abc_1.abstractmethod
+    def ReportFault(
+        self,
+        request: _lane_service_pb2.ReportFaultRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.ReportFaultResponse, _abc.Awaitable[_lane_service_pb2.ReportFaultResponse]]:
+        """A driver reports a fault of the lane: fault (the snapshot shows faulted)."""
+
+    @_abc_1.abstractmethod
+    def ReportHandlerError(
+        self,
+        request: _lane_service_pb2.ReportHandlerErrorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.ReportHandlerErrorResponse, _abc.Awaitable[_lane_service_pb2.ReportHandlerErrorResponse]]:
+        """A driver's hook or event handler threw: handler_error."""
+
+    @_abc_1.abstractmethod
+    def SetLaneValue(
+        self,
+        request: _lane_service_pb2.SetLaneValueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.SetLaneValueResponse, _abc.Awaitable[_lane_service_pb2.SetLaneValueResponse]]:
+        """Session metadata: the session name or an entry label: value_update."""
 
 def add_LaneServiceServicer_to_server(servicer: LaneServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
