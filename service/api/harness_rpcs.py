@@ -11,7 +11,7 @@ from lane.v1 import lane_service_pb2 as pb
 from service.api import validation as v
 from service.api.base import Context, ServicerBase, cancel_requested
 from service.api.errors import unary
-from service.api.operation_state import lease_of
+from service.api.operation_state import copy_lease
 from service.domain import assistant, compaction, lane_values, navigation
 from service.domain.errors import NotFound
 from service.domain.ids import new_id
@@ -190,9 +190,7 @@ class HarnessRpcs(ServicerBase):
             answer = pb.StartCompactionResponse(
                 operation_id=operation_id, revision=t.state.revision
             )
-            granted = lease_of(t.state.operation) if t.state.operation else None
-            if granted is not None:
-                answer.lease.CopyFrom(granted)
+            copy_lease(t.state, answer.lease)
             return t, answer
 
         return await self.command("StartCompaction", request, decide, pb.StartCompactionResponse)

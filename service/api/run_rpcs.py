@@ -10,7 +10,7 @@ from lane.v1 import messages_pb2, snapshot_pb2
 from service.api import validation as v
 from service.api.base import Context, ServicerBase, cancel_requested
 from service.api.errors import unary
-from service.api.operation_state import lease_of
+from service.api.operation_state import copy_lease
 from service.domain import runs
 from service.domain.ids import new_id
 from service.domain.state import LaneState
@@ -27,27 +27,14 @@ class RunRpcs(ServicerBase):
         for index, message in enumerate(request.prompt):
             v.require_kind(message, f"prompt[{index}]", "user", "custom")
         operation_id = request.operation_id or new_id()
-        v.require_id(request.driver_id, "driver_id", optional=True)
-        v.require(
-            bool(request.driver_id) or not request.lease_seconds,
-            "INVALID_LEASE",
-            "lease_seconds needs driver_id",
-            "lease_seconds",
-        )
-        lease = (
-            (request.driver_id, v.lease_seconds(request.lease_seconds))
-            if request.driver_id
-            else None
-        )
+        lease = v.requested_lease(request.driver_id, request.lease_seconds)
 
         def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.StartRunResponse]:
             t = runs.start_run(
                 state, operation_id, request.prompt, request.settings, now, new_id, lease
             )
             answer = pb.StartRunResponse(operation_id=operation_id, revision=t.state.revision)
-            granted = lease_of(t.state.operation) if t.state.operation else None
-            if granted is not None:
-                answer.lease.CopyFrom(granted)
+            copy_lease(t.state, answer.lease)
             return t, answer
 
         return await self.command("StartRun", request, decide, pb.StartRunResponse)

@@ -35,15 +35,7 @@ def open_operation(state: LaneState, operation_id: str) -> Operation:
 
 def open_run(state: LaneState, operation_id: str) -> Operation:
     """The lane's open run with this id, or the refusal that says why not."""
-    operation = state.operation
-    if operation is None or operation.operation_id != operation_id:
-        raise FailedPrecondition(
-            "OPERATION_NOT_OPEN",
-            f"operation {operation_id} is not the open operation of lane {state.lane_id}",
-            laneId=state.lane_id,
-            operationId=operation_id,
-            openOperationId=operation.operation_id if operation else "",
-        )
+    operation = open_operation(state, operation_id)
     if operation.kind != snapshot_pb2.OPERATION_KIND_RUN:
         raise FailedPrecondition(
             "OPERATION_NOT_A_RUN",

@@ -156,14 +156,7 @@ def start_run(
 
 def abort_operation(state: LaneState, operation_id: str, now: datetime) -> Transition:
     """Request cancellation: drains steer and follow-up items; emits operation_abort once."""
-    operation = state.operation
-    if operation is None or operation.operation_id != operation_id:
-        raise FailedPrecondition(
-            "OPERATION_NOT_OPEN",
-            f"operation {operation_id} is not the open operation of lane {state.lane_id}",
-            laneId=state.lane_id,
-            operationId=operation_id,
-        )
+    operation = guards.open_operation(state, operation_id)
     log = EventLog(state.lane_id, state.revision, now)
     if operation.cancel_requested:
         return Transition.of(state, log)

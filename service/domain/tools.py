@@ -46,6 +46,28 @@ def with_call(state: LaneState, operation: Operation, call: ToolCall) -> LaneSta
     return replace(state, operation=replace(operation, batch=replace(batch, calls=calls)))
 
 
+def _tool_start(
+    log: EventLog,
+    operation: Operation,
+    batch: ToolBatch,
+    call: ToolCall,
+    arguments_json: str,
+    *,
+    recovery: bool,
+) -> None:
+    log.emit(
+        "tool_start",
+        events_pb2.ToolStartEvent(
+            run_id=operation.operation_id,
+            turn_id=batch.turn_id,
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            arguments_json=arguments_json,
+        ),
+        recovery=recovery,
+    )
+
+
 def _not_status(call: ToolCall, needed: str) -> FailedPrecondition:
     return FailedPrecondition(
         "TOOL_CALL_WRONG_STATUS",
@@ -99,17 +121,7 @@ def start_tool_call(
     guards.require_not_cancelled(operation)
     require_start_order(operation, batch, call)
     log = EventLog(state.lane_id, state.revision, now)
-    log.emit(
-        "tool_start",
-        events_pb2.ToolStartEvent(
-            run_id=operation_id,
-            turn_id=batch.turn_id,
-            tool_call_id=call.tool_call_id,
-            tool_name=call.tool_name,
-            arguments_json=arguments_json,
-        ),
-        recovery=operation.recovering,
-    )
+    _tool_start(log, operation, batch, call, arguments_json, recovery=operation.recovering)
     started = replace(
         call, status=CallStatus.EFFECT_PENDING, arguments_json=arguments_json, replay=replay
     )
@@ -171,17 +183,7 @@ def stage(
         call.tool_call_id, call.tool_name, result, is_error=is_error, now=log.now
     )
     if call.status == CallStatus.PLANNED:
-        log.emit(
-            "tool_start",
-            events_pb2.ToolStartEvent(
-                run_id=operation.operation_id,
-                turn_id=batch.turn_id,
-                tool_call_id=call.tool_call_id,
-                tool_name=call.tool_name,
-                arguments_json=source_arguments(batch, call),
-            ),
-            recovery=recovery,
-        )
+        _tool_start(log, operation, batch, call, source_arguments(batch, call), recovery=recovery)
     log.emit(
         "tool_end",
         events_pb2.ToolEndEvent(
@@ -272,16 +274,6 @@ def replay_tool_call(
         )
     assert call.arguments_json is not None  # effect_pending always has its arguments
     log = EventLog(state.lane_id, state.revision, now)
-    log.emit(
-        "tool_start",
-        events_pb2.ToolStartEvent(
-            run_id=operation_id,
-            turn_id=batch.turn_id,
-            tool_call_id=call.tool_call_id,
-            tool_name=call.tool_name,
-            arguments_json=call.arguments_json,
-        ),
-        recovery=True,
-    )
+    _tool_start(log, operation, batch, call, call.arguments_json, recovery=True)
     cleared = replace(call, progress=None, checkpoint=None)
     return Transition.of(replace(with_call(state, operation, cleared), revision=log.revision), log)
