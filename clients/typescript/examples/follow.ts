@@ -15,7 +15,9 @@
  *
  * Exits 0 once it printed a view at or past TARGET_REVISION (without one, it follows until
  * stopped), or on SIGTERM / SIGINT; 1 when the watch fails; 2 on bad arguments.
- * Used by tests/integration/test_typescript_watcher.py.
+ * tests/integration/test_typescript_watcher.py runs it as `node --import tsx examples/follow.ts …`
+ * (the loader the unit tests use): `npx` exits on SIGTERM without passing it on, so its exit
+ * status would not be the follower's.
  */
 import { toJson } from "@bufbuild/protobuf";
 import { LaneError, LaneSnapshotSchema, createLaneClient, watchLane } from "../src/index.js";
