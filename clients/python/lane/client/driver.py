@@ -1,0 +1,637 @@
+"""The driver SDK: run an agent on a lane, committing every step to the lane service.
+
+::
+
+    driver = Driver(stub, "lane-1", [SHELL, READ_FILE], driver_id="worker-7")
+    result = await driver.run("List the files.", model)      # a RunResult
+    result = await driver.recover(operation_id, model)        # take a run over after a crash
+
+A run: ``StartRun`` leased to this driver (the lease is renewed in the background and its
+fencing token goes on every command), then turns until the model answers without tool calls,
+then ``EndRun`` COMPLETED. Each turn: ``StartTurn``, the model is asked with the lane's durable
+transcript, ``SettleAssistantMessage``; its tool calls form a batch, run as the seed's tool
+flow (harness-model §3.2):
+
+prepare
+    the assistant stopped for length → TRUNCATED; the tool is unknown, or not among the lane's
+    active tool names when its configuration names any → UNKNOWN_TOOL; the
+    arguments fail the tool's JSON Schema → INVALID_ARGUMENTS (the validation message).
+before_tool hooks
+    may replace the arguments (validated again) or deny (DENIED, with the reason and the
+    terminate flag); a hook that raises denies.
+intent
+    ``StartToolCall`` with the effective arguments and the tool's replay policy.
+execute
+    the tool runs; its ``progress``/``checkpoint`` calls are ``UpdateToolCall`` commands; a tool
+    that raises gives an error result (text = the exception's message).
+after_tool hooks
+    may patch content, details, is_error, usage, terminate; skipped once an abort began.
+stage
+    ``StageToolOutcome``; the service places the ready source-order prefix.
+
+Parallel batches (the default) start their calls one after another in source order and let them
+run and settle in any order; sequential batches (``RunSettings.tool_execution``) run one call
+at a time. After a batch whose every call asked to terminate the run completes; otherwise the
+next turn starts.
+
+Abort: whoever calls ``AbortOperation`` (``lane abort``, Escape in ``lane watch``,
+:meth:`Driver.abort`), the driver sees it in a command's answer (``cancel_requested``), a
+lease renewal, or the lane's event stream (it watches its lane while running). From then on it
+starts nothing new: planned calls get CANCELLED results, running tools see
+``ToolContext.abort_signal`` and finish with their real result (or, after
+``abort_grace_seconds``, are cancelled and get an INTERRUPTED result), after_tool hooks are
+skipped, and the run ends ABORTED.
+
+Every mutating command carries a request id and is retried with the same id on UNAVAILABLE or
+DEADLINE_EXCEEDED (:mod:`lane.client.commands`). A refusal with ABORTED ``STALE_LEASE`` means
+another driver took the run over: :class:`LeaseLost` is raised and nothing more is committed.
+
+Recovery (:meth:`Driver.recover`): ``AcquireOperation`` (waiting for a live lease of a dead
+driver to lapse), then the open batch is finished: effect_pending calls of tools declared
+``replay="safe"`` are replayed (``ReplayToolCall``, executed again, after_tool, staged),
+other effect_pending calls get an INTERRUPTED result (their latest checkpoint plus a notice),
+planned calls run the ordinary flow; then the run continues as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+from lane.client.commands import call, is_reason
+from lane.client.errors import LaneError, lane_error
+from lane.client.hooks import Hooks
+from lane.client.model import Model, ModelRequest, user_message
+from lane.client.toolflow import BatchCall, LeaseLost, RunControl, ToolFlow
+from lane.client.tools import Tool
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import messages_pb2, snapshot_pb2
+
+__all__ = ["Driver", "DriverError", "LeaseLost", "RunResult"]
+
+_log = logging.getLogger(__name__)
+
+Resp = TypeVar("Resp")
+Req = TypeVar("Req", bound=Message)
+
+_FAILED = grpc.StatusCode.FAILED_PRECONDITION
+Status: TypeAlias = snapshot_pb2.OperationResultStatus.ValueType
+
+
+class DriverError(Exception):
+    """The driver cannot go on (no model to continue a recovered run, a broken batch, ...)."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a driven run ended."""
+
+    operation_id: str
+    #: COMPLETED, ABORTED or FAILED.
+    status: Status
+    #: The service's record of the ended run.
+    result: snapshot_pb2.OperationResult
+    #: Turns this driver took.
+    turns: int
+
+    @property
+    def status_name(self) -> str:
+        """``completed``, ``aborted``, ``failed``, ..."""
+        name = snapshot_pb2.OperationResultStatus.Name(self.status)
+        return name.removeprefix("OPERATION_RESULT_STATUS_").lower()
+
+
+class _ModelFailed(Exception):
+    """The model raised, or answered with an error stop reason."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _active_tools(snapshot: snapshot_pb2.LaneSnapshot) -> frozenset[str] | None:
+    """The lane's active tool names; None when the lane names none (every tool is active)."""
+    names = frozenset(snapshot.configuration.active_tool_names)
+    return names or None
+
+
+def _default_driver_id() -> str:
+    return f"{socket.gethostname()[:64]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class Driver:
+    """Drives runs of one lane with a set of tools (see the module doc).
+
+    ``lease_seconds`` is the lease length (renewed every third of it). ``settings`` are the
+    run settings of new runs (parallel tool execution by default). ``max_turns`` bounds a run
+    (it then ends FAILED ``max_turns``). ``abort_grace_seconds``: after an abort, how long a
+    running tool may take to finish before it is cancelled and gets an INTERRUPTED result
+    (None: wait for it). ``retry_seconds``: how long a command is retried while the service is
+    unavailable. ``watch_abort``: follow the lane's events to see an abort at once (else it is
+    seen at the next command or lease renewal). ``model`` is the default model of
+    :meth:`run` and :meth:`recover`.
+    """
+
+    def __init__(
+        self,
+        stub: Any,
+        lane_id: str,
+        tools: Sequence[Tool] = (),
+        *,
+        driver_id: str | None = None,
+        lease_seconds: int = 30,
+        hooks: Hooks | None = None,
+        settings: pb.RunSettings | None = None,
+        max_turns: int = 50,
+        abort_grace_seconds: float | None = None,
+        retry_seconds: float = 30.0,
+        watch_abort: bool = True,
+        model: Model | None = None,
+    ) -> None:
+        if not 1 <= lease_seconds <= 3600:
+            raise ValueError("lease_seconds must be between 1 and 3600")
+        self._stub = stub
+        self.lane_id = lane_id
+        self.tools: dict[str, Tool] = {}
+        for tool in tools:
+            if tool.name in self.tools:
+                raise ValueError(f"two tools are named {tool.name}")
+            self.tools[tool.name] = tool
+        self.driver_id = driver_id or _default_driver_id()
+        self.lease_seconds = lease_seconds
+        self.hooks = hooks or Hooks()
+        self.settings = settings or pb.RunSettings()
+        self.max_turns = max_turns
+        self.abort_grace_seconds = abort_grace_seconds
+        self.retry_seconds = retry_seconds
+        self.watch_abort = watch_abort
+        self.model = model
+        self._run: RunControl | None = None
+        self._flow = ToolFlow(
+            stub=stub,
+            lane_id=lane_id,
+            tools=self.tools,
+            hooks=self.hooks,
+            abort_grace_seconds=abort_grace_seconds,
+            command=self._call,
+        )
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def operation_id(self) -> str | None:
+        """The run this driver holds now, if any."""
+        return self._run.operation_id if self._run is not None else None
+
+    async def run(
+        self,
+        prompt: str | messages_pb2.AgentMessage | Sequence[messages_pb2.AgentMessage],
+        model: Model | None = None,
+        *,
+        operation_id: str = "",
+    ) -> RunResult:
+        """Start a run with ``prompt`` (the lane is created if needed) and drive it to its end.
+
+        Raises :class:`LeaseLost` if another driver takes the run over, and
+        :class:`~lane.client.errors.LaneError` when the service refuses or stays unreachable.
+        """
+        chosen = self._model(model)
+        if self._run is not None:
+            raise DriverError(f"this driver already drives operation {self._run.operation_id}")
+        if isinstance(prompt, str):
+            messages = [user_message(prompt)]
+        elif isinstance(prompt, messages_pb2.AgentMessage):
+            messages = [prompt]
+        else:
+            messages = list(prompt)
+        await self._call(self._stub.CreateLane, pb.CreateLaneRequest(lane_id=self.lane_id))
+        started = await self._call(
+            self._stub.StartRun,
+            pb.StartRunRequest(
+                lane_id=self.lane_id,
+                operation_id=operation_id,
+                prompt=messages,
+                settings=self.settings,
+                driver_id=self.driver_id,
+                lease_seconds=self.lease_seconds,
+            ),
+        )
+        run = RunControl(started.operation_id, started.lease.token, self.settings, started.revision)
+        _log.info("lane %s: run %s started", self.lane_id, run.operation_id)
+        return await self._supervise(run, chosen, None)
+
+    async def recover(
+        self, operation_id: str, model: Model | None = None, *, wait_seconds: float = 60.0
+    ) -> RunResult:
+        """Take the open run ``operation_id`` over and drive it to its end.
+
+        Waits up to ``wait_seconds`` for another driver's live lease to lapse. Then finishes
+        the open batch (safe replay, interruption, or the ordinary flow; see the module doc)
+        and continues the run.
+        """
+        if self._run is not None:
+            raise DriverError(f"this driver already drives operation {self._run.operation_id}")
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                taken = await self._call(
+                    self._stub.AcquireOperation,
+                    pb.AcquireOperationRequest(
+                        lane_id=self.lane_id,
+                        operation_id=operation_id,
+                        driver_id=self.driver_id,
+                        lease_seconds=self.lease_seconds,
+                    ),
+                )
+                break
+            except LaneError as err:
+                if not is_reason(err, _FAILED, "LEASE_HELD") or time.monotonic() >= deadline:
+                    raise
+                _log.info("operation %s: leased to another driver; waiting", operation_id)
+                await asyncio.sleep(0.25)
+        if not taken.HasField("state"):
+            snapshot = await self._snapshot()
+            return RunResult(operation_id, snapshot.last_result.status, snapshot.last_result, 0)
+        state = taken.state
+        run = RunControl(operation_id, taken.lease.token, state.settings, taken.revision)
+        _log.info(
+            "lane %s: took over run %s (lease token %d)",
+            self.lane_id,
+            operation_id,
+            run.lease_token,
+        )
+        return await self._supervise(run, model or self.model, state)
+
+    async def abort(self) -> bool:
+        """Ask the service to abort the run this driver holds; False if it holds none."""
+        run = self._run
+        if run is None:
+            return False
+        await self._call(
+            self._stub.AbortOperation,
+            pb.AbortOperationRequest(lane_id=self.lane_id, operation_id=run.operation_id),
+        )
+        run.mark_cancelled("AbortOperation")
+        return True
+
+    # -- supervision ---------------------------------------------------------------------------
+
+    def _model(self, model: Model | None) -> Model:
+        chosen = model or self.model
+        if chosen is None:
+            raise DriverError("no model: pass one to run()/recover() or to Driver(model=...)")
+        return chosen
+
+    async def _supervise(
+        self, run: RunControl, model: Model | None, state: pb.OperationState | None
+    ) -> RunResult:
+        """Drive ``run`` with the lease renewer and the abort watch running beside it."""
+        self._run = run
+        drive = asyncio.create_task(
+            self._drive(run, model, state), name=f"drive {run.operation_id}"
+        )
+        helpers = [asyncio.create_task(self._renew(run, drive), name="renew lease")]
+        if self.watch_abort:
+            helpers.append(asyncio.create_task(self._watch_abort(run), name="watch abort"))
+        try:
+            return await drive
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if run.lost is not None and (current is None or not current.cancelling()):
+                raise LeaseLost(str(run.lost)) from run.lost
+            raise
+        except LeaseLost:
+            raise
+        except (LaneError, DriverError):
+            # Leave the run to another driver (or the service's reconciliation) at once.
+            await self._release(run)
+            raise
+        finally:
+            self._run = None
+            if not drive.done():
+                drive.cancel()
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(drive, *helpers, return_exceptions=True)
+
+    async def _release(self, run: RunControl) -> None:
+        with contextlib.suppress(LaneError):
+            await call(
+                self._stub.ReleaseLease,
+                pb.ReleaseLeaseRequest(
+                    lane_id=self.lane_id,
+                    operation_id=run.operation_id,
+                    lease_token=run.lease_token,
+                ),
+                retry_seconds=2.0,
+                attempt_timeout=5.0,
+            )
+
+    async def _renew(self, run: RunControl, drive: asyncio.Task[RunResult]) -> None:
+        """Renew the lease every third of its length; watch the answers for an abort."""
+        interval = max(0.2, self.lease_seconds / 3)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                answer = await call(
+                    self._stub.RenewLease,
+                    pb.RenewLeaseRequest(
+                        lane_id=self.lane_id,
+                        operation_id=run.operation_id,
+                        lease_token=run.lease_token,
+                        lease_seconds=self.lease_seconds,
+                    ),
+                    retry_seconds=interval,
+                    attempt_timeout=max(interval, 1.0),
+                )
+            except LaneError as err:
+                if is_reason(err, grpc.StatusCode.ABORTED, "STALE_LEASE"):
+                    _log.warning("operation %s: lease lost: %s", run.operation_id, err)
+                    run.lost = err
+                    drive.cancel()
+                    return
+                if is_reason(err, _FAILED, "OPERATION_NOT_OPEN"):
+                    return  # the run ended
+                _log.warning("operation %s: lease renewal failed: %s", run.operation_id, err)
+                continue
+            if answer.cancel_requested:
+                run.mark_cancelled("lease renewal")
+
+    async def _watch_abort(self, run: RunControl) -> None:
+        """Follow the lane's events after the run's start; mark the run on operation_abort.
+
+        Resumes after the last event seen when the stream fails. If the lane's history before
+        that fell out of retention, polls the operation state instead.
+        """
+        after = run.revision
+        polling = False
+        while not run.cancelled:
+            if polling:
+                await self._poll_cancel(run)
+                await asyncio.sleep(1.0)
+                continue
+            stream = self._stub.WatchLane(
+                pb.WatchLaneRequest(lane_id=self.lane_id, after_revision=after)
+            )
+            try:
+                while True:
+                    async with asyncio.timeout(30.0):
+                        response = await stream.read()
+                    if response is grpc.aio.EOF:
+                        break
+                    for event in response.event_group.events:
+                        after = max(after, event.revision)
+                        kind = event.WhichOneof("kind")
+                        if (
+                            kind == "operation_abort"
+                            and event.operation_abort.operation_id == run.operation_id
+                        ):
+                            run.mark_cancelled("operation_abort event")
+                            return
+                        if kind == "run_end" and event.run_end.run_id == run.operation_id:
+                            return
+            except grpc.aio.AioRpcError as err:
+                error = lane_error(err)
+                if error.code in (grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND):
+                    polling = True
+            except TimeoutError:
+                pass
+            finally:
+                stream.cancel()
+            await self._poll_cancel(run)
+            await asyncio.sleep(0.5)
+
+    async def _poll_cancel(self, run: RunControl) -> None:
+        with contextlib.suppress(LaneError):
+            answer = await call(
+                self._stub.GetOperation,
+                pb.GetOperationRequest(lane_id=self.lane_id, operation_id=run.operation_id),
+                retry_seconds=0.0,
+                attempt_timeout=5.0,
+            )
+            if answer.state.cancel_requested:
+                run.mark_cancelled("operation state")
+
+    async def _call(self, rpc: grpc.aio.UnaryUnaryMultiCallable[Req, Resp], request: Req) -> Resp:
+        """Send a command of the current run: lease token, request id, retries, and the
+        ``cancel_requested`` of its answer."""
+        run = self._run
+        if run is not None and "lease_token" in request.DESCRIPTOR.fields_by_name:
+            setattr(request, "lease_token", run.lease_token)  # noqa: B010
+        try:
+            answer = await call(rpc, request, retry_seconds=self.retry_seconds)
+        except LaneError as err:
+            if is_reason(err, grpc.StatusCode.ABORTED, "STALE_LEASE"):
+                if run is not None:
+                    run.lost = err
+                raise LeaseLost(str(err)) from err
+            if run is not None and is_reason(err, _FAILED, "OPERATION_CANCELLED"):
+                run.mark_cancelled("refused command")
+            raise
+        if run is not None and getattr(answer, "cancel_requested", False):
+            run.mark_cancelled("command answer")
+        return answer
+
+    # -- the run -------------------------------------------------------------------------------
+
+    async def _drive(
+        self, run: RunControl, model: Model | None, state: pb.OperationState | None
+    ) -> RunResult:
+        try:
+            may_finish = False
+            if state is not None:
+                if state.cancel_requested:
+                    run.mark_cancelled("operation state")
+                may_finish = await self._resume(run, model, state)
+            while True:
+                if run.cancelled:
+                    return await self._end(run, snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
+                if may_finish:
+                    return await self._end(run, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
+                if run.turns >= self.max_turns:
+                    raise _ModelFailed("max_turns", f"the run took {run.turns} turns")
+                try:
+                    turn = await self._call(
+                        self._stub.StartTurn,
+                        pb.StartTurnRequest(lane_id=self.lane_id, operation_id=run.operation_id),
+                    )
+                except LaneError as err:
+                    if is_reason(err, _FAILED, "OPERATION_CANCELLED"):
+                        continue  # marked cancelled: end ABORTED
+                    raise
+                run.turns += 1
+                may_finish = await self._turn(run, self._model(model), turn.turn_id)
+        except _ModelFailed as failure:
+            _log.warning("operation %s: %s: %s", run.operation_id, failure.code, failure.message)
+            return await self._end(
+                run,
+                snapshot_pb2.OPERATION_RESULT_STATUS_FAILED,
+                snapshot_pb2.OperationError(code=failure.code, message=failure.message),
+            )
+
+    async def _resume(self, run: RunControl, model: Model | None, state: pb.OperationState) -> bool:
+        """Continue a taken-over run from its durable phase; return whether it may finish."""
+        if run.cancelled:
+            return False  # EndRun settles whatever is unfinished
+        if state.phase == pb.RUN_PHASE_TOOLS:
+            calls = [
+                BatchCall(
+                    tool_call_id=c.tool_call_id,
+                    tool_name=c.tool_name,
+                    source_index=c.source_index,
+                    result_entry_id=c.result_entry_id,
+                    source_arguments=state.assistant.content[
+                        c.source_index
+                    ].tool_call.arguments_json,
+                    status=c.status,
+                    replay=c.replay,
+                    persisted_arguments=c.arguments_json if c.HasField("arguments_json") else None,
+                )
+                for c in state.tool_calls
+            ]
+            active = _active_tools(await self._snapshot())
+            await self._flow.run_batch(run, state.turn_id, state.assistant, calls, active)
+            return await self._batch_may_finish(run)
+        if state.phase == pb.RUN_PHASE_TURN_OPEN:
+            run.turns += 1
+            return await self._turn(run, self._model(model), state.turn_id)
+        return state.may_finish
+
+    async def _end(
+        self, run: RunControl, status: Status, error: snapshot_pb2.OperationError | None = None
+    ) -> RunResult:
+        request = pb.EndRunRequest(
+            lane_id=self.lane_id, operation_id=run.operation_id, status=status
+        )
+        if error is not None:
+            request.error.CopyFrom(error)
+        ended = await self._call(self._stub.EndRun, request)
+        result = RunResult(run.operation_id, ended.result.status, ended.result, run.turns)
+        _log.info("lane %s: run %s ended %s", self.lane_id, run.operation_id, result.status_name)
+        return result
+
+    async def _snapshot(self) -> snapshot_pb2.LaneSnapshot:
+        answer = await call(
+            self._stub.GetLaneSnapshot,
+            pb.GetLaneSnapshotRequest(lane_id=self.lane_id),
+            retry_seconds=self.retry_seconds,
+        )
+        snapshot: snapshot_pb2.LaneSnapshot = answer.snapshot
+        return snapshot
+
+    async def _turn(self, run: RunControl, model: Model, turn_id: str) -> bool:
+        """One turn after StartTurn: ask the model, settle, run the batch. Returns whether the
+        run may finish now."""
+        snapshot = await self._snapshot()
+        active = _active_tools(snapshot)
+        messages = tuple(
+            entry.message.message
+            for entry in snapshot.transcript
+            if entry.WhichOneof("payload") == "message"
+        )
+        request = ModelRequest(
+            lane_id=self.lane_id,
+            operation_id=run.operation_id,
+            turn_id=turn_id,
+            messages=messages,
+            tools=tuple(t for t in self.tools.values() if active is None or t.name in active),
+            abort_signal=run.cancel,
+        )
+        assistant = await self._generate(run, model, request)
+        if assistant is None:
+            return False  # aborted while the model was answering
+        settled = await self._call(
+            self._stub.SettleAssistantMessage,
+            pb.SettleAssistantMessageRequest(
+                lane_id=self.lane_id,
+                operation_id=run.operation_id,
+                turn_id=turn_id,
+                message=assistant,
+            ),
+        )
+        if assistant.stop_reason == messages_pb2.STOP_REASON_ERROR:
+            raise _ModelFailed(
+                "assistant_error", assistant.error_message or "the assistant stopped with an error"
+            )
+        if not settled.tool_calls:
+            return True
+        calls = [
+            BatchCall(
+                tool_call_id=p.tool_call_id,
+                tool_name=p.tool_name,
+                source_index=p.source_index,
+                result_entry_id=p.result_entry_id,
+                source_arguments=assistant.content[p.source_index].tool_call.arguments_json,
+            )
+            for p in settled.tool_calls
+        ]
+        await self._flow.run_batch(run, turn_id, assistant, calls, active)
+        return await self._batch_may_finish(run)
+
+    async def _generate(
+        self, run: RunControl, model: Model, request: ModelRequest
+    ) -> messages_pb2.AssistantMessage | None:
+        """The model's answer, normalized; None when the run's abort came first."""
+        if run.cancelled:
+            return None
+        answer = asyncio.ensure_future(model(request))
+        aborted = asyncio.ensure_future(run.cancel.wait())
+        try:
+            await asyncio.wait({answer, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            aborted.cancel()
+        if not answer.done():
+            answer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await answer
+            return None
+        try:
+            message = answer.result()
+        except Exception as err:
+            raise _ModelFailed("model_error", str(err) or type(err).__name__) from err
+        if not isinstance(message, messages_pb2.AssistantMessage):
+            raise _ModelFailed(
+                "model_error", f"the model returned {type(message).__name__}, not AssistantMessage"
+            )
+        settled = messages_pb2.AssistantMessage()
+        settled.CopyFrom(message)
+        if settled.stop_reason in (
+            messages_pb2.STOP_REASON_UNSPECIFIED,
+            messages_pb2.STOP_REASON_PENDING,
+        ):
+            has_calls = any(b.WhichOneof("block") == "tool_call" for b in settled.content)
+            settled.stop_reason = (
+                messages_pb2.STOP_REASON_TOOL_USE if has_calls else messages_pb2.STOP_REASON_STOP
+            )
+        if not settled.HasField("timestamp"):
+            settled.timestamp.GetCurrentTime()
+        return settled
+
+    async def _batch_may_finish(self, run: RunControl) -> bool:
+        """After a batch: may the run finish (every call asked to terminate)?"""
+        answer = await self._call(
+            self._stub.GetOperation,
+            pb.GetOperationRequest(lane_id=self.lane_id, operation_id=run.operation_id),
+        )
+        state = answer.state
+        if state.cancel_requested:
+            run.mark_cancelled("operation state")
+        if state.phase == pb.RUN_PHASE_TOOLS:
+            unplaced = [
+                c.tool_call_id
+                for c in state.tool_calls
+                if c.status != pb.TOOL_CALL_STATUS_COMPLETED
+            ]
+            raise DriverError(f"the batch still has unplaced calls {unplaced}")
+        return bool(state.may_finish)

@@ -1,0 +1,309 @@
+"""Drawing a lane snapshot as terminal lines (pure: no I/O), for ``lane watch`` and
+``lane snapshot``.
+
+Layout, top to bottom: a header (lane, revision, message count); the transcript's tail (user
+and assistant text, each tool call the assistant asked for, each placed tool result); the open
+operation with its presentation-active tools — running ones with a spinner, the elapsed seconds
+and their latest progress line, settled ones with their final result marked
+``waiting for placement`` — or, with no operation open, the last run's result; a status line.
+
+Styles (SGR escape sequences; all reset with ``ESC[0m`` at the end of the line):
+
+=================  ==========  ============================================================
+style              sequence    used for
+=================  ==========  ============================================================
+:data:`ERROR`      ``ESC[31m`` error results (``is_error``): placed, and settled rows
+:data:`RUNNING`    ``ESC[36m`` running tool rows
+:data:`WAITING`    ``ESC[33m`` settled rows without error, waiting for placement
+:data:`DIM`        ``ESC[2m``  tool calls the assistant asked for, the status line
+:data:`BOLD`       ``ESC[1m``  the header
+=================  ==========  ============================================================
+
+``ESC[31m`` (SGR 31, red foreground) is what the terminal tests look for in tmux's
+``capture-pane -e`` output: tmux re-emits exactly that sequence for a red cell.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from lane.client.tools import content_text
+from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
+
+__all__ = [
+    "BOLD",
+    "DIM",
+    "ERROR",
+    "RESET",
+    "RUNNING",
+    "SPINNER",
+    "WAITING",
+    "Line",
+    "ToolClock",
+    "render",
+]
+
+ERROR = "\x1b[31m"
+RUNNING = "\x1b[36m"
+WAITING = "\x1b[33m"
+DIM = "\x1b[2m"
+BOLD = "\x1b[1m"
+RESET = "\x1b[0m"
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+WAITING_MARK = "waiting for placement"
+
+#: Lines of a result shown in the transcript (more are elided in the middle).
+_RESULT_LINES = 4
+_STATUS_NAMES = {
+    snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED: "completed",
+    snapshot_pb2.OPERATION_RESULT_STATUS_DECLINED: "declined",
+    snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED: "aborted",
+    snapshot_pb2.OPERATION_RESULT_STATUS_FAILED: "failed",
+}
+_KIND_NAMES = {
+    snapshot_pb2.OPERATION_KIND_RUN: "run",
+    snapshot_pb2.OPERATION_KIND_COMPACTION: "compaction",
+    snapshot_pb2.OPERATION_KIND_NAVIGATION: "navigation",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One screen line: plain text and the style it is drawn in."""
+
+    text: str
+    style: str = ""
+
+
+class ToolClock:
+    """When each presentation-active tool started, for the elapsed time of running rows.
+
+    A ``tool_start`` event gives its commit time; a row first seen in a snapshot (the watcher
+    joined while it ran) counts from when it was first seen.
+    """
+
+    def __init__(self) -> None:
+        self.started: dict[str, float] = {}
+
+    def observe(
+        self,
+        snapshot: snapshot_pb2.LaneSnapshot,
+        events: Iterable[events_pb2.HarnessEvent] = (),
+        now: float | None = None,
+    ) -> None:
+        """Note tool starts in ``events``; forget rows no longer in ``snapshot``."""
+        now = time.time() if now is None else now
+        for event in events:
+            if event.WhichOneof("kind") == "tool_start":
+                commit = event.commit_time
+                at = commit.seconds + commit.nanos / 1e9 if event.HasField("commit_time") else now
+                self.started[event.tool_start.tool_call_id] = min(at, now)
+        active = {_row_id(row) for row in snapshot.operation.running_tools}
+        for call_id in active:
+            self.started.setdefault(call_id, now)
+        for call_id in list(self.started):
+            if call_id not in active:
+                del self.started[call_id]
+
+    def elapsed(self, tool_call_id: str, now: float) -> float:
+        return max(0.0, now - self.started.get(tool_call_id, now))
+
+
+def _row_id(row: snapshot_pb2.SnapshotTool) -> str:
+    state = row.WhichOneof("state")
+    if state == "settled":
+        return row.settled.tool_call_id
+    return row.running.tool_call_id
+
+
+def _compact_json(text: str, limit: int = 80) -> str:
+    try:
+        shown = json.dumps(json.loads(text), ensure_ascii=False, separators=(", ", ": "))
+    except ValueError:
+        shown = text
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def _lines_of(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.splitlines()] or [""]
+    if len(lines) <= _RESULT_LINES:
+        return lines
+    return [lines[0], f"… ({len(lines) - 3} more lines)", *lines[-2:]]
+
+
+def _message_lines(message: messages_pb2.AgentMessage) -> list[Line]:
+    kind = message.WhichOneof("message")
+    if kind == "user":
+        text = content_text(message.user.content)
+        return [
+            Line(f"you: {line}" if i == 0 else f"     {line}")
+            for i, line in enumerate(_lines_of(text))
+        ]
+    if kind == "assistant":
+        out: list[Line] = []
+        text = content_text(
+            [b for b in message.assistant.content if b.WhichOneof("block") == "text"]
+        )
+        if text:
+            out.extend(
+                Line(f"assistant: {line}" if i == 0 else f"           {line}")
+                for i, line in enumerate(_lines_of(text))
+            )
+        for block in message.assistant.content:
+            if block.WhichOneof("block") == "tool_call":
+                call = block.tool_call
+                out.append(Line(f"  → {call.name} {_compact_json(call.arguments_json)}", DIM))
+        if message.assistant.stop_reason == messages_pb2.STOP_REASON_ERROR:
+            out.append(Line(f"assistant error: {message.assistant.error_message}", ERROR))
+        return out or [Line("assistant: (no text)")]
+    if kind == "tool_result":
+        result = message.tool_result
+        return _result_lines(
+            result.tool_name, content_text(result.content), result.is_error, "  ", ""
+        )
+    if kind == "custom":
+        return [Line(f"[{message.custom.role}]", DIM)]
+    return []
+
+
+def _result_lines(name: str, text: str, is_error: bool, indent: str, suffix: str) -> list[Line]:
+    mark = "✗" if is_error else "✓"
+    style = ERROR if is_error else ""
+    lines = _lines_of(text)
+    out = [Line(f"{indent}{mark} {name}: {lines[0]}{suffix}", style)]
+    out.extend(Line(f"{indent}    {line}", style) for line in lines[1:])
+    return out
+
+
+def _entry_lines(entry: entries_pb2.Entry) -> list[Line]:
+    payload = entry.WhichOneof("payload")
+    if payload == "message":
+        return _message_lines(entry.message.message)
+    if payload == "compaction":
+        summary = entry.compaction.summary.splitlines()
+        return [Line(f"[compaction] {summary[0] if summary else ''}", DIM)]
+    if payload == "branch_summary":
+        return [Line("[branch summary]", DIM)]
+    if payload == "custom":
+        return [Line(f"[{entry.custom.custom_type}]", DIM)]
+    return []
+
+
+def _tool_rows(
+    operation: snapshot_pb2.SnapshotOperation, clock: ToolClock, now: float, frame: int
+) -> list[Line]:
+    out: list[Line] = []
+    spinner = SPINNER[frame % len(SPINNER)]
+    for row in operation.running_tools:
+        if row.WhichOneof("state") == "settled":
+            settled = row.settled
+            style = ERROR if settled.is_error else WAITING
+            mark = "✗" if settled.is_error else "✓"
+            outcome = "error" if settled.is_error else "done"
+            out.append(
+                Line(
+                    f"  {mark} {settled.tool_name} {_compact_json(settled.arguments_json, 50)}"
+                    f" · {outcome} · {WAITING_MARK}",
+                    style,
+                )
+            )
+            out.extend(
+                Line(f"      │ {line}", style)
+                for line in _lines_of(content_text(settled.result.content))
+            )
+        else:
+            running = row.running
+            elapsed = clock.elapsed(running.tool_call_id, now)
+            out.append(
+                Line(
+                    f"  {spinner} {running.tool_name} {_compact_json(running.arguments_json, 50)}"
+                    f" · running {elapsed:.1f}s",
+                    RUNNING,
+                )
+            )
+            if running.HasField("result"):
+                progress = content_text(running.result.content).rstrip().splitlines()
+                if progress:
+                    out.append(Line(f"      │ {progress[-1]}", RUNNING))
+    return out
+
+
+def render(
+    snapshot: snapshot_pb2.LaneSnapshot,
+    *,
+    clock: ToolClock | None = None,
+    now: float | None = None,
+    width: int = 120,
+    height: int | None = None,
+    frame: int = 0,
+    status: str = "",
+    color: bool = True,
+) -> list[str]:
+    """The screen for ``snapshot``: at most ``height`` lines (None: all), each at most
+    ``width`` characters wide plus its escape sequences."""
+    now = time.time() if now is None else now
+    clock = clock or ToolClock()
+    header = Line(
+        f"lane {snapshot.lane_id} · revision {snapshot.revision} · "
+        f"{snapshot.stats.message_count} messages",
+        BOLD,
+    )
+    body: list[Line] = []
+    for entry in snapshot.transcript:
+        body.extend(_entry_lines(entry))
+    section: list[Line] = []
+    if snapshot.HasField("operation"):
+        op = snapshot.operation
+        aborting = op.status == snapshot_pb2.OPERATION_STATUS_ABORTING
+        started = op.started_time.seconds + op.started_time.nanos / 1e9
+        age = f" · {max(0.0, now - started):.1f}s" if op.HasField("started_time") else ""
+        section.append(
+            Line(
+                f"── {_KIND_NAMES.get(op.kind, 'operation')} {op.id} · "
+                f"{'aborting' if aborting else 'open'}{age}",
+                ERROR if aborting else BOLD,
+            )
+        )
+        section.extend(_tool_rows(op, clock, now, frame))
+    elif snapshot.HasField("last_result"):
+        last = snapshot.last_result
+        section.append(
+            Line(
+                f"── no open operation · last {_KIND_NAMES.get(last.kind, 'operation')} "
+                f"{last.operation_id} {_STATUS_NAMES.get(last.status, 'ended')}"
+                + (f": {last.error.message}" if last.HasField("error") else ""),
+                ERROR if last.status == snapshot_pb2.OPERATION_RESULT_STATUS_FAILED else BOLD,
+            )
+        )
+    else:
+        section.append(Line("── no operation yet", DIM))
+    footer = [Line(status, DIM)] if status else []
+    if snapshot.faulted:
+        footer.insert(0, Line("the lane is faulted", ERROR))
+    if height is not None:
+        room = max(0, height - 1 - len(section) - len(footer))
+        if len(section) > height - 1 - len(footer):
+            section = section[: max(1, height - 1 - len(footer))]
+            room = 0
+        body = body[len(body) - room :] if room else []
+    lines = [header, *body, *section, *footer]
+    return [_draw(line, width, color) for line in lines]
+
+
+def _draw(line: Line, width: int, color: bool) -> str:
+    text = line.text.replace("\t", "    ")
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    if len(text) > width:
+        text = text[: max(0, width - 1)] + "…"
+    if color and line.style and text:
+        return f"{line.style}{text}{RESET}"
+    return text
+
+
+def plain(lines: Sequence[str]) -> str:
+    """``lines`` joined, for printing."""
+    return "\n".join(lines)
