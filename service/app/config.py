@@ -27,6 +27,10 @@ Every variable is optional; an empty value counts as unset.
     How long a leased run may sit with no live lease and no abort before the service ends it
     itself (aborted, every unfinished call settled; see docs/recovery.md); seconds >= 0.
     A run whose abort was requested is ended as soon as its lease lapses. Default ``600``.
+``LANE_TLS_CERT_FILE``, ``LANE_TLS_KEY_FILE``
+    PEM certificate chain and private key: serve gRPC over TLS. Both or neither.
+``LANE_TLS_CLIENT_CA_FILE``
+    PEM CA bundle: with TLS on, clients must present a certificate it signed (mutual TLS).
 
 A bad value raises :class:`ConfigError`, whose message names the variable.
 """
@@ -70,6 +74,9 @@ class Settings:
     notify: bool = True
     poll_interval_seconds: float = 1.0
     orphan_seconds: float = 600.0
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -93,6 +100,20 @@ class Settings:
         notify = get("LANE_NOTIFY")
         poll = get("LANE_POLL_INTERVAL_SECONDS")
         orphan = get("LANE_ORPHAN_SECONDS")
+        cert, key, client_ca = (
+            _file(name, get(name))
+            for name in ("LANE_TLS_CERT_FILE", "LANE_TLS_KEY_FILE", "LANE_TLS_CLIENT_CA_FILE")
+        )
+        if (cert is None) != (key is None):
+            raise ConfigError(
+                "LANE_TLS_KEY_FILE" if key is None else "LANE_TLS_CERT_FILE",
+                "",
+                "TLS needs both LANE_TLS_CERT_FILE and LANE_TLS_KEY_FILE",
+            )
+        if client_ca is not None and cert is None:
+            raise ConfigError(
+                "LANE_TLS_CLIENT_CA_FILE", str(client_ca), "client certificates need TLS on"
+            )
         return cls(
             database_url=database_url,
             data_dir=(
@@ -120,6 +141,9 @@ class Settings:
                 if orphan is None
                 else _seconds("LANE_ORPHAN_SECONDS", orphan, allow_zero=True)
             ),
+            tls_cert_file=cert,
+            tls_key_file=key,
+            tls_client_ca_file=client_ca,
         )
 
 
@@ -176,6 +200,15 @@ def _seconds(variable: str, value: str, *, allow_zero: bool, maximum: float = ma
             bound += f" and <= {maximum:g}"
         raise ConfigError(variable, value, f"the number of seconds must be {bound}")
     return seconds
+
+
+def _file(variable: str, value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ConfigError(variable, value, "no such file")
+    return path
 
 
 def _switch(variable: str, value: str) -> bool:

@@ -78,6 +78,24 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
 _CONNECT_TIMEOUT_SECONDS = 10
 
 
+def _transport(settings: Settings) -> str:
+    if settings.tls_cert_file is None:
+        return "plaintext"
+    return "TLS, client certificates required" if settings.tls_client_ca_file else "TLS"
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS credentials from the configured files (None: plaintext)."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    client_ca = settings.tls_client_ca_file
+    return grpc.ssl_server_credentials(
+        [(settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())],
+        root_certificates=client_ca.read_bytes() if client_ca else None,
+        require_client_auth=client_ca is not None,
+    )
+
+
 class StartupError(RuntimeError):
     """The service could not start: database unreachable, address not bindable, ..."""
 
@@ -163,7 +181,12 @@ async def start_server(
         server = grpc.aio.server(options=SERVER_OPTIONS)
         health_servicer = await _add_services(server, store, hub, watch)
         try:
-            port = server.add_insecure_port(settings.listen)
+            credentials = server_credentials(settings)
+            port = (
+                server.add_insecure_port(settings.listen)
+                if credentials is None
+                else server.add_secure_port(settings.listen, credentials)
+            )
         except RuntimeError as err:
             raise StartupError(f"cannot listen on {settings.listen}: {err}") from None
         await server.start()
@@ -194,8 +217,9 @@ async def start_server(
         ],
     )
     _log.info(
-        "lane service listening on %s; database: %s; migrations applied now: %s",
+        "lane service listening on %s (%s); database: %s; migrations applied now: %s",
         running.address,
+        _transport(settings),
         database,
         ", ".join(applied) if applied else "none (schema up to date)",
     )
