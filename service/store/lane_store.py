@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -77,7 +78,23 @@ class Store:
         ``amends`` names a request whose work this command completes (a second commit of one
         RPC): a command that commits replaces that request's stored answer with its own; one
         that commits nothing returns the stored answer, so every retry answers alike.
+
+        A caller that goes away (deadline, cancellation) does not cut the transaction short:
+        it runs to its commit or rollback, so a retry finds its outcome under the request id.
         """
+        return await asyncio.shield(
+            self._command(lane_id, decide, answer_type, request, amends=amends)
+        )
+
+    async def _command(
+        self,
+        lane_id: str,
+        decide: Decide[R],
+        answer_type: type[R],
+        request: RequestKey | None,
+        *,
+        amends: RequestKey | None,
+    ) -> R:
         # One pipeline: BEGIN and the load go out together, then the writes and COMMIT.
         async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
             state = await load_lane(conn, lane_id, lock=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, InterfaceError, pq
 from psycopg_pool import AsyncConnectionPool
 
 from service.store import migrations
@@ -14,6 +14,14 @@ async def _configure(conn: AsyncConnection[object]) -> None:
     await conn.execute("SET idle_in_transaction_session_timeout = '60s'")
 
 
+async def _reset(conn: AsyncConnection[object]) -> None:
+    # A caller cancelled inside ``conn.pipeline()`` leaves the connection in pipeline mode,
+    # which the pool does not see (its transaction status reads idle). Raising here makes the
+    # pool discard the connection instead of handing it to the next command.
+    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        raise InterfaceError("connection returned in pipeline mode; discarding it")
+
+
 async def open_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> AsyncConnectionPool:
     """Open a pool of autocommit connections (transactions are explicit) and wait for it."""
     pool: AsyncConnectionPool = AsyncConnectionPool(
@@ -22,6 +30,7 @@ async def open_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> Async
         max_size=max_size,
         open=False,
         configure=_configure,
+        reset=_reset,
         # No check on checkout: it costs a round trip per command. A connection broken while
         # idle fails its command with UNAVAILABLE (clients retry) and the pool replaces it.
         kwargs={"keepalives": 1, "keepalives_idle": 30},
