@@ -231,17 +231,21 @@ def _run_suspend(snap: LaneSnapshot, event: HarnessEvent) -> None:
         op.deferred.CopyFrom(body.deferred)
 
 
-def _run_end(snap: LaneSnapshot, event: HarnessEvent) -> None:
-    body = event.run_end
-    op = _matching(snap, body.run_id)
-    if op is None or op.kind != snapshot_pb2.OPERATION_KIND_RUN:
-        return
+def _close_operation(
+    snap: LaneSnapshot,
+    op: SnapshotOperation,
+    body: events_pb2.RunEndEvent | events_pb2.CompactionEndEvent,
+    *,
+    from_tip_id: str,
+    tip_id: str,
+) -> None:
+    """Record the ended operation as the lane's last result and close it."""
     result = snapshot_pb2.OperationResult(
         operation_id=body.run_id,
-        kind=snapshot_pb2.OPERATION_KIND_RUN,
+        kind=op.kind,
         status=body.status,
-        from_tip_id=body.from_tip_id,
-        tip_id=body.tip_id,
+        from_tip_id=from_tip_id,
+        tip_id=tip_id,
     )
     if body.status == snapshot_pb2.OPERATION_RESULT_STATUS_FAILED and body.HasField("error"):
         result.error.CopyFrom(body.error)
@@ -251,6 +255,14 @@ def _run_end(snap: LaneSnapshot, event: HarnessEvent) -> None:
         result.ended_time.CopyFrom(body.ended_time)
     snap.last_result.CopyFrom(result)
     snap.ClearField("operation")
+
+
+def _run_end(snap: LaneSnapshot, event: HarnessEvent) -> None:
+    body = event.run_end
+    op = _matching(snap, body.run_id)
+    if op is None or op.kind != snapshot_pb2.OPERATION_KIND_RUN:
+        return
+    _close_operation(snap, op, body, from_tip_id=body.from_tip_id, tip_id=body.tip_id)
     snap.tip_id = body.tip_id
 
 
@@ -259,21 +271,7 @@ def _compaction_end(snap: LaneSnapshot, event: HarnessEvent) -> None:
     op = _matching(snap, body.run_id)
     if op is None or op.kind != snapshot_pb2.OPERATION_KIND_COMPACTION:
         return
-    result = snapshot_pb2.OperationResult(
-        operation_id=body.run_id,
-        kind=snapshot_pb2.OPERATION_KIND_COMPACTION,
-        status=body.status,
-        from_tip_id=op.from_tip_id,
-        tip_id=snap.tip_id,
-    )
-    if body.status == snapshot_pb2.OPERATION_RESULT_STATUS_FAILED and body.HasField("error"):
-        result.error.CopyFrom(body.error)
-    if op.HasField("started_time"):
-        result.started_time.CopyFrom(op.started_time)
-    if body.HasField("ended_time"):
-        result.ended_time.CopyFrom(body.ended_time)
-    snap.last_result.CopyFrom(result)
-    snap.ClearField("operation")
+    _close_operation(snap, op, body, from_tip_id=op.from_tip_id, tip_id=snap.tip_id)
 
 
 def _navigation_end(snap: LaneSnapshot, event: HarnessEvent) -> None:
