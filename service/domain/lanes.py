@@ -7,6 +7,7 @@ from datetime import datetime
 
 from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 
+from service.domain.errors import ResourceExhausted
 from service.domain.event_log import EventLog
 from service.domain.state import LaneState
 from service.domain.transition import Transition
@@ -65,9 +66,23 @@ def update_config(
     return Transition.of(replace(state, configuration=new, revision=log.revision), log)
 
 
+#: The inbox's published size limit: queue_update carries the whole queue, and every event and
+#: snapshot must fit a 4 MiB gRPC message.
+MAX_QUEUE_BYTES = 1 << 20
+
+
 def enqueue(state: LaneState, item: snapshot_pb2.QueuedItem, now: datetime) -> Transition:
     """Append ``item`` to the inbox; emits queue_update with the whole queue."""
     inbox = (*state.inbox, item)
+    size = sum(queued.ByteSize() for queued in inbox)
+    if size > MAX_QUEUE_BYTES:
+        raise ResourceExhausted(
+            "QUEUE_FULL",
+            f"lane {state.lane_id}'s inbox would hold {size} bytes; the limit is {MAX_QUEUE_BYTES}",
+            laneId=state.lane_id,
+            bytes=size,
+            limit=MAX_QUEUE_BYTES,
+        )
     log = EventLog(state.lane_id, state.revision, now)
     log.emit("queue_update", events_pb2.QueueUpdateEvent(queues=inbox))
     return Transition.of(replace(state, inbox=inbox, revision=log.revision), log)

@@ -7,6 +7,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.store import migrations
 
+CHECKOUT_TIMEOUT_SECONDS = 3.0
+
 
 async def _configure(conn: AsyncConnection[object]) -> None:
     await conn.set_autocommit(True)
@@ -34,6 +36,9 @@ async def open_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> Async
         # No check on checkout: it costs a round trip per command. A connection broken while
         # idle fails its command with UNAVAILABLE (clients retry) and the pool replaces it.
         kwargs={"keepalives": 1, "keepalives_idle": 30},
+        # While the database is down a command must fail fast with UNAVAILABLE (clients retry
+        # with the same request id), not wait for the pool's default 30 s.
+        timeout=CHECKOUT_TIMEOUT_SECONDS,
     )
     await pool.open(wait=True, timeout=30)
     return pool

@@ -1,0 +1,516 @@
+"""Plausible requests for every RPC, aimed at one lane of the world (:func:`template`).
+
+A template uses the lane's ids and mostly valid content, so that it meets the lane's state
+machine (and is often accepted); the fuzzer then often overwrites a few of its fields with
+random values. Enum fields take plain numbers here: the proto's enum types are only hints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from google.protobuf.message import Message
+from hypothesis import strategies as st
+from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
+from lane.v1 import lane_service_pb2 as pb
+
+from tests.outage.fuzz_values import (
+    METHODS,
+    Ctx,
+    Draw,
+    int_values,
+    json_objects,
+    json_texts,
+    one_in,
+    pick,
+)
+from tests.outage.fuzz_world import STOP, TOOL_USE, assistant_msg, call_block, text_block, user_msg
+
+PENDING = messages_pb2.STOP_REASON_PENDING
+ERROR = messages_pb2.STOP_REASON_ERROR
+LENGTH = messages_pb2.STOP_REASON_LENGTH
+_USAGE_FIELDS = messages_pb2.Usage.DESCRIPTOR.fields_by_name
+
+
+@dataclass
+class Aim:
+    """The ids one request is aimed at (drawn for every template, used by most)."""
+
+    lane: str
+    request_id: str
+    operation: str
+    token: int
+    call: str
+    turn: str
+
+
+def template(draw: Draw, ctx: Ctx, method: str) -> Message:
+    """A plausible ``method`` request for ``ctx.lane``."""
+    aim = Aim(
+        lane=ctx.lane.lane_id,
+        request_id=ctx.request_id(draw),
+        operation=ctx.op(draw),
+        token=ctx.token(draw),
+        call=ctx.call(draw),
+        turn=ctx.turn(draw),
+    )
+    return TEMPLATES[method](draw, ctx, aim)
+
+
+# -- content ----------------------------------------------------------------------------------
+
+
+def _tool_result(draw: Draw) -> messages_pb2.ToolResult:
+    result = messages_pb2.ToolResult(content=[text_block(draw(st.sampled_from(("ok", "", "é"))))])
+    if draw(st.booleans()):
+        result.details_json = draw(json_texts)
+    if one_in(draw, 4):
+        result.added_tool_names.append("extra")
+    if one_in(draw, 6):
+        result.terminate = True
+    return result
+
+
+def _assistant(draw: Draw, ctx: Ctx, stop: int | None = None) -> messages_pb2.AssistantMessage:
+    """An assistant message: text, up to three tool calls (ids c0.., sometimes a known one)."""
+    blocks = [text_block(draw(st.sampled_from(("hello", "calling", ""))))]
+    calls = draw(st.integers(0, 3))
+    for index in range(calls):
+        known = ctx.call(draw)
+        blocks.append(
+            call_block(
+                known if one_in(draw, 4) else f"c{index}",
+                draw(st.sampled_from(("t", "read", "write"))),
+                draw(json_texts) if one_in(draw, 6) else draw(json_objects),
+            )
+        )
+    if stop is None:
+        usual = TOOL_USE if calls else STOP
+        stop = draw(st.sampled_from((usual, usual, usual, LENGTH, ERROR, 5, 6, PENDING, 0)))
+    message = assistant_msg(*blocks, stop=stop)
+    if one_in(draw, 4):
+        message.usage.input = draw(int_values(_USAGE_FIELDS["input"]))
+    return message
+
+
+def _prompt(draw: Draw) -> messages_pb2.AgentMessage:
+    if one_in(draw, 10):
+        return messages_pb2.AgentMessage(
+            custom=messages_pb2.CustomMessage(role="note", data_json=draw(json_texts))
+        )
+    return user_msg(draw(st.sampled_from(("go", "again", "é"))))
+
+
+def _compaction_entry(draw: Draw) -> entries_pb2.CompactionEntry:
+    entry = entries_pb2.CompactionEntry(
+        summary=draw(st.sampled_from(("summary", "summary", "summary", ""))),
+        tokens_before=draw(st.sampled_from((0, 10, -1))),
+        retained_tail=[_prompt(draw) for _ in range(draw(st.integers(0, 1)))],
+    )
+    if draw(st.booleans()):
+        entry.details_json = draw(json_texts)
+    return entry
+
+
+def _error(draw: Draw) -> snapshot_pb2.OperationError:
+    error = snapshot_pb2.OperationError(
+        code=draw(st.sampled_from(("boom", "boom", ""))), message="m"
+    )
+    if draw(st.booleans()):
+        error.details_json = draw(json_texts)
+    return error
+
+
+# -- one template per RPC ---------------------------------------------------------------------
+
+
+def _create_lane(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    lane = ctx.world.fresh("new-lane") if one_in(draw, 5) else aim.lane
+    request = pb.CreateLaneRequest(lane_id=lane, request_id=aim.request_id)
+    if draw(st.booleans()):
+        request.configuration.thinking_level = draw(st.integers(0, 6))
+        request.configuration.model.provider = "p"
+        request.configuration.active_tool_names.append("t")
+    return request
+
+
+def _get_lane_snapshot(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.GetLaneSnapshotRequest(lane_id=aim.lane)
+
+
+def _list_lanes(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.ListLanesRequest(
+        page_size=draw(st.sampled_from((0, 1, 5, 1000))),
+        page_token=pick(draw, ctx.world.page_tokens, ("",)),
+    )
+
+
+def _update_lane_config(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.UpdateLaneConfigRequest(lane_id=aim.lane, request_id=aim.request_id)
+    if draw(st.booleans()):
+        request.model.provider, request.model.model_id = "p", "m2"
+    if draw(st.booleans()):
+        request.thinking_level = draw(st.integers(0, 6))
+    if draw(st.booleans()):
+        request.active_tool_names.names.extend(["t", "read"][: draw(st.integers(0, 2))])
+    return request
+
+
+def _enqueue_message(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.EnqueueMessageRequest(lane_id=aim.lane, request_id=aim.request_id)
+    request.kind = draw(st.integers(0, 4))
+    if request.kind == snapshot_pb2.QUEUE_KIND_WRITE:
+        request.custom.custom_type = "note"
+        request.custom.data_json = draw(json_texts)
+    else:
+        request.message.CopyFrom(_prompt(draw))
+    return request
+
+
+def _start_run(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.StartRunRequest(
+        lane_id=aim.lane,
+        prompt=[_prompt(draw) for _ in range(draw(st.integers(0, 2)))],
+        request_id=aim.request_id,
+    )
+    request.settings.tool_execution = draw(st.integers(0, 2))
+    if one_in(draw, 3):
+        request.driver_id = ctx.driver(draw)
+        request.lease_seconds = draw(st.sampled_from((0, 1, 600, 3600)))
+    if one_in(draw, 5):
+        request.operation_id = aim.operation if draw(st.booleans()) else ctx.world.fresh("op")
+    return request
+
+
+def _abort_operation(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.AbortOperationRequest(
+        lane_id=aim.lane, operation_id=aim.operation, request_id=aim.request_id
+    )
+
+
+def _end_run(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.EndRunRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        request_id=aim.request_id,
+        lease_token=aim.token,
+    )
+    request.status = draw(st.sampled_from((1, 1, 1, 3, 4, 2, 0)))
+    if request.status == snapshot_pb2.OPERATION_RESULT_STATUS_FAILED or one_in(draw, 6):
+        request.error.CopyFrom(_error(draw))
+    return request
+
+
+def _start_turn(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.StartTurnRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        turn_id=ctx.world.fresh("turn") if one_in(draw, 4) else "",
+        request_id=aim.request_id,
+        lease_token=aim.token,
+    )
+
+
+def _settle_assistant_message(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.SettleAssistantMessageRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        turn_id=aim.turn,
+        message=_assistant(draw, ctx),
+        request_id=aim.request_id,
+        lease_token=aim.token,
+    )
+
+
+def _record_usage(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    usage = messages_pb2.Usage(
+        input=draw(int_values(_USAGE_FIELDS["input"])),
+        total_tokens=draw(int_values(_USAGE_FIELDS["total_tokens"])),
+    )
+    usage.cost.total = draw(st.sampled_from((0.0, 0.5, 1e308, float("nan"), float("inf"))))
+    return pb.RecordUsageRequest(
+        lane_id=aim.lane,
+        usage=usage,
+        entry_id=ctx.entry(draw) if draw(st.booleans()) else "",
+        adjustment=draw(st.booleans()),
+        request_id=aim.request_id,
+    )
+
+
+def _start_tool_call(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.StartToolCallRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        tool_call_id=aim.call,
+        arguments_json=draw(json_texts) if one_in(draw, 4) else draw(json_objects),
+        request_id=aim.request_id,
+        lease_token=aim.token,
+    )
+    request.replay = draw(st.integers(0, 2))
+    return request
+
+
+def _update_tool_call(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.UpdateToolCallRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        tool_call_id=aim.call,
+        partial_result=_tool_result(draw),
+        checkpoint=draw(st.booleans()),
+        request_id=aim.request_id,
+        lease_token=aim.token,
+    )
+
+
+def _stage_tool_outcome(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.StageToolOutcomeRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        tool_call_id=aim.call,
+        request_id=aim.request_id,
+        lease_token=aim.token,
+    )
+    if draw(st.booleans()):
+        request.executed.result.CopyFrom(_tool_result(draw))
+        request.executed.is_error = draw(st.booleans())
+    else:
+        request.synthetic.cause = draw(st.integers(0, 6))
+        request.synthetic.message = draw(st.sampled_from(("", "why")))
+        request.synthetic.terminate = draw(st.booleans())
+    return request
+
+
+def _watch_lane(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.WatchLaneRequest(lane_id=aim.lane)
+    if draw(st.booleans()):
+        head = ctx.lane.revision
+        request.after_revision = draw(
+            st.sampled_from((0, head, head + 1, max(head - 1, 0), -1, 2**63 - 1))
+        )
+    return request
+
+
+def _acquire_operation(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.AcquireOperationRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        driver_id=ctx.driver(draw),
+        lease_seconds=draw(st.sampled_from((0, 1, 60, 3600, 3601, -1))),
+        request_id=aim.request_id,
+    )
+
+
+def _renew_lease(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.RenewLeaseRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        lease_token=aim.token,
+        lease_seconds=draw(st.sampled_from((0, 30, 30, 3601))),
+    )
+
+
+def _release_lease(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.ReleaseLeaseRequest(
+        lane_id=aim.lane, operation_id=aim.operation, lease_token=aim.token
+    )
+
+
+def _replay_tool_call(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.ReplayToolCallRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        tool_call_id=aim.call,
+        lease_token=aim.token,
+        request_id=aim.request_id,
+    )
+
+
+def _get_operation(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.GetOperationRequest(lane_id=aim.lane, operation_id=aim.operation)
+
+
+def _append_assistant_stream(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.AppendAssistantStreamRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        turn_id=aim.turn,
+        lease_token=aim.token,
+        request_id=aim.request_id,
+    )
+    for _ in range(draw(st.integers(0, 2))):
+        stop = draw(st.sampled_from((PENDING, PENDING, PENDING, STOP)))
+        partial = request.partials.add(message=_assistant(draw, ctx, stop=stop))
+        if draw(st.booleans()):
+            partial.stream_event_json = draw(json_texts)
+    return request
+
+
+def _schedule_retry(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.ScheduleRetryRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        turn_id=aim.turn,
+        max_attempts=draw(st.sampled_from((3, 0, 1, 2, 3, 10, 10, 2**31 - 1, 3))),
+        delay_ms=draw(st.sampled_from((0, 10, 0, 10, 86_400_000, 86_400_001, -1, 2**63 - 1, 0))),
+        error_message="e",
+        lease_token=aim.token,
+        request_id=aim.request_id,
+    )
+    if draw(st.booleans()):
+        stop = draw(st.sampled_from((ERROR, ERROR, STOP)))
+        request.failed_message.CopyFrom(_assistant(draw, ctx, stop=stop))
+    return request
+
+
+def _start_retry(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.StartRetryRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        turn_id=aim.turn,
+        lease_token=aim.token,
+        request_id=aim.request_id,
+    )
+
+
+def _suspend_run(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.SuspendRunRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        turn_id=aim.turn,
+        deferred=snapshot_pb2.DeferredState(
+            handle_json=draw(json_texts), poll_json=draw(st.sampled_from(("", '{"p": 1}')))
+        ),
+        lease_token=aim.token,
+        request_id=aim.request_id,
+    )
+
+
+def _resume_run(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.ResumeRunRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        lease_token=aim.token,
+        request_id=aim.request_id,
+    )
+
+
+def _start_compaction(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.StartCompactionRequest(lane_id=aim.lane, request_id=aim.request_id)
+    request.reason = draw(st.integers(0, 3))
+    if one_in(draw, 3):
+        request.driver_id = ctx.driver(draw)
+    if one_in(draw, 4):
+        request.operation_id = ctx.world.fresh("op")
+    return request
+
+
+def _end_compaction(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.EndCompactionRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        lease_token=aim.token,
+        request_id=aim.request_id,
+    )
+    request.status = draw(st.sampled_from((1, 1, 2, 3, 4, 0)))
+    if request.status == snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED or one_in(draw, 5):
+        request.entry.CopyFrom(_compaction_entry(draw))
+    if request.status == snapshot_pb2.OPERATION_RESULT_STATUS_FAILED or one_in(draw, 5):
+        request.error.CopyFrom(_error(draw))
+    return request
+
+
+def _compact_run(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.CompactRunRequest(
+        lane_id=aim.lane,
+        operation_id=aim.operation,
+        entry=_compaction_entry(draw),
+        lease_token=aim.token,
+        request_id=aim.request_id,
+    )
+    request.reason = draw(st.integers(0, 3))
+    return request
+
+
+def _navigate_lane(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.NavigateLaneRequest(
+        lane_id=aim.lane, target_entry_id=ctx.entry(draw), request_id=aim.request_id
+    )
+    if draw(st.booleans()):
+        request.summary.summary = "left"
+        if draw(st.booleans()):
+            request.summary.details_json = draw(json_texts)
+    return request
+
+
+def _report_fault(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    return pb.ReportFaultRequest(
+        lane_id=aim.lane,
+        code=draw(st.sampled_from(("boom", "boom", ""))),
+        message="m",
+        request_id=aim.request_id,
+    )
+
+
+def _report_handler_error(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.ReportHandlerErrorRequest(
+        lane_id=aim.lane,
+        error=draw(st.sampled_from(("oops", "oops", ""))),
+        request_id=aim.request_id,
+    )
+    if draw(st.booleans()):
+        request.stack = "at x"
+    if draw(st.booleans()):
+        request.hook = "before_tool"
+    else:
+        request.event = "tool_end"
+    return request
+
+
+def _set_lane_value(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.SetLaneValueRequest(lane_id=aim.lane, request_id=aim.request_id)
+    if draw(st.booleans()):
+        name = draw(st.sampled_from(("session", "")))
+        request.session_name.CopyFrom(events_pb2.SessionNameValue(name=name))
+    else:
+        label = events_pb2.EntryLabelValue(target_id=ctx.entry(draw), label="mark")
+        request.entry_label.CopyFrom(label)
+    return request
+
+
+Template = Callable[[Draw, Ctx, Aim], Message]
+TEMPLATES: dict[str, Template] = {
+    "CreateLane": _create_lane,
+    "GetLaneSnapshot": _get_lane_snapshot,
+    "ListLanes": _list_lanes,
+    "UpdateLaneConfig": _update_lane_config,
+    "EnqueueMessage": _enqueue_message,
+    "StartRun": _start_run,
+    "AbortOperation": _abort_operation,
+    "EndRun": _end_run,
+    "StartTurn": _start_turn,
+    "SettleAssistantMessage": _settle_assistant_message,
+    "RecordUsage": _record_usage,
+    "StartToolCall": _start_tool_call,
+    "UpdateToolCall": _update_tool_call,
+    "StageToolOutcome": _stage_tool_outcome,
+    "WatchLane": _watch_lane,
+    "AcquireOperation": _acquire_operation,
+    "RenewLease": _renew_lease,
+    "ReleaseLease": _release_lease,
+    "ReplayToolCall": _replay_tool_call,
+    "GetOperation": _get_operation,
+    "AppendAssistantStream": _append_assistant_stream,
+    "ScheduleRetry": _schedule_retry,
+    "StartRetry": _start_retry,
+    "SuspendRun": _suspend_run,
+    "ResumeRun": _resume_run,
+    "StartCompaction": _start_compaction,
+    "EndCompaction": _end_compaction,
+    "CompactRun": _compact_run,
+    "NavigateLane": _navigate_lane,
+    "ReportFault": _report_fault,
+    "ReportHandlerError": _report_handler_error,
+    "SetLaneValue": _set_lane_value,
+}
+assert set(TEMPLATES) == set(METHODS), set(METHODS) ^ set(TEMPLATES)
