@@ -11,11 +11,12 @@ from google.protobuf.message import Message
 from lane.v1 import lane_service_pb2_grpc
 
 from service.api import validation as v
+from service.api.auth import Authenticator, caller_namespace
 from service.api.watch import WatchSettings
 from service.domain.state import LaneState
 from service.domain.transition import Transition
 from service.hub import Hub
-from service.store import Store
+from service.store import LaneRef, Store
 from service.store.requests import RequestKey
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -30,10 +31,23 @@ def cancel_requested(state: LaneState) -> bool:
 class ServicerBase(lane_service_pb2_grpc.LaneServiceServicer):
     """The servicer's state; the RPC groups are mixins over it."""
 
-    def __init__(self, store: Store, hub: Hub, watch_settings: WatchSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        hub: Hub,
+        watch_settings: WatchSettings,
+        authenticator: Authenticator,
+    ) -> None:
         self.store = store
         self.hub = hub
         self.watch_settings = watch_settings
+        self.authenticator = authenticator
+
+    @staticmethod
+    def lane(lane_id: str) -> LaneRef:
+        """The caller's lane ``lane_id`` (validated), in the namespace its token admits it to."""
+        v.require_id(lane_id, "lane_id")
+        return LaneRef(caller_namespace(), lane_id)
 
     async def command(
         self,
@@ -44,8 +58,8 @@ class ServicerBase(lane_service_pb2_grpc.LaneServiceServicer):
     ) -> R:
         """Validate the lane and request ids, then run ``decide`` as one command (idempotent
         under the request's ``request_id``)."""
-        v.require_id(request.lane_id, "lane_id")
+        lane = self.lane(request.lane_id)
         request_id = getattr(request, "request_id", "")  # lease renewal/release have none
         v.require_id(request_id, "request_id", optional=True)
         key = RequestKey.of(method, request, request_id)
-        return await self.store.command(request.lane_id, decide, answer_type, key)
+        return await self.store.command(lane, decide, answer_type, key)

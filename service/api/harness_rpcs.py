@@ -283,7 +283,7 @@ class HarnessRpcs(ServicerBase):
         v.require_id(request.target_entry_id, "target_entry_id")
         v.check_message(request, "")
         # Entries are immutable and never deleted: a check before the command is enough.
-        if not await self.store.entry_exists(request.lane_id, request.target_entry_id):
+        if not await self.store.entry_exists(self.lane(request.lane_id), request.target_entry_id):
             raise NotFound(
                 "ENTRY_NOT_FOUND",
                 f"lane {request.lane_id} has no entry {request.target_entry_id}",

@@ -10,9 +10,10 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import snapshot_pb2
 
 from service.api import validation as v
+from service.api.auth import caller_namespace
 from service.api.base import Context, ServicerBase
 from service.api.errors import unary
-from service.domain import lanes
+from service.domain import lanes, limits
 from service.domain.errors import InvalidArgument
 from service.domain.ids import new_id
 from service.domain.state import LaneState
@@ -27,18 +28,20 @@ class LaneRpcs(ServicerBase):
     async def CreateLane(
         self, request: pb.CreateLaneRequest, context: Context
     ) -> pb.CreateLaneResponse:
-        v.require_id(request.lane_id, "lane_id")
+        lane = self.lane(request.lane_id)
         v.require_id(request.request_id, "request_id", optional=True)
         v.check_message(request.configuration, "configuration")
         key = RequestKey.of("CreateLane", request, request.request_id)
-        return await self.store.create_lane(request.lane_id, request.configuration, key)
+        return await self.store.create_lane(lane, request.configuration, key)
 
     @unary
     async def GetLaneSnapshot(
         self, request: pb.GetLaneSnapshotRequest, context: Context
     ) -> pb.GetLaneSnapshotResponse:
-        v.require_id(request.lane_id, "lane_id")
-        return pb.GetLaneSnapshotResponse(snapshot=await self.store.snapshot(request.lane_id))
+        snapshot = await self.store.snapshot(self.lane(request.lane_id))
+        response = pb.GetLaneSnapshotResponse(snapshot=snapshot)
+        limits.check_snapshot_message(snapshot.lane_id, response.ByteSize())
+        return response
 
     @unary
     async def ListLanes(
@@ -62,7 +65,9 @@ class LaneRpcs(ServicerBase):
                     "page_token is not a token ListLanes gave",
                     field="page_token",
                 ) from None
-        found, last = await self.store.list_lanes(request.page_size or v.DEFAULT_PAGE_SIZE, after)
+        found, last = await self.store.list_lanes(
+            caller_namespace(), request.page_size or v.DEFAULT_PAGE_SIZE, after
+        )
         token = base64.urlsafe_b64encode(last.encode()).decode() if last else ""
         return pb.ListLanesResponse(lanes=found, next_page_token=token)
 

@@ -93,7 +93,7 @@ class OwnershipRpcs(ServicerBase):
     ) -> pb.GetOperationResponse:
         v.require_id(request.lane_id, "lane_id")
         v.require_id(request.operation_id, "operation_id")
-        operation = await self.store.open_operation(request.lane_id)
+        operation = await self.store.open_operation(self.lane(request.lane_id))
         if operation is None or operation.operation_id != request.operation_id:
             raise NotFound(
                 "OPERATION_NOT_OPEN",

@@ -10,11 +10,12 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 from lane.v1 import lane_service_pb2 as pb
 
-from service.api import validation as v
+from service.api.auth import Authenticator
 from service.api.base import Context
 from service.api.errors import lane_error_status, unary
 from service.api.framing import serialize
 from service.api.harness_rpcs import HarnessRpcs
+from service.api.instrument import binding_ids, observed
 from service.api.lane_rpcs import LaneRpcs
 from service.api.ownership_rpcs import OwnershipRpcs
 from service.api.run_rpcs import RunRpcs
@@ -30,8 +31,8 @@ class LaneServicer(LaneRpcs, RunRpcs, ToolRpcs, OwnershipRpcs, HarnessRpcs):
 
     @unary
     async def WatchLane(self, request: pb.WatchLaneRequest, context: Context) -> None:  # type: ignore[override]
-        v.require_id(request.lane_id, "lane_id")
-        await watch_lane(self.store, self.hub, request, context, self.watch_settings)
+        lane = self.lane(request.lane_id)
+        await watch_lane(self.store, self.hub, lane, request, context, self.watch_settings)
 
 
 def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
@@ -42,24 +43,37 @@ def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[
     """
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in pb.DESCRIPTOR.services_by_name["LaneService"].methods:
-        implementation = _decoding(
-            getattr(servicer, method.name), message_factory.GetMessageClass(method.input_type)
+        # observed: log scope, metrics; binding_ids: the decoded request's ids into the scope.
+        implementation = observed(
+            method.name,
+            method.server_streaming,
+            _decoding(
+                binding_ids(getattr(servicer, method.name)),
+                message_factory.GetMessageClass(method.input_type),
+                servicer.authenticator,
+            ),
         )
         make = (
             grpc.unary_stream_rpc_method_handler
             if method.server_streaming
             else grpc.unary_unary_rpc_method_handler
         )
-        # Requests arrive as bytes and are decoded by _decoding, so undecodable bytes get
-        # INVALID_ARGUMENT rather than the UNKNOWN a failing deserializer would produce.
+        # Requests arrive as bytes and are authenticated and decoded by _decoding, so
+        # undecodable bytes get INVALID_ARGUMENT rather than the UNKNOWN a failing
+        # deserializer would produce.
         handlers[method.name] = make(implementation, response_serializer=serialize)
     return handlers
 
 
 def _decoding(
-    implementation: Callable[[Any, Context], Awaitable[Any]], request_type: type[Message]
+    implementation: Callable[[Any, Context], Awaitable[Any]],
+    request_type: type[Message],
+    authenticator: Authenticator,
 ) -> Callable[[bytes, Context], Awaitable[Any]]:
     async def handler(data: bytes, context: Context) -> Any:
+        refusal = authenticator.admit(context.invocation_metadata())
+        if refusal is not None:
+            await context.abort_with_status(refusal)
         try:
             request = request_type.FromString(data)
         except DecodeError:
@@ -80,9 +94,12 @@ def add_lane_service(
     store: Store,
     hub: Hub,
     watch_settings: WatchSettings | None = None,
+    authenticator: Authenticator | None = None,
 ) -> LaneServicer:
-    """Register the LaneService on ``server``."""
-    servicer = LaneServicer(store, hub, watch_settings or WatchSettings())
+    """Register the LaneService on ``server`` (without an ``authenticator``, auth is off)."""
+    servicer = LaneServicer(
+        store, hub, watch_settings or WatchSettings(), authenticator or Authenticator({})
+    )
     handlers = _method_handlers(servicer)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

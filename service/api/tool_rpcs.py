@@ -128,9 +128,9 @@ class ToolRpcs(ServicerBase):
                 staged=call.result_message,
             )
 
-        v.require_id(request.lane_id, "lane_id")
+        lane = self.lane(request.lane_id)
         v.require_id(request.request_id, "request_id", optional=True)
-        answer = await self.store.command(request.lane_id, stage, pb.StageToolOutcomeResponse, key)
+        answer = await self.store.command(lane, stage, pb.StageToolOutcomeResponse, key)
 
         def place(
             state: LaneState, now: datetime
@@ -151,6 +151,4 @@ class ToolRpcs(ServicerBase):
 
         # Placement is its own commit, after the staging commit (seed: staging < tool_end <
         # placement). A retry of a request whose staging committed still places what is ready.
-        return await self.store.command(
-            request.lane_id, place, pb.StageToolOutcomeResponse, amends=key
-        )
+        return await self.store.command(lane, place, pb.StageToolOutcomeResponse, amends=key)

@@ -1,7 +1,8 @@
 """Request validation: malformed input is refused with INVALID_ARGUMENT before any I/O.
 
 Besides the per-RPC checks, :func:`check_message` walks any message and refuses unknown enum
-values and ``*_json`` fields that are not JSON, wherever they are nested.
+values, ``*_json`` fields that are not JSON and payloads over their size limit (see
+``service/domain/limits.py``), wherever they are nested.
 """
 
 from __future__ import annotations
@@ -15,11 +16,41 @@ from service.domain.jsontext import parse_json, require_json_object
 
 __all__ = ["parse_json", "require_json_object"]
 from service.domain.leases import DEFAULT_LEASE_SECONDS
+from service.domain.limits import MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES
 
 MAX_ID_BYTES = 128
 MAX_LEASE_SECONDS = 3600
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 100
+
+#: Request messages whose encoding is one payload, with its limit (INVALID_ARGUMENT
+#: ``PAYLOAD_TOO_LARGE``): a prompt or queued message, an assistant message (settled, streamed
+#: partial, failed), a tool result (progress, outcome), a synthetic outcome, an entry, a
+#: deferred handle, an operation error. Wherever they are nested in a request.
+PAYLOAD_LIMITS: dict[str, int] = {
+    "lane.v1.AgentMessage": MAX_PAYLOAD_BYTES,
+    "lane.v1.AssistantMessage": MAX_PAYLOAD_BYTES,
+    "lane.v1.ToolResult": MAX_PAYLOAD_BYTES,
+    "lane.v1.SyntheticOutcome": MAX_PAYLOAD_BYTES,
+    "lane.v1.CustomEntry": MAX_PAYLOAD_BYTES,
+    "lane.v1.CompactionEntry": MAX_PAYLOAD_BYTES,
+    "lane.v1.BranchSummaryEntry": MAX_PAYLOAD_BYTES,
+    "lane.v1.DeferredState": MAX_PAYLOAD_BYTES,
+    "lane.v1.OperationError": MAX_ERROR_BYTES,
+}
+#: Text fields that are one payload (UTF-8 bytes): a tool call's effective arguments.
+TEXT_PAYLOAD_FIELDS = frozenset({"lane.v1.StartToolCallRequest.arguments_json"})
+
+
+def payload_too_large(field: str, size: int, limit: int) -> InvalidArgument:
+    """The refusal of one payload over its limit."""
+    return InvalidArgument(
+        "PAYLOAD_TOO_LARGE",
+        f"{field} is {size} bytes encoded; the limit is {limit}",
+        field=field,
+        bytes=size,
+        limit=limit,
+    )
 
 
 def require_id(value: str, field: str, *, optional: bool = False) -> None:
@@ -43,22 +74,33 @@ def require(condition: bool, reason: str, message: str, field: str) -> None:
 
 
 def check_message(message: Message, path: str, *, skip_json: frozenset[str] = frozenset()) -> None:
-    """Refuse unknown enum values and invalid JSON text anywhere inside ``message``."""
+    """Refuse unknown enum values, invalid JSON text and oversized payloads anywhere inside
+    ``message``."""
     for field, value in message.ListFields():
         where = f"{path}.{field.name}" if path else field.name
         values = value if field.is_repeated else [value]
         for index, item in enumerate(values):
             at = f"{where}[{index}]" if field.is_repeated else where
             if field.type == FieldDescriptor.TYPE_MESSAGE:
+                # Its content first: a malformed payload gets the more specific reason.
                 check_message(item, at, skip_json=skip_json)
+                kind = field.message_type
+                limit = PAYLOAD_LIMITS.get(kind.full_name) if kind is not None else None
+                if limit is not None and (size := item.ByteSize()) > limit:
+                    raise payload_too_large(at, size, limit)
             elif field.type == FieldDescriptor.TYPE_ENUM:
                 enum = field.enum_type
                 if enum is None or enum.values_by_number.get(item) is None:
                     raise InvalidArgument(
                         "UNKNOWN_ENUM_VALUE", f"{at} has unknown value {item}", field=at
                     )
-            elif field.name.endswith("_json") and field.name not in skip_json:
-                parse_json(item, at)
+            else:
+                if field.full_name in TEXT_PAYLOAD_FIELDS and (
+                    (size := len(item.encode())) > MAX_PAYLOAD_BYTES
+                ):
+                    raise payload_too_large(at, size, MAX_PAYLOAD_BYTES)
+                if field.name.endswith("_json") and field.name not in skip_json:
+                    parse_json(item, at)
 
 
 def check_tool_calls(message: messages_pb2.AssistantMessage, path: str) -> None:

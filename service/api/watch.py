@@ -9,6 +9,7 @@ is cut off after the write deadline with RESOURCE_EXHAUSTED naming its last deli
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,11 +17,14 @@ import grpc
 from google.rpc import code_pb2
 from lane.v1 import lane_service_pb2 as pb
 
+from service import metrics
 from service.api.errors import status_of
 from service.api.framing import event_group_frame
-from service.domain.errors import OutOfRange
+from service.api.instrument import error_reason, status_code_name
+from service.domain.errors import LaneError, OutOfRange, ResourceExhausted
+from service.domain.limits import MAX_MESSAGE_BYTES, field_bytes, head_frame_bytes
 from service.hub import Hub
-from service.store import Store
+from service.store import LaneRef, Store
 
 
 @dataclass(frozen=True)
@@ -33,26 +37,71 @@ class WatchSettings:
     read_batch: int = 500
     #: Transcript bytes per snapshot message.
     chunk_bytes: int = 1 << 20
+    #: Concurrent WatchLane streams of one lane, and of all lanes, in this process; a stream
+    #: over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
+    max_watchers_per_lane: int = 100
+    max_watchers_per_process: int = 1000
 
 
-def snapshot_messages(snapshot: Any, chunk_bytes: int) -> list[pb.WatchLaneResponse]:
-    """The snapshot head plus transcript chunks of about ``chunk_bytes`` each."""
-    chunks: list[list[Any]] = [[]]
-    size = 0
-    for entry in snapshot.transcript:
+def snapshot_messages(
+    snapshot: Any, chunk_bytes: int, max_message_bytes: int = MAX_MESSAGE_BYTES
+) -> list[pb.WatchLaneResponse]:
+    """The snapshot head plus transcript chunks of about ``chunk_bytes`` each.
+
+    The head takes the first entries while they stay within ``chunk_bytes`` and the head
+    message within ``max_message_bytes`` (its live state may fill most of one); each later
+    chunk holds at least one entry. One entry always fits a message: it was sent once already,
+    inside the event group that added it.
+    """
+    entries = list(snapshot.transcript)
+    head = pb.SnapshotHead(snapshot=snapshot)
+    del head.snapshot.transcript[:]
+    head_bytes = head.snapshot.ByteSize()
+    first, size = 0, 0
+    for entry in entries:
         entry_size = entry.ByteSize()
-        if chunks[-1] and size + entry_size > chunk_bytes:
+        with_entry = head_bytes + field_bytes(entry_size)
+        if size + entry_size > chunk_bytes or head_frame_bytes(with_entry) > max_message_bytes:
+            break
+        head_bytes, size, first = with_entry, size + entry_size, first + 1
+    chunks: list[list[Any]] = []
+    for entry in entries[first:]:
+        entry_size = entry.ByteSize()
+        if not chunks or size + entry_size > chunk_bytes:
             chunks.append([])
             size = 0
         chunks[-1].append(entry)
         size += entry_size
-    head = pb.SnapshotHead(snapshot=snapshot, following_chunks=len(chunks) - 1)
-    del head.snapshot.transcript[:]
-    head.snapshot.transcript.extend(chunks[0])
+    head.snapshot.transcript.extend(entries[:first])
+    head.following_chunks = len(chunks)
     return [pb.WatchLaneResponse(snapshot=head)] + [
-        pb.WatchLaneResponse(transcript_chunk=pb.TranscriptChunk(entries=chunk))
-        for chunk in chunks[1:]
+        pb.WatchLaneResponse(transcript_chunk=pb.TranscriptChunk(entries=chunk)) for chunk in chunks
     ]
+
+
+def admit(hub: Hub, lane: LaneRef, settings: WatchSettings) -> None:
+    """Refuse a new watcher of ``lane`` over either watcher limit (RESOURCE_EXHAUSTED
+    ``TOO_MANY_WATCHERS``). Called right before it subscribes, with no await between."""
+    count = hub.watcher_count(lane)
+    if count >= settings.max_watchers_per_lane:
+        raise ResourceExhausted(
+            "TOO_MANY_WATCHERS",
+            f"lane {lane.lane_id} has {count} watchers on this server, its limit; retry later",
+            laneId=lane.lane_id,
+            scope="lane",
+            watchers=count,
+            limit=settings.max_watchers_per_lane,
+        )
+    count = hub.watcher_count()
+    if count >= settings.max_watchers_per_process:
+        raise ResourceExhausted(
+            "TOO_MANY_WATCHERS",
+            f"this server has {count} watchers, its limit; retry later or on another server",
+            laneId=lane.lane_id,
+            scope="process",
+            watchers=count,
+            limit=settings.max_watchers_per_process,
+        )
 
 
 class WatcherGone(Exception):
@@ -99,45 +148,71 @@ async def _end(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status)
 async def watch_lane(
     store: Store,
     hub: Hub,
+    lane: LaneRef,
     request: pb.WatchLaneRequest,
     context: grpc.aio.ServicerContext[Any, Any],
     settings: WatchSettings,
 ) -> None:
-    """Serve one WatchLane stream until the client leaves or the server stops."""
+    """Serve one WatchLane stream of ``lane`` until the client leaves or the server stops."""
+    metrics.WATCHERS_ACTIVE.inc()
+    ended = "error"
     try:
-        await _serve(store, hub, request, context, settings)
+        await _serve(store, hub, lane, request, context, settings)
     except WatcherGone:
+        ended = "client_left"
         return
+    except asyncio.CancelledError:
+        # The client cancelled, or shutdown's grace period ran out during a write.
+        ended = "shutdown" if hub.closing else "client_left"
+        raise
+    except grpc.aio.AbortError:
+        ended = _ended_by(context)
+        raise
+    except LaneError as exc:
+        ended = exc.code.name.lower()  # out_of_range, not_found, ...
+        raise
+    finally:
+        metrics.WATCHERS_ACTIVE.dec()
+        metrics.WATCHERS_ENDED.labels(ended).inc()
+
+
+def _ended_by(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The ``lane_watchers_ended_total`` reason of a stream ended with a status (see _end)."""
+    reasons = {"WATCHER_TOO_SLOW": "too_slow", "SERVER_SHUTTING_DOWN": "shutdown"}
+    return reasons.get(error_reason(context)) or status_code_name(context).lower()
 
 
 async def _serve(
     store: Store,
     hub: Hub,
+    lane: LaneRef,
     request: pb.WatchLaneRequest,
     context: grpc.aio.ServicerContext[Any, Any],
     settings: WatchSettings,
 ) -> None:
-    lane_id = request.lane_id
-    with hub.subscribe(lane_id) as subscription:
+    lane_id = lane.lane_id
+    admit(hub, lane, settings)
+    with hub.subscribe(lane) as subscription:
         if request.HasField("after_revision"):
             revision = request.after_revision
-            head, floor = await store.lane_head(lane_id)
+            head, floor = await store.lane_head(lane)
             if not floor <= revision <= head:
                 raise _out_of_range(lane_id, revision, floor, head)
         else:
-            snapshot = await store.snapshot(lane_id)
+            snapshot = await store.snapshot(lane)
             revision = snapshot.revision
             for message in snapshot_messages(snapshot, settings.chunk_bytes):
                 await _write(context, message, settings, revision)
         subscription.revision = revision
         while not hub.closing:
-            groups = await store.read_events(lane_id, revision, settings.read_batch)
-            for first, bodies in groups:
+            groups = await store.read_events(lane, revision, settings.read_batch)
+            for first, bodies, commit_time in groups:
                 if first != revision + 1:
                     # Retention removed events this watcher had not read yet.
-                    head, floor = await store.lane_head(lane_id)
+                    head, floor = await store.lane_head(lane)
                     raise _out_of_range(lane_id, revision, floor, head)
                 await _write(context, event_group_frame(bodies), settings, revision)
+                metrics.DELIVERY_SECONDS.observe(max(0.0, time.time() - commit_time.timestamp()))
                 revision += len(bodies)
                 subscription.revision = revision
             if groups:

@@ -27,16 +27,34 @@ Every variable is optional; an empty value counts as unset.
     How long a leased run may sit with no live lease and no abort before the service ends it
     itself (aborted, every unfinished call settled; see docs/recovery.md); seconds >= 0.
     A run whose abort was requested is ended as soon as its lease lapses. Default ``600``.
+``LANE_MAX_WATCHERS_PER_LANE``, ``LANE_MAX_WATCHERS``
+    How many WatchLane streams this process serves at once of one lane, and of all lanes; a
+    stream over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``. Whole numbers
+    >= 1. Defaults ``100`` and ``1000``.
 ``LANE_TLS_CERT_FILE``, ``LANE_TLS_KEY_FILE``
     PEM certificate chain and private key: serve gRPC over TLS. Both or neither.
 ``LANE_TLS_CLIENT_CA_FILE``
     PEM CA bundle: with TLS on, clients must present a certificate it signed (mutual TLS).
+``LANE_METRICS_LISTEN``
+    ``host:port`` to serve Prometheus metrics on over plain HTTP (any path; port 0 picks a free
+    port), e.g. ``127.0.0.1:9464``. Unset: no metrics endpoint. It has no auth and names no
+    lane; bind it where only the scraper reaches. See ``service/metrics.py``.
+``LANE_LOG_FORMAT``
+    ``text`` (one ``time level logger: message [rpc=... lane_id=...]`` line per record) or
+    ``json`` (one JSON object per line, with ``rpc``, ``namespace``, ``lane_id`` and
+    ``operation_id`` of the request being served). Default ``text``. See ``service/logs.py``.
+``LANE_AUTH_TOKENS``, ``LANE_AUTH_TOKENS_FILE``
+    Bearer tokens, as ``namespace:token`` pairs separated by commas, spaces or newlines (the
+    file: one or more per line, ``#`` comments). Each token admits its callers to its
+    namespace's lanes only. Neither set: auth is off, every caller is in namespace
+    ``default``, and the service refuses to listen on anything but a loopback address.
 
 A bad value raises :class:`ConfigError`, whose message names the variable.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from collections.abc import Mapping
@@ -46,6 +64,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from service.api.auth import TokenError, parse_tokens
+from service.logs import LOG_FORMATS
 
 _TRUE = frozenset({"on", "true", "1", "yes"})
 _FALSE = frozenset({"off", "false", "0", "no"})
@@ -74,9 +95,15 @@ class Settings:
     notify: bool = True
     poll_interval_seconds: float = 1.0
     orphan_seconds: float = 600.0
+    max_watchers_per_lane: int = 100
+    max_watchers: int = 1000
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None
+    metrics_listen: str | None = None
+    log_format: str = "text"
+    #: {token: namespace}; empty = auth off. Secrets: kept out of repr.
+    auth_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -100,6 +127,10 @@ class Settings:
         notify = get("LANE_NOTIFY")
         poll = get("LANE_POLL_INTERVAL_SECONDS")
         orphan = get("LANE_ORPHAN_SECONDS")
+        watchers_per_lane = get("LANE_MAX_WATCHERS_PER_LANE")
+        watchers = get("LANE_MAX_WATCHERS")
+        metrics_listen = get("LANE_METRICS_LISTEN")
+        log_format = get("LANE_LOG_FORMAT")
         cert, key, client_ca = (
             _file(name, get(name))
             for name in ("LANE_TLS_CERT_FILE", "LANE_TLS_KEY_FILE", "LANE_TLS_CLIENT_CA_FILE")
@@ -114,7 +145,18 @@ class Settings:
             raise ConfigError(
                 "LANE_TLS_CLIENT_CA_FILE", str(client_ca), "client certificates need TLS on"
             )
-        return cls(
+        tokens = _tokens("LANE_AUTH_TOKENS", get("LANE_AUTH_TOKENS"))
+        tokens_file = _file("LANE_AUTH_TOKENS_FILE", get("LANE_AUTH_TOKENS_FILE"))
+        if tokens_file is not None:
+            from_file = _tokens("LANE_AUTH_TOKENS_FILE", tokens_file.read_text(), str(tokens_file))
+            for token, namespace in from_file.items():
+                if tokens.setdefault(token, namespace) != namespace:
+                    raise ConfigError(
+                        "LANE_AUTH_TOKENS_FILE",
+                        str(tokens_file),
+                        "a token it names is given to another namespace by LANE_AUTH_TOKENS",
+                    )
+        settings = cls(
             database_url=database_url,
             data_dir=(
                 defaults.data_dir if data_dir is None else Path(data_dir).expanduser().absolute()
@@ -141,10 +183,53 @@ class Settings:
                 if orphan is None
                 else _seconds("LANE_ORPHAN_SECONDS", orphan, allow_zero=True)
             ),
+            max_watchers_per_lane=(
+                defaults.max_watchers_per_lane
+                if watchers_per_lane is None
+                else _count("LANE_MAX_WATCHERS_PER_LANE", watchers_per_lane)
+            ),
+            max_watchers=(
+                defaults.max_watchers if watchers is None else _count("LANE_MAX_WATCHERS", watchers)
+            ),
             tls_cert_file=cert,
             tls_key_file=key,
             tls_client_ca_file=client_ca,
+            metrics_listen=(
+                None
+                if metrics_listen is None
+                else parse_listen("LANE_METRICS_LISTEN", metrics_listen)
+            ),
+            log_format=(
+                defaults.log_format
+                if log_format is None
+                else _choice("LANE_LOG_FORMAT", log_format, LOG_FORMATS)
+            ),
+            auth_tokens=tokens,
         )
+        require_auth_or_loopback(settings)
+        return settings
+
+
+def require_auth_or_loopback(settings: Settings) -> None:
+    """Refuse to serve without auth anywhere but on a loopback address."""
+    if not settings.auth_tokens and not is_loopback(settings.listen):
+        raise ConfigError(
+            "LANE_LISTEN",
+            settings.listen,
+            "without auth the service listens on a loopback address only; set LANE_AUTH_TOKENS "
+            "or LANE_AUTH_TOKENS_FILE to serve other hosts",
+        )
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether the ``host:port`` address ``listen`` is reachable from this host only."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # another host name: it may resolve to anything
 
 
 def parse_listen(variable: str, value: str) -> str:
@@ -202,6 +287,15 @@ def _seconds(variable: str, value: str, *, allow_zero: bool, maximum: float = ma
     return seconds
 
 
+def _tokens(variable: str, text: str | None, shown: str = "<hidden>") -> dict[str, str]:
+    if text is None:
+        return {}
+    try:
+        return parse_tokens(text)
+    except TokenError as err:
+        raise ConfigError(variable, shown, str(err)) from None
+
+
 def _file(variable: str, value: str | None) -> Path | None:
     if value is None:
         return None
@@ -209,6 +303,23 @@ def _file(variable: str, value: str | None) -> Path | None:
     if not path.is_file():
         raise ConfigError(variable, value, "no such file")
     return path
+
+
+def _count(variable: str, value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        raise ConfigError(variable, value, "expected a whole number") from None
+    if count < 1:
+        raise ConfigError(variable, value, "the number must be >= 1")
+    return count
+
+
+def _choice(variable: str, value: str, choices: tuple[str, ...]) -> str:
+    lowered = value.lower()
+    if lowered not in choices:
+        raise ConfigError(variable, value, f"expected {' or '.join(choices)}")
+    return lowered
 
 
 def _switch(variable: str, value: str) -> bool:

@@ -1,5 +1,6 @@
 """Background upkeep of a service process: event-log retention and reconciling runs that no
-driver holds any more. Every process runs both; each step is an idempotent transaction."""
+driver holds any more. Every process runs both; each step is an idempotent transaction. With
+the metrics endpoint on, also the NOTIFY queue gauge."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import timedelta
 
 import psycopg
 
+from service import metrics
 from service.store import Store
 from service.store.retention import enforce_retention
 
@@ -44,4 +46,24 @@ async def reconcile_forever(
                 log.info("reconciled %d runs no driver holds: %s", len(ended), ", ".join(ended))
         except (psycopg.Error, OSError) as exc:
             log.warning("reconciliation failed: %s", exc)
+        await asyncio.sleep(interval)
+
+
+NOTIFICATION_QUEUE_INTERVAL_SECONDS = 5.0
+
+
+async def notification_queue_forever(
+    store: Store, interval: float = NOTIFICATION_QUEUE_INTERVAL_SECONDS
+) -> None:
+    """Refresh ``lane_notification_queue_usage_ratio`` every ``interval`` seconds (the queue
+    is the cluster's: every process reads the same figure)."""
+    while True:
+        try:
+            async with store.pool.connection() as conn:
+                cur = await conn.execute("SELECT pg_notification_queue_usage()")
+                row = await cur.fetchone()
+            if row is not None:
+                metrics.NOTIFICATION_QUEUE_USAGE.set(row[0])
+        except (psycopg.Error, OSError) as exc:
+            log.warning("reading the NOTIFY queue usage failed: %s", exc)
         await asyncio.sleep(interval)

@@ -3,12 +3,14 @@
 :func:`start_server` assembles one running service: the database (the configured one, or an
 embedded PostgreSQL), the store with its migrations applied, the watch hub (NOTIFY and polling
 per ``LANE_NOTIFY`` / ``LANE_POLL_INTERVAL_SECONDS``), and a ``grpc.aio`` server carrying
-LaneService, health checking and server reflection. Tests use it directly. :func:`serve` runs
-it until SIGTERM or SIGINT, then shuts down gracefully; :func:`main` is the process entry point
-behind ``python -m service.app`` and ``lane serve``.
+LaneService, health checking and server reflection, plus the Prometheus endpoint when
+``LANE_METRICS_LISTEN`` is set. Tests use it directly. :func:`serve` runs it until SIGTERM or
+SIGINT, then shuts down gracefully; :func:`main` is the process entry point behind
+``python -m service.app`` and ``lane serve``.
 
 Shutdown order: health flips every service to NOT_SERVING (load balancers and watchers of the
-health stream see it first), in-flight calls get the grace period, then the hub stops, the
+health stream see it first), in-flight calls get the grace period, then the background tasks
+and the metrics endpoint stop (it answers scrapes through the grace period), the hub stops, the
 store's pool closes, and the embedded PostgreSQL (if any) stops.
 """
 
@@ -31,11 +33,25 @@ from grpc_reflection.v1alpha import reflection
 from lane.v1 import lane_service_pb2
 
 from service.api import WatchSettings, add_lane_service
-from service.app.config import ConfigError, Settings, mask_password, parse_listen
+from service.api.auth import Authenticator
+from service.app.config import (
+    ConfigError,
+    Settings,
+    is_loopback,
+    mask_password,
+    parse_listen,
+    require_auth_or_loopback,
+)
 from service.app.embedded import EmbeddedPostgres, start_embedded
-from service.app.maintenance import reconcile_forever, retention_forever
+from service.app.maintenance import (
+    notification_queue_forever,
+    reconcile_forever,
+    retention_forever,
+)
 from service.hub import Hub
-from service.store import Store
+from service.logs import configure as configure_log_format
+from service.metrics import MetricsEndpoint, serve_metrics
+from service.store import DEFAULT_NAMESPACE, Store
 
 _log = logging.getLogger(__name__)
 
@@ -114,8 +130,15 @@ class RunningServer:
     applied_migrations: list[str]
     embedded: EmbeddedPostgres | None = None
     maintenance: list[asyncio.Task[None]] = field(default_factory=list)
+    #: The Prometheus endpoint (``LANE_METRICS_LISTEN``), None when off.
+    metrics: MetricsEndpoint | None = None
     _stop_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port the metrics endpoint is bound to (None when off)."""
+        return None if self.metrics is None else self.metrics.port
 
     async def stop(self, grace: float | None = None) -> None:
         """Shut down gracefully: NOT_SERVING, let calls finish for ``grace`` s, close, stop.
@@ -138,6 +161,8 @@ class RunningServer:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+                if self.metrics is not None:
+                    await asyncio.to_thread(self.metrics.stop)
                 await _release(self.hub, self.store, self.embedded)
             _log.info("lane service on %s stopped", self.address)
 
@@ -151,8 +176,10 @@ async def start_server(
     """Start the service and return it running.
 
     ``target`` is either full :class:`Settings` or just a database URL (then the server listens
-    on ``127.0.0.1:0``, a free port). ``listen`` overrides the address in either case. Opens the
-    store, applies pending migrations, and serves LaneService, health and reflection. Raises
+    on ``127.0.0.1:0``, a free port). ``listen`` overrides the address in either case, and
+    ``watch`` the watch settings (default: the published ones, with the watcher limits of
+    ``target``). Opens the store, applies pending migrations, and serves LaneService, health
+    and reflection. Raises
     :class:`StartupError` when the database is unreachable or the address cannot be bound;
     whatever was started by then is stopped again.
     """
@@ -160,11 +187,13 @@ async def start_server(
     if listen is not None or not isinstance(target, Settings):
         address = parse_listen("listen", listen or "127.0.0.1:0")
         settings = dataclasses.replace(settings, listen=address)
+    require_auth_or_loopback(settings)
 
     embedded: EmbeddedPostgres | None = None
     store: Store | None = None
     hub: Hub | None = None
     server: grpc.aio.Server | None = None
+    metrics: MetricsEndpoint | None = None
     try:
         if settings.database_url is None:
             # pgserver blocks (initdb, pg_ctl): keep the event loop free meanwhile.
@@ -179,7 +208,13 @@ async def start_server(
         await hub.start()
 
         server = grpc.aio.server(options=SERVER_OPTIONS)
-        health_servicer = await _add_services(server, store, hub, watch)
+        watch = watch or WatchSettings(
+            max_watchers_per_lane=settings.max_watchers_per_lane,
+            max_watchers_per_process=settings.max_watchers,
+        )
+        health_servicer = await _add_services(
+            server, store, hub, watch, Authenticator(settings.auth_tokens)
+        )
         try:
             credentials = server_credentials(settings)
             port = (
@@ -189,11 +224,14 @@ async def start_server(
             )
         except RuntimeError as err:
             raise StartupError(f"cannot listen on {settings.listen}: {err}") from None
+        metrics = await _start_metrics(settings.metrics_listen)
         await server.start()
     except BaseException:
         # Also on cancellation: a half-started service must not leak a pool or a PostgreSQL.
         if server is not None:
             await server.stop(None)
+        if metrics is not None:
+            await asyncio.to_thread(metrics.stop)
         await _release(hub, store, embedded)
         raise
 
@@ -214,7 +252,14 @@ async def start_server(
                 reconcile_forever(store, timedelta(seconds=settings.orphan_seconds)),
                 name="reconcile",
             ),
+            # The queue-usage gauge is read by scrapes only: refresh it only when they can come.
+            *(
+                [asyncio.create_task(notification_queue_forever(store), name="notify-queue")]
+                if metrics is not None
+                else []
+            ),
         ],
+        metrics=metrics,
     )
     _log.info(
         "lane service listening on %s (%s); database: %s; migrations applied now: %s",
@@ -223,7 +268,25 @@ async def start_server(
         database,
         ", ".join(applied) if applied else "none (schema up to date)",
     )
+    if metrics is not None:
+        _log.info("Prometheus metrics on http://%s/metrics", metrics.address)
+    _log_auth(settings)
     return running
+
+
+def _log_auth(settings: Settings) -> None:
+    if not settings.auth_tokens:
+        _log.warning(
+            "auth is OFF: every caller reaches every lane (namespace %r); allowed because %s "
+            "is a loopback address. Set LANE_AUTH_TOKENS to require bearer tokens.",
+            DEFAULT_NAMESPACE,
+            settings.listen,
+        )
+        return
+    namespaces = sorted(set(settings.auth_tokens.values()))
+    _log.info("auth: bearer tokens for %d namespace(s): %s", len(namespaces), ", ".join(namespaces))
+    if settings.tls_cert_file is None and not is_loopback(settings.listen):
+        _log.warning("bearer tokens travel in plaintext on %s: configure TLS", settings.listen)
 
 
 async def serve(settings: Settings) -> None:
@@ -262,12 +325,12 @@ def main() -> int:
 
     0 after a graceful shutdown, 2 for a bad configuration, 1 when start-up fails.
     """
-    configure_logging()
     try:
         settings = Settings.from_env()
     except ConfigError as err:
         print(f"lane: configuration error: {err}", file=sys.stderr)
         return 2
+    configure_logging(settings.log_format)
     try:
         asyncio.run(serve(settings))
     except StartupError as err:
@@ -276,13 +339,23 @@ def main() -> int:
     return 0
 
 
-def configure_logging() -> None:
-    """Log INFO and above to stderr, unless the application configured logging already."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def configure_logging(log_format: str = "text") -> None:
+    """Log INFO and above to stderr as ``text`` or ``json`` lines carrying the served request's
+    ids (``service/logs.py``), unless the application configured logging already."""
+    configure_log_format(log_format)
     # pgserver narrates every step of starting PostgreSQL at INFO; keep its warnings.
     logging.getLogger("pgserver").setLevel(logging.WARNING)
+
+
+async def _start_metrics(listen: str | None) -> MetricsEndpoint | None:
+    """Serve Prometheus metrics on ``listen`` (``host:port``), or nothing when None."""
+    if listen is None:
+        return None
+    host, _, port = listen.rpartition(":")
+    try:
+        return await asyncio.to_thread(serve_metrics, host, int(port))
+    except OSError as err:
+        raise StartupError(f"cannot serve metrics on {listen}: {err}") from None
 
 
 def _request_stop(sig: signal.Signals, stop_requested: asyncio.Event) -> None:
@@ -315,10 +388,17 @@ async def _check_database(dsn: str, database: str) -> None:
 
 
 async def _add_services(
-    server: grpc.aio.Server, store: Store, hub: Hub, watch: WatchSettings | None
+    server: grpc.aio.Server,
+    store: Store,
+    hub: Hub,
+    watch: WatchSettings | None,
+    authenticator: Authenticator,
 ) -> Any:
-    """Register LaneService, health (all SERVING) and reflection; return the health servicer."""
-    add_lane_service(server, store, hub, watch)
+    """Register LaneService, health (all SERVING) and reflection; return the health servicer.
+
+    Health and reflection stay open without a token: probes and tools need them, and they
+    reveal no lane."""
+    add_lane_service(server, store, hub, watch, authenticator)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in (health.OVERALL_HEALTH, LANE_SERVICE_NAME):

@@ -114,7 +114,8 @@ def start_run(
         QueueKind.QUEUE_KIND_FOLLOW_UP,
         settings.follow_up_mode == lane_service_pb2.DELIVERY_MODE_ONE_AT_A_TIME,
     )
-    captured.sort(key=lambda item: [i.entry_id for i in state.inbox].index(item.entry_id))
+    position = {item.entry_id: index for index, item in enumerate(state.inbox)}
+    captured.sort(key=lambda item: position[item.entry_id])
     if not prompt and not any(item.kind in _CONVERSATIONAL for item in captured):
         raise InvalidArgument(
             "EMPTY_PROMPT",

@@ -4,7 +4,7 @@ Correctness never depends on NOTIFY: a watcher always reads its lane's event log
 last revision, and the hub only tells it *when* to look. Three things ring:
 
 - a commit in this process rings its lane at once (``Store.commit_listeners``);
-- a NOTIFY from another process (payload: the lane id) rings that lane;
+- a NOTIFY from another process (payload: ``namespace/lane_id``) rings that lane;
 - a poll every ``poll_interval`` seconds rings every watched lane whose head moved past what
   its watchers have seen — the fallback when NOTIFY is off, lost, or the listener is down.
 
@@ -22,7 +22,8 @@ from typing import Any
 
 import psycopg
 
-from service.store import Store
+from service import metrics
+from service.store import LaneRef, Store
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,8 @@ DOORBELL_COALESCE_SECONDS = 0.002
 class Subscription:
     """One watcher's interest in one lane."""
 
-    def __init__(self, lane_id: str) -> None:
-        self.lane_id = lane_id
+    def __init__(self, lane: LaneRef) -> None:
+        self.lane = lane
         #: The revision this watcher has delivered through; the poller wakes it past that.
         self.revision = 0
         self._wake = asyncio.Event()
@@ -61,8 +62,8 @@ class Hub:
         self.store = store
         self.notify = notify
         self.poll_interval = poll_interval
-        self._subscriptions: dict[str, set[Subscription]] = {}
-        self._dirty: set[str] = set()
+        self._subscriptions: dict[LaneRef, set[Subscription]] = {}
+        self._dirty: set[LaneRef] = set()
         self._dirty_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
@@ -96,28 +97,28 @@ class Hub:
     # -- watchers --------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def subscribe(self, lane_id: str) -> Iterator[Subscription]:
-        """Register a watcher of ``lane_id`` for the duration of the block."""
-        subscription = Subscription(lane_id)
-        self._subscriptions.setdefault(lane_id, set()).add(subscription)
+    def subscribe(self, lane: LaneRef) -> Iterator[Subscription]:
+        """Register a watcher of ``lane`` for the duration of the block."""
+        subscription = Subscription(lane)
+        self._subscriptions.setdefault(lane, set()).add(subscription)
         try:
             yield subscription
         finally:
-            watchers = self._subscriptions.get(lane_id)
+            watchers = self._subscriptions.get(lane)
             if watchers is not None:
                 watchers.discard(subscription)
                 if not watchers:
-                    del self._subscriptions[lane_id]
+                    del self._subscriptions[lane]
 
-    def watcher_count(self, lane_id: str | None = None) -> int:
+    def watcher_count(self, lane: LaneRef | None = None) -> int:
         """How many watchers this process has (on one lane, or in all)."""
-        if lane_id is not None:
-            return len(self._subscriptions.get(lane_id, ()))
+        if lane is not None:
+            return len(self._subscriptions.get(lane, ()))
         return sum(len(s) for s in self._subscriptions.values())
 
-    def ring(self, lane_id: str) -> None:
-        """Wake every local watcher of ``lane_id``."""
-        for subscription in self._subscriptions.get(lane_id, ()):
+    def ring(self, lane: LaneRef) -> None:
+        """Wake every local watcher of ``lane``."""
+        for subscription in self._subscriptions.get(lane, ()):
             subscription.ring()
 
     def ring_all(self) -> None:
@@ -126,11 +127,11 @@ class Hub:
             for subscription in watchers:
                 subscription.ring()
 
-    def committed(self, lane_id: str, revision: int) -> None:
+    def committed(self, lane: LaneRef, revision: int) -> None:
         """A commit in this process: wake local watchers now, ring other processes soon."""
-        self.ring(lane_id)
+        self.ring(lane)
         if self.notify:
-            self._dirty.add(lane_id)
+            self._dirty.add(lane)
             self._dirty_event.set()
 
     # -- tasks -----------------------------------------------------------------------------
@@ -153,7 +154,7 @@ class Hub:
                         )
                     await conn.execute(
                         "SELECT pg_notify(%s, lane) FROM unnest(%s::text[]) AS lane",
-                        (CHANNEL, lanes),
+                        (CHANNEL, [_doorbell(lane) for lane in lanes]),
                     )
                 except (psycopg.Error, OSError) as exc:
                     # Lost doorbells are covered by polling; never let them fail a commit.
@@ -176,9 +177,10 @@ class Hub:
                     # Anything committed while we were not listening is caught up now.
                     self.ring_all()
                     async for notification in conn.notifies():
-                        self.ring(notification.payload)
+                        self.ring(_rung_lane(notification.payload))
             except (psycopg.Error, OSError) as exc:
                 self.listening.clear()
+                metrics.LISTENER_RECONNECTS.inc()
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -190,16 +192,29 @@ class Hub:
                 continue
             try:
                 async with self.store.pool.connection() as conn:
+                    watched = list(self._subscriptions)
                     cur = await conn.execute(
-                        "SELECT lane_id, revision FROM lanes WHERE lane_id = ANY(%s)",
-                        (list(self._subscriptions),),
+                        "SELECT l.namespace, l.lane_id, l.revision"
+                        " FROM unnest(%s::text[], %s::text[]) AS w(namespace, lane_id)"
+                        " JOIN lanes l USING (namespace, lane_id)",
+                        ([lane.namespace for lane in watched], [lane.lane_id for lane in watched]),
                     )
-                    heads: dict[str, int] = dict(await cur.fetchall())
+                    heads = {LaneRef(ns, lane_id): rev for ns, lane_id, rev in await cur.fetchall()}
             except (psycopg.Error, OSError) as exc:
                 log.warning("poll failed: %s", exc)
                 continue
-            for lane_id, watchers in list(self._subscriptions.items()):
-                head = heads.get(lane_id)
+            for lane, watchers in list(self._subscriptions.items()):
+                head = heads.get(lane)
                 for subscription in watchers:
                     if head is None or head > subscription.revision:
                         subscription.ring()
+
+
+def _doorbell(lane: LaneRef) -> str:
+    # Namespace names never contain "/", so the first one separates the two.
+    return f"{lane.namespace}/{lane.lane_id}"
+
+
+def _rung_lane(payload: str) -> LaneRef:
+    namespace, _, lane_id = payload.partition("/")
+    return LaneRef(namespace, lane_id)

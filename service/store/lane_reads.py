@@ -7,6 +7,7 @@ the same transaction and so see the state the lock protects.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from lane.v1 import entries_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
@@ -22,56 +23,62 @@ from service.domain.state import (
     ToolCall,
 )
 from service.store.codec import decode, decode_optional
+from service.store.lane_ref import LaneRef
 
 Conn = AsyncConnection[Any]
 
 _LANE = (
     "SELECT revision, tip_id, configuration, message_count, usage_totals,"
-    " current_operation_id, last_operation_id, faulted FROM lanes WHERE lane_id = %(lane)s"
+    " current_operation_id, last_operation_id, faulted FROM lanes"
+    " WHERE namespace = %(ns)s AND lane_id = %(lane)s"
 )
-_INBOX = "SELECT body FROM inbox WHERE lane_id = %(lane)s ORDER BY position"
+_INBOX = "SELECT body FROM inbox WHERE namespace = %(ns)s AND lane_id = %(lane)s ORDER BY position"
 _OPERATION = (
     "SELECT o.operation_id, o.kind, o.started_time, o.from_tip_id, o.settings,"
     " o.cancel_requested, o.phase, o.continuation, o.turn_id, o.batch_entry_id, e.body,"
     " o.lease_token, o.lease_holder, o.lease_expires, o.recovering,"
     " o.streaming, o.retry, o.deferred, o.attempt, o.reason"
-    " FROM lanes l JOIN operations o ON o.operation_id = l.current_operation_id"
-    " LEFT JOIN entries e ON e.lane_id = l.lane_id AND e.entry_id = o.batch_entry_id"
-    " WHERE l.lane_id = %(lane)s"
+    " FROM lanes l"
+    " JOIN operations o ON o.namespace = l.namespace AND o.operation_id = l.current_operation_id"
+    " LEFT JOIN entries e"
+    "  ON e.namespace = l.namespace AND e.lane_id = l.lane_id AND e.entry_id = o.batch_entry_id"
+    " WHERE l.namespace = %(ns)s AND l.lane_id = %(lane)s"
 )
 _CALLS = (
     "SELECT t.source_index, t.tool_call_id, t.tool_name, t.result_entry_id, t.status,"
     " t.replay, t.arguments_json, t.progress, t.checkpoint, t.result_message, t.terminate"
-    " FROM lanes l JOIN tool_calls t ON t.operation_id = l.current_operation_id"
-    " WHERE l.lane_id = %(lane)s ORDER BY t.source_index"
+    " FROM lanes l"
+    " JOIN tool_calls t ON t.namespace = l.namespace AND t.operation_id = l.current_operation_id"
+    " WHERE l.namespace = %(ns)s AND l.lane_id = %(lane)s ORDER BY t.source_index"
 )
 _LAST_RESULT = (
-    "SELECT o.result FROM lanes l JOIN operations o ON o.operation_id = l.last_operation_id"
-    " WHERE l.lane_id = %(lane)s"
+    "SELECT o.result FROM lanes l"
+    " JOIN operations o ON o.namespace = l.namespace AND o.operation_id = l.last_operation_id"
+    " WHERE l.namespace = %(ns)s AND l.lane_id = %(lane)s"
 )
 
 
 async def load_lane(
-    conn: Conn, lane_id: str, *, lock: bool, with_last_result: bool = False
+    conn: Conn, lane: LaneRef, *, lock: bool, with_last_result: bool = False
 ) -> LaneState | None:
     """The lane's state, or None when it does not exist. ``lock`` takes the lane row lock.
 
     ``with_last_result`` also loads the last operation's result record (capture needs it;
     commands do not).
     """
-    params = {"lane": lane_id}
+    params = lane.params
     async with conn.pipeline():
-        lane = await conn.execute(_LANE + (" FOR UPDATE" if lock else ""), params)
+        lane_row = await conn.execute(_LANE + (" FOR UPDATE" if lock else ""), params)
         inbox = await conn.execute(_INBOX, params)
         operation = await conn.execute(_OPERATION, params)
         calls = await conn.execute(_CALLS, params)
         last = await conn.execute(_LAST_RESULT, params) if with_last_result else None
-        row = await lane.fetchone()
+        row = await lane_row.fetchone()
         if row is None:
             return None
         (revision, tip_id, configuration, message_count, totals, _, last_id, faulted) = row
         return LaneState(
-            lane_id=lane_id,
+            lane_id=lane.lane_id,
             revision=revision,
             tip_id=tip_id or "",
             configuration=decode(snapshot_pb2.LaneConfiguration, configuration),
@@ -169,35 +176,38 @@ def _call(row: tuple[Any, ...]) -> ToolCall:
     )
 
 
-async def load_transcript(conn: Conn, lane_id: str, tip_id: str) -> list[entries_pb2.Entry]:
+async def load_transcript(conn: Conn, lane: LaneRef, tip_id: str) -> list[entries_pb2.Entry]:
     """Entries from the newest compaction at or before the tip to the tip, oldest first."""
     if not tip_id:
         return []
     cur = await conn.execute(
         "WITH RECURSIVE chain AS ("
         " SELECT entry_id, parent_id, kind, body, 0 AS depth FROM entries"
-        " WHERE lane_id = %(lane)s AND entry_id = %(tip)s"
+        " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND entry_id = %(tip)s"
         " UNION ALL"
         " SELECT e.entry_id, e.parent_id, e.kind, e.body, chain.depth + 1"
-        " FROM entries e JOIN chain ON e.lane_id = %(lane)s AND e.entry_id = chain.parent_id"
+        " FROM entries e JOIN chain"
+        "  ON e.namespace = %(ns)s AND e.lane_id = %(lane)s AND e.entry_id = chain.parent_id"
         " WHERE chain.kind <> 'compaction')"
         " SELECT body FROM chain ORDER BY depth DESC",
-        {"lane": lane_id, "tip": tip_id},
+        {**lane.params, "tip": tip_id},
     )
     return [decode(entries_pb2.Entry, body) for (body,) in await cur.fetchall()]
 
 
 async def load_events(
-    conn: Conn, lane_id: str, after_revision: int, limit: int
-) -> list[tuple[int, int, bytes]]:
-    """Up to ``limit`` events after ``after_revision`` as (revision, group_end, body), whole
-    groups only (a group is never cut)."""
+    conn: Conn, lane: LaneRef, after_revision: int, limit: int
+) -> list[tuple[int, int, bytes, datetime]]:
+    """Up to ``limit`` events after ``after_revision`` as (revision, group_end, body,
+    commit_time), whole groups only (a group is never cut)."""
     cur = await conn.execute(
-        "SELECT revision, group_end, body FROM events WHERE lane_id = %s AND revision > %s"
-        " AND revision <= (SELECT COALESCE(MAX(group_end), %s) FROM ("
-        "   SELECT group_end FROM events WHERE lane_id = %s AND revision > %s"
-        "   ORDER BY revision LIMIT %s) AS head)"
+        "SELECT revision, group_end, body, commit_time FROM events"
+        " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND revision > %(after)s"
+        " AND revision <= (SELECT COALESCE(MAX(group_end), %(after)s) FROM ("
+        "   SELECT group_end FROM events"
+        "   WHERE namespace = %(ns)s AND lane_id = %(lane)s AND revision > %(after)s"
+        "   ORDER BY revision LIMIT %(limit)s) AS head)"
         " ORDER BY revision",
-        (lane_id, after_revision, after_revision, lane_id, after_revision, limit),
+        {**lane.params, "after": after_revision, "limit": limit},
     )
-    return [(r, g, bytes(b)) for (r, g, b) in await cur.fetchall()]
+    return [(r, g, bytes(b), t) for (r, g, b, t) in await cur.fetchall()]

@@ -5,20 +5,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from google.protobuf.message import Message
 from lane.v1 import lane_service_pb2, snapshot_pb2
 from psycopg_pool import AsyncConnectionPool
 
+from service import metrics
 from service.domain import lanes
 from service.domain.capture import capture
 from service.domain.errors import NotFound
 from service.domain.ids import new_id
+from service.domain.limits import check_commit
 from service.domain.reconcile import reconcile
 from service.domain.state import LaneState, Operation
 from service.domain.transition import Transition
 from service.store.lane_reads import load_events, load_lane, load_transcript
+from service.store.lane_ref import LaneRef
 from service.store.lane_writes import insert_lane, write_transition
 from service.store.pool import migrate_pool, open_pool
 from service.store.requests import RequestKey, replayed_answer, save_answer
@@ -27,13 +30,24 @@ R = TypeVar("R", bound=Message)
 
 #: ``decide(state, now) -> (transition, answer)``: a pure domain step plus the RPC's answer.
 Decide = Callable[[LaneState, datetime], tuple[Transition, R]]
-#: Called after every commit with the lane id and its new revision (the hub's doorbell).
-CommitListener = Callable[[str, int], None]
+#: Called after every commit with the lane and its new revision (the hub's doorbell).
+CommitListener = Callable[[LaneRef, int], None]
 
 
-def lane_not_found(lane_id: str) -> NotFound:
-    """The refusal for a lane that does not exist."""
-    return NotFound("LANE_NOT_FOUND", f"lane {lane_id} does not exist", laneId=lane_id)
+class EventGroup(NamedTuple):
+    """One commit's events as stored."""
+
+    first_revision: int
+    #: Encoded HarnessEvent bodies, in revision order.
+    bodies: list[bytes]
+    #: When the group was committed (its events' ``commit_time``).
+    commit_time: datetime
+
+
+def lane_not_found(lane: LaneRef) -> NotFound:
+    """The refusal for a lane that does not exist (in the caller's namespace: a lane of
+    another namespace gets exactly this answer)."""
+    return NotFound("LANE_NOT_FOUND", f"lane {lane.lane_id} does not exist", laneId=lane.lane_id)
 
 
 class Store:
@@ -56,13 +70,13 @@ class Store:
         """Close every connection."""
         await self.pool.close()
 
-    def _committed(self, lane_id: str, revision: int) -> None:
+    def _committed(self, lane: LaneRef, revision: int) -> None:
         for listener in self.commit_listeners:
-            listener(lane_id, revision)
+            listener(lane, revision)
 
     async def command(
         self,
-        lane_id: str,
+        lane: LaneRef,
         decide: Decide[R],
         answer_type: type[R],
         request: RequestKey | None = None,
@@ -83,12 +97,12 @@ class Store:
         it runs to its commit or rollback, so a retry finds its outcome under the request id.
         """
         return await asyncio.shield(
-            self._command(lane_id, decide, answer_type, request, amends=amends)
+            self._command(lane, decide, answer_type, request, amends=amends)
         )
 
     async def _command(
         self,
-        lane_id: str,
+        lane: LaneRef,
         decide: Decide[R],
         answer_type: type[R],
         request: RequestKey | None,
@@ -97,75 +111,82 @@ class Store:
     ) -> R:
         # One pipeline: BEGIN and the load go out together, then the writes and COMMIT.
         async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
-            state = await load_lane(conn, lane_id, lock=True)
+            state = await load_lane(conn, lane, lock=True)
             if state is None:
-                raise lane_not_found(lane_id)
+                raise lane_not_found(lane)
             if request is not None:
-                replay = await replayed_answer(conn, lane_id, request, answer_type)
+                replay = await replayed_answer(conn, lane, request, answer_type)
                 if replay is not None:
                     return replay
             transition, answer = decide(state, datetime.now(UTC))
-            await write_transition(conn, state, transition)
+            check_commit(state, transition)  # refuses what could never be delivered
+            await write_transition(conn, lane, state, transition)
             if request is not None:
-                await save_answer(conn, lane_id, request, answer)
+                await save_answer(conn, lane, request, answer)
             if amends is not None:
                 if transition.events:
-                    await save_answer(conn, lane_id, amends, answer)
+                    await save_answer(conn, lane, amends, answer)
                 else:
-                    answer = await replayed_answer(conn, lane_id, amends, answer_type) or answer
+                    answer = await replayed_answer(conn, lane, amends, answer_type) or answer
         if transition.events:
-            self._committed(lane_id, transition.state.revision)
+            metrics.EVENTS_APPENDED.inc(len(transition.events))
+            self._committed(lane, transition.state.revision)
         return answer
 
     async def create_lane(
         self,
-        lane_id: str,
+        lane: LaneRef,
         configuration: snapshot_pb2.LaneConfiguration,
         request: RequestKey | None = None,
     ) -> lane_service_pb2.CreateLaneResponse:
         """Get-or-create: a new lane emits lane_created; an existing one is returned as is."""
         answer_type = lane_service_pb2.CreateLaneResponse
-        transition = lanes.create_lane(lane_id, configuration, datetime.now(UTC))
+        transition = lanes.create_lane(lane.lane_id, configuration, datetime.now(UTC))
+        check_commit(None, transition)
         async with self.pool.connection() as conn, conn.transaction():
-            created = await insert_lane(conn, transition.state)
-            state = await load_lane(conn, lane_id, lock=True)
+            created = await insert_lane(conn, lane, transition.state)
+            state = await load_lane(conn, lane, lock=True)
             assert state is not None
             if request is not None:
-                replay = await replayed_answer(conn, lane_id, request, answer_type)
+                replay = await replayed_answer(conn, lane, request, answer_type)
                 if replay is not None:
                     return replay
             if created:
-                await write_transition(conn, state, transition)
+                await write_transition(conn, lane, state, transition)
                 state = transition.state
             answer = answer_type(created=created, revision=state.revision)
             if request is not None:
-                await save_answer(conn, lane_id, request, answer)
+                await save_answer(conn, lane, request, answer)
         if created:
-            self._committed(lane_id, state.revision)
+            metrics.EVENTS_APPENDED.inc(len(transition.events))
+            self._committed(lane, state.revision)
         return answer
 
-    async def snapshot(self, lane_id: str) -> snapshot_pb2.LaneSnapshot:
+    async def snapshot(self, lane: LaneRef) -> snapshot_pb2.LaneSnapshot:
         """Capture the lane in one REPEATABLE READ transaction."""
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            state = await load_lane(conn, lane_id, lock=False, with_last_result=True)
+            state = await load_lane(conn, lane, lock=False, with_last_result=True)
             if state is None:
-                raise lane_not_found(lane_id)
-            transcript = await load_transcript(conn, lane_id, state.tip_id)
+                raise lane_not_found(lane)
+            transcript = await load_transcript(conn, lane, state.tip_id)
         return capture(state, transcript)
 
     async def list_lanes(
-        self, page_size: int, after_lane_id: str
+        self, namespace: str, page_size: int, after_lane_id: str
     ) -> tuple[list[lane_service_pb2.LaneSummary], str]:
-        """Lanes in id order after ``after_lane_id``; the next page token ('' at the end)."""
+        """The namespace's lanes in id order after ``after_lane_id``; the next page token
+        ('' at the end)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT l.lane_id, l.revision, l.tip_id, l.current_operation_id,"
                 " o.cancel_requested FROM lanes l"
-                " LEFT JOIN operations o ON o.operation_id = l.current_operation_id"
+                " LEFT JOIN operations o"
+                "  ON o.namespace = l.namespace AND o.operation_id = l.current_operation_id"
                 # Code-point order whatever the database's collation, so pages are stable.
-                ' WHERE l.lane_id > %s COLLATE "C" ORDER BY l.lane_id COLLATE "C" LIMIT %s',
-                (after_lane_id, page_size + 1),
+                ' WHERE l.namespace = %s AND l.lane_id > %s COLLATE "C"'
+                ' ORDER BY l.lane_id COLLATE "C" LIMIT %s',
+                (namespace, after_lane_id, page_size + 1),
             )
             rows = await cur.fetchall()
         lanes_found = [
@@ -187,31 +208,31 @@ class Store:
         next_token = lanes_found[-1].lane_id if len(rows) > page_size else ""
         return lanes_found, next_token
 
-    async def lane_head(self, lane_id: str) -> tuple[int, int]:
+    async def lane_head(self, lane: LaneRef) -> tuple[int, int]:
         """The lane's (head revision, retention floor)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT revision, retention_floor FROM lanes WHERE lane_id = %s", (lane_id,)
+                "SELECT revision, retention_floor FROM lanes"
+                " WHERE namespace = %(ns)s AND lane_id = %(lane)s",
+                lane.params,
             )
             row = await cur.fetchone()
         if row is None:
-            raise lane_not_found(lane_id)
+            raise lane_not_found(lane)
         return row[0], row[1]
 
-    async def read_events(
-        self, lane_id: str, after_revision: int, limit: int
-    ) -> list[tuple[int, list[bytes]]]:
+    async def read_events(self, lane: LaneRef, after_revision: int, limit: int) -> list[EventGroup]:
         """Whole event groups after ``after_revision`` (at least one group when any exists,
-        about ``limit`` events at most): (first revision, encoded HarnessEvent bodies)."""
+        about ``limit`` events at most)."""
         async with self.pool.connection() as conn:
-            rows = await load_events(conn, lane_id, after_revision, limit)
-        groups: list[tuple[int, list[bytes]]] = []
+            rows = await load_events(conn, lane, after_revision, limit)
+        groups: list[EventGroup] = []
         group_end = None
-        for revision, end, body in rows:
+        for revision, end, body, commit_time in rows:
             if end != group_end:
-                groups.append((revision, []))
+                groups.append(EventGroup(revision, [], commit_time))
                 group_end = end
-            groups[-1][1].append(body)
+            groups[-1].bodies.append(body)
         return groups
 
     async def reconcile_orphans(self, orphan_after: timedelta, limit: int = 100) -> list[str]:
@@ -219,7 +240,7 @@ class Store:
         ``orphan_after``); return their operation ids. Safe to run from every process."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT lane_id, operation_id FROM operations"
+                "SELECT namespace, lane_id, operation_id FROM operations"
                 " WHERE lease_token > 0 AND phase <> 'ended'"
                 " AND (lease_holder IS NULL OR lease_expires <= now())"
                 " ORDER BY lease_expires LIMIT %s",
@@ -227,7 +248,7 @@ class Store:
             )
             candidates = await cur.fetchall()
         ended: list[str] = []
-        for lane_id, operation_id in candidates:
+        for namespace, lane_id, operation_id in candidates:
 
             def decide(
                 state: LaneState, now: datetime, operation_id: str = operation_id
@@ -238,23 +259,27 @@ class Store:
                     answer.result.CopyFrom(t.state.last_result)
                 return t, answer
 
-            answer = await self.command(lane_id, decide, lane_service_pb2.EndRunResponse)
+            answer = await self.command(
+                LaneRef(namespace, lane_id), decide, lane_service_pb2.EndRunResponse
+            )
             if answer.HasField("result"):
                 ended.append(operation_id)
         return ended
 
-    async def open_operation(self, lane_id: str) -> Operation | None:
+    async def open_operation(self, lane: LaneRef) -> Operation | None:
         """The lane's open operation as stored (no lock)."""
         async with self.pool.connection() as conn:
-            state = await load_lane(conn, lane_id, lock=False)
+            state = await load_lane(conn, lane, lock=False)
         if state is None:
-            raise lane_not_found(lane_id)
+            raise lane_not_found(lane)
         return state.operation
 
-    async def entry_exists(self, lane_id: str, entry_id: str) -> bool:
+    async def entry_exists(self, lane: LaneRef, entry_id: str) -> bool:
         """Whether the lane has the entry (entries are immutable and never deleted)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT 1 FROM entries WHERE lane_id = %s AND entry_id = %s", (lane_id, entry_id)
+                "SELECT 1 FROM entries"
+                " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND entry_id = %(entry)s",
+                {**lane.params, "entry": entry_id},
             )
             return await cur.fetchone() is not None

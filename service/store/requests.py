@@ -15,6 +15,7 @@ from psycopg import AsyncConnection
 
 from service.domain.errors import AlreadyExists
 from service.store.codec import decode, encode
+from service.store.lane_ref import LaneRef
 
 R = TypeVar("R", bound=Message)
 
@@ -40,13 +41,13 @@ class RequestKey:
 
 
 async def replayed_answer(
-    conn: AsyncConnection[Any], lane_id: str, key: RequestKey, answer_type: type[R]
+    conn: AsyncConnection[Any], lane: LaneRef, key: RequestKey, answer_type: type[R]
 ) -> R | None:
     """The stored answer for ``key``, None when the id is new; refuses a reused id."""
     cur = await conn.execute(
         "SELECT method, request_hash, response FROM requests"
-        " WHERE lane_id = %s AND request_id = %s",
-        (lane_id, key.request_id),
+        " WHERE namespace = %s AND lane_id = %s AND request_id = %s",
+        (*lane, key.request_id),
     )
     row = await cur.fetchone()
     if row is None:
@@ -63,12 +64,12 @@ async def replayed_answer(
 
 
 async def save_answer(
-    conn: AsyncConnection[Any], lane_id: str, key: RequestKey, answer: Message
+    conn: AsyncConnection[Any], lane: LaneRef, key: RequestKey, answer: Message
 ) -> None:
     """Record ``answer`` for ``key`` (replacing an earlier partial answer of the same request)."""
     await conn.execute(
-        "INSERT INTO requests (lane_id, request_id, method, request_hash, response)"
-        " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (lane_id, request_id)"
+        "INSERT INTO requests (namespace, lane_id, request_id, method, request_hash, response)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (namespace, lane_id, request_id)"
         " DO UPDATE SET response = EXCLUDED.response",
-        (lane_id, key.request_id, key.method, key.digest, encode(answer)),
+        (*lane, key.request_id, key.method, key.digest, encode(answer)),
     )

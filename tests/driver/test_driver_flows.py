@@ -168,6 +168,21 @@ async def test_a_tool_that_raises_gets_an_error_result_with_its_message(lane_stu
     assert placed.is_error and text_of(placed) == "disk on fire"
 
 
+async def test_a_result_over_the_services_limit_becomes_an_error_result(lane_stub) -> None:
+    lane = new_lane_id("drv-huge")
+
+    async def verbose(args: dict[str, Any], ctx: ToolContext) -> ToolResultLike:
+        return "x" * int(args["size"])
+
+    over, under = ("verbose", {"size": 600_000}), ("verbose", {"size": 500_000})
+    model = ScriptedModel([step("big", over), step("fits", under), step("done")])
+    result = await Driver(lane_stub, lane, [tool("verbose", verbose)]).run("go", model)
+    assert result.status == COMPLETED
+    too_big, fits = tool_results(await snapshot(lane_stub, lane))
+    assert too_big.is_error and "more than the 524288" in text_of(too_big)
+    assert not fits.is_error and text_of(fits) == "x" * 500_000
+
+
 async def test_progress_and_checkpoints_are_tool_updates(lane_stub) -> None:
     lane = new_lane_id("drv-progress")
     probe = await started_probe(lane_stub, lane)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import shutil
 import signal
 from collections.abc import Sequence
@@ -76,7 +77,9 @@ class NodeFollower:
         ]
 
     @classmethod
-    async def start(cls, lane_id: str, port: int, target: int | None = None) -> NodeFollower:
+    async def start(
+        cls, lane_id: str, port: int, target: int | None = None, token: str | None = None
+    ) -> NodeFollower:
         node = shutil.which("node")
         if node is None:
             pytest.fail("node is not on PATH: the TypeScript client needs Node 20 or newer")
@@ -100,6 +103,7 @@ class NodeFollower:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             limit=LINE_LIMIT,
+            env={**os.environ, "LANE_TOKEN": token or ""},
         )
         return cls(process)
 

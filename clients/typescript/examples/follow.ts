@@ -52,7 +52,8 @@ async function main(): Promise<number> {
   process.on("SIGTERM", stop);
   process.on("SIGINT", stop);
 
-  const client = createLaneClient(address);
+  // A service with auth on needs a bearer token: LANE_TOKEN, as for the Python `lane` CLI.
+  const client = createLaneClient(address, { token: process.env.LANE_TOKEN || undefined });
   try {
     for await (const update of watchLane(client, laneId, {
       signal: controller.signal,

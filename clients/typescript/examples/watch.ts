@@ -167,7 +167,8 @@ async function main(): Promise<number> {
   }
   const controller = new AbortController();
   process.once("SIGINT", () => controller.abort());
-  const client = createLaneClient(address);
+  // A service with auth on needs a bearer token: LANE_TOKEN, as for the Python `lane` CLI.
+  const client = createLaneClient(address, { token: process.env.LANE_TOKEN || undefined });
   const redraw = process.stdout.isTTY;
   try {
     for await (const update of watchLane(client, laneId, {

@@ -1,21 +1,36 @@
 /**
  * A LaneService client over real gRPC (HTTP/2) for Node, from connect-es.
  */
-import { createClient, type Client } from "@connectrpc/connect";
+import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport, type GrpcTransportOptions } from "@connectrpc/connect-node";
 import { LaneService } from "./gen/lane/v1/lane_service_pb.js";
 
 export type LaneClient = Client<typeof LaneService>;
 
+/** Options of {@link createLaneClient}: the transport's, plus the service's bearer token. */
+export type LaneClientOptions = Partial<GrpcTransportOptions> & {
+  /** Sent as `authorization: Bearer <token>` with every call (services with auth on). */
+  token?: string;
+};
+
 /**
  * A client for the service at `address`: `host:port` (plain-text gRPC, as `./dev serve`
  * listens) or a full `http://` / `https://` base URL. `options` go to `createGrpcTransport`
- * (interceptors, TLS via `nodeOptions`, keepalive `pingIntervalMs`, …).
+ * (interceptors, TLS via `nodeOptions`, keepalive `pingIntervalMs`, …), except `token`.
  */
-export function createLaneClient(
-  address: string,
-  options: Partial<GrpcTransportOptions> = {},
-): LaneClient {
+export function createLaneClient(address: string, options: LaneClientOptions = {}): LaneClient {
+  const { token, ...transport } = options;
   const baseUrl = /^https?:\/\//.test(address) ? address : `http://${address}`;
-  return createClient(LaneService, createGrpcTransport({ ...options, baseUrl }));
+  const interceptors = [...(transport.interceptors ?? [])];
+  if (token) {
+    interceptors.unshift(bearer(token));
+  }
+  return createClient(LaneService, createGrpcTransport({ ...transport, interceptors, baseUrl }));
+}
+
+function bearer(token: string): Interceptor {
+  return (next) => (request) => {
+    request.header.set("authorization", `Bearer ${token}`);
+    return next(request);
+  };
 }

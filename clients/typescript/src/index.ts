@@ -1,13 +1,13 @@
 /**
  * @lane/client: the TypeScript client of the lane service.
  *
- * - `createLaneClient(address)`: a typed LaneService client over gRPC (connect-es).
+ * - `createLaneClient(address, { token })`: a typed LaneService client over gRPC (connect-es).
  * - `watchLane(client, laneId, opts)`: a resumable watch yielding folded snapshots.
  * - `apply` / `fold` / `isRebase`: the snapshot reducer (same rules as the Python client).
  * - `LaneError` / `laneErrorFrom`: the service's errors with their decoded ErrorInfo.
  * - The generated lane.v1 messages, enums and the LaneService descriptor.
  */
-export { createLaneClient, type LaneClient } from "./client.js";
+export { createLaneClient, type LaneClient, type LaneClientOptions } from "./client.js";
 export { EVENT_KINDS, apply, fold, isRebase, type EventKind, type Reduction } from "./reducer.js";
 export { LANE_ERROR_DOMAIN, LaneError, codeName, errorInfoOf, laneErrorFrom } from "./errors.js";
 export {

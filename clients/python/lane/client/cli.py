@@ -9,7 +9,8 @@
                                         a scripted agent driving real tools
 
 Client commands talk to ``--target HOST:PORT`` (default: ``$LANE_TARGET``, else
-``127.0.0.1:50051``).
+``127.0.0.1:50051``), with the bearer token in ``$LANE_TOKEN`` when the service needs one (an
+environment variable, not an argument: arguments show in every process listing).
 
 Each subcommand is one ``_add_<name>(commands)`` function that declares its arguments and sets
 ``handler``: a function taking the parsed arguments and returning the exit status. A handler
@@ -98,7 +99,7 @@ def _with_stub(target: str, work: Callable[[Any], Awaitable[int]]) -> int:
     from lane.v1 import lane_service_pb2_grpc
 
     async def main() -> int:
-        async with open_channel(target) as channel:
+        async with open_channel(target, token=os.environ.get("LANE_TOKEN") or None) as channel:
             return await work(lane_service_pb2_grpc.LaneServiceStub(channel))
 
     try:

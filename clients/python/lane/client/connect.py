@@ -8,11 +8,15 @@ two-minute backoff::
 
     async with open_channel("127.0.0.1:50051") as channel:
         stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+
+A service with auth on needs a bearer token on every call: ``open_channel(target,
+token=...)`` sends ``authorization: Bearer <token>`` with each one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
@@ -39,15 +43,45 @@ def open_channel(
     target: str,
     *,
     credentials: grpc.ChannelCredentials | None = None,
+    token: str | None = None,
     extra_options: Sequence[tuple[str, str | int]] = (),
 ) -> grpc.aio.Channel:
-    """A channel to ``target`` (``host:port``): TLS with ``credentials``, else plaintext.
+    """A channel to ``target`` (``host:port``): TLS with ``credentials``, else plaintext;
+    every call carries the bearer ``token`` when one is given.
 
     Close it with ``await channel.close()`` or use it as an async context manager.
     """
     options: dict[str, str | int] = dict(CHANNEL_OPTIONS)
     options.update(extra_options)
     pairs = list(options.items())
+    # An interceptor rather than call credentials: gRPC refuses those on plaintext channels,
+    # and a service on loopback may well run without TLS.
+    interceptors = _bearer(token) if token else None
     if credentials is None:
-        return grpc.aio.insecure_channel(target, options=pairs)
-    return grpc.aio.secure_channel(target, credentials, options=pairs)
+        return grpc.aio.insecure_channel(target, options=pairs, interceptors=interceptors)
+    return grpc.aio.secure_channel(target, credentials, options=pairs, interceptors=interceptors)
+
+
+def _bearer(token: str) -> list[grpc.aio.ClientInterceptor]:
+    header = ("authorization", f"Bearer {token}")
+
+    def with_token(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()))
+        metadata.add(*header)
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+
+    class UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+        async def intercept_unary_unary(
+            self, continuation: Any, client_call_details: Any, request: Any
+        ) -> Any:
+            return await continuation(with_token(client_call_details), request)
+
+    class UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+        async def intercept_unary_stream(
+            self, continuation: Any, client_call_details: Any, request: Any
+        ) -> Any:
+            return await continuation(with_token(client_call_details), request)
+
+    return [UnaryUnary(), UnaryStream()]

@@ -47,6 +47,8 @@ from lane.v1 import messages_pb2
 __all__ = ["BatchCall", "LeaseLost", "RunControl", "ToolFlow"]
 
 _log = logging.getLogger("lane.client.driver")
+#: The largest tool result the service accepts (README "Limits": one payload, encoded).
+MAX_RESULT_BYTES = 512 * 1024
 
 _FAILED = grpc.StatusCode.FAILED_PRECONDITION
 
@@ -383,6 +385,18 @@ class ToolFlow:
             result, is_error = await self._after_tool(
                 run, turn_id, item, args, result, is_error, replaying
             )
+        if result.ByteSize() > MAX_RESULT_BYTES:
+            # The service would refuse it (PAYLOAD_TOO_LARGE) and the run could not go on;
+            # the model gets an error it can act on instead (ask for less, page through).
+            result = messages_pb2.ToolResult(
+                content=[
+                    _text_block(
+                        f"the tool's result is {result.ByteSize()} bytes encoded, more than the "
+                        f"{MAX_RESULT_BYTES} the lane service accepts; ask for less"
+                    )
+                ]
+            )
+            is_error = True
         await self._stage(run, item, executed=pb.ExecutedOutcome(result=result, is_error=is_error))
 
     async def _await_tool(

@@ -1,0 +1,120 @@
+"""Metrics and log context around every LaneService RPC.
+
+:func:`observed` wraps a method's handler from the first byte: it opens the log request scope
+(``service/logs.py``) and, for unary methods, counts the answer by status code and times it
+(``lane_commands_total``, ``lane_command_duration_seconds``). :func:`binding_ids` wraps the
+decoded-request handler inside it and binds the caller's namespace and the request's lane and
+operation ids to that scope, so every log line of the RPC names them. WatchLane's own metrics
+are in watch.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from service import logs, metrics
+from service.api.auth import caller_namespace
+
+log = logging.getLogger(__name__)
+
+# Where grpc-status carries a status's details (google.rpc.Status) in the trailing metadata.
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+Handler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+
+
+def observed(method: str, streaming: bool, handler: Handler) -> Handler:
+    """``handler`` inside a log request scope; a unary one also counted and timed."""
+
+    async def streaming_rpc(data: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        with logs.request_scope(method):
+            return await handler(data, context)
+
+    if streaming:
+        return streaming_rpc
+    seconds = metrics.COMMAND_SECONDS.labels(method)
+
+    async def unary_rpc(data: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        with logs.request_scope(method):
+            start = time.perf_counter()
+            code = "UNKNOWN"  # an exception grpc turns into UNKNOWN (the error table prevents it)
+            reason = ""
+            try:
+                answer = await handler(data, context)
+                code = "OK"
+                return answer
+            except grpc.aio.AbortError:
+                code = status_code_name(context)
+                reason = error_reason(context)
+                raise
+            except asyncio.CancelledError:
+                code = "CANCELLED"  # the client went away or the server stopped
+                raise
+            finally:
+                elapsed = time.perf_counter() - start
+                seconds.observe(elapsed)
+                metrics.COMMANDS.labels(method, code).inc()
+                why = f" {reason}" if reason else ""  # the ErrorInfo reason of a refusal
+                log.debug("%s answered %s%s in %.1f ms", method, code, why, elapsed * 1000)
+
+    return unary_rpc
+
+
+def binding_ids(implementation: Handler) -> Handler:
+    """``implementation`` (called with the decoded request) binding the request's ids to the
+    log scope; a unary answer's operation id too, when the request had none (StartRun)."""
+
+    async def bound(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        logs.bind(
+            namespace=_namespace(),
+            lane_id=_text(request, "lane_id"),
+            operation_id=_text(request, "operation_id"),
+        )
+        answer = await implementation(request, context)
+        if answer is not None:
+            logs.bind(operation_id=_text(answer, "operation_id"))
+        return answer
+
+    return bound
+
+
+def status_code_name(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The name of the status code an aborted call ended with (``UNKNOWN`` if none is set)."""
+    code: Any = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    for status in grpc.StatusCode:  # grpc.aio reports the code as its integer value
+        if status.value[0] == code:
+            return status.name
+    return "UNKNOWN"
+
+
+def error_reason(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The ErrorInfo reason of the status an aborted call ended with ("" if it has none)."""
+    for key, value in context.trailing_metadata() or ():
+        if key == _STATUS_DETAILS_KEY and isinstance(value, bytes):
+            for detail in status_pb2.Status.FromString(value).details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    reason: str = info.reason
+                    return reason
+    return ""
+
+
+def _namespace() -> str:
+    try:
+        return caller_namespace()  # set once the call is authenticated
+    except LookupError:
+        return ""
+
+
+def _text(message: Any, name: str) -> str:
+    value = getattr(message, name, "")
+    return value if isinstance(value, str) else ""

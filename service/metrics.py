@@ -1,0 +1,159 @@
+"""Every Prometheus metric of the service, defined once for the whole process.
+
+A cross-cutting module: it imports nothing of the service, so every layer may use it (the
+domain stays pure and does not). The metrics live in :data:`REGISTRY`, a registry of their own
+that also carries the standard ``process_*``, ``python_gc_*`` and ``python_info`` collectors;
+``LANE_METRICS_LISTEN`` serves it over HTTP (:func:`serve_metrics`). They are module-level, so
+several servers in one process (as in the tests) add to the same series.
+
+``lane_commands_total{method, code}`` (counter)
+    Unary LaneService RPCs answered, by method (``StartRun``, ...; the read-only
+    ``GetLaneSnapshot``, ``ListLanes`` and ``GetOperation`` included) and gRPC status code name
+    (``OK``, ``FAILED_PRECONDITION``, ...). The ErrorInfo reason is left out to keep the label
+    set bounded: each answer's DEBUG log line names it (``service/api/instrument.py``).
+``lane_command_duration_seconds{method}`` (histogram)
+    Time from receiving a unary RPC's bytes to its answer, refusals included.
+``lane_events_appended_total`` (counter)
+    Events committed to the event log (a command that changes nothing appends none).
+``lane_watchers_active`` (gauge)
+    WatchLane streams being served now.
+``lane_watchers_ended_total{reason}`` (counter)
+    WatchLane streams that ended: ``client_left`` (the client cancelled or went away),
+    ``too_slow`` (RESOURCE_EXHAUSTED ``WATCHER_TOO_SLOW``), ``shutdown`` (UNAVAILABLE
+    ``SERVER_SHUTTING_DOWN``), ``out_of_range`` (resume below the retention floor or past the
+    head), ``not_found`` (no such lane), another refusal's code name in lower case
+    (``resource_exhausted``, ...), or ``error`` (anything unexpected).
+``lane_delivery_latency_seconds`` (histogram)
+    From an event group's commit time (``HarnessEvent.commit_time``, stamped by the committing
+    process) to the moment a watcher wrote the group to its stream; one observation per group
+    and watcher. Across processes it includes their clock difference.
+``lane_listener_reconnects_total`` (counter)
+    Times the hub's LISTEN connection was lost or could not be opened (each is followed by a
+    reconnection attempt; polling covers the gap).
+``lane_notification_queue_usage_ratio`` (gauge)
+    ``pg_notification_queue_usage()``: the fraction (0..1) of PostgreSQL's NOTIFY queue in use,
+    refreshed every few seconds while the endpoint is on. Near 1, NOTIFY starts failing.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_wsgi_server,
+)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_collector)
+
+_COMMAND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_DELIVERY_BUCKETS = (
+    *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+    *(1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+
+COMMANDS = Counter(
+    "lane_commands",
+    "Unary LaneService RPCs answered, by method and gRPC status code name.",
+    ["method", "code"],
+    registry=REGISTRY,
+)
+COMMAND_SECONDS = Histogram(
+    "lane_command_duration_seconds",
+    "Time to answer a unary LaneService RPC, refusals included.",
+    ["method"],
+    buckets=_COMMAND_BUCKETS,
+    registry=REGISTRY,
+)
+EVENTS_APPENDED = Counter(
+    "lane_events_appended",
+    "Events committed to the event log.",
+    registry=REGISTRY,
+)
+WATCHERS_ACTIVE = Gauge(
+    "lane_watchers_active",
+    "WatchLane streams being served.",
+    registry=REGISTRY,
+)
+WATCHERS_ENDED = Counter(
+    "lane_watchers_ended",
+    "WatchLane streams that ended, by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+#: The reasons a watcher ends for, shown at zero before the first one does.
+WATCHER_END_REASONS = ("client_left", "too_slow", "shutdown", "out_of_range", "error")
+for _reason in WATCHER_END_REASONS:
+    WATCHERS_ENDED.labels(_reason)
+DELIVERY_SECONDS = Histogram(
+    "lane_delivery_latency_seconds",
+    "From an event group's commit time to a watcher writing it to its stream.",
+    buckets=_DELIVERY_BUCKETS,
+    registry=REGISTRY,
+)
+LISTENER_RECONNECTS = Counter(
+    "lane_listener_reconnects",
+    "Times the hub's LISTEN connection was lost or could not be opened.",
+    registry=REGISTRY,
+)
+NOTIFICATION_QUEUE_USAGE = Gauge(
+    "lane_notification_queue_usage_ratio",
+    "pg_notification_queue_usage(): the fraction of PostgreSQL's NOTIFY queue in use.",
+    registry=REGISTRY,
+)
+
+
+@dataclass
+class MetricsEndpoint:
+    """The HTTP endpoint serving :data:`REGISTRY` (any path) from a daemon thread."""
+
+    server: WSGIServer
+    thread: threading.Thread
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        """``host:port`` as bound (IPv6 hosts in brackets)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (blocks up to about half a second)."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def serve_metrics(host: str, port: int) -> MetricsEndpoint:
+    """Serve :data:`REGISTRY` on ``host``:``port`` (``[::1]`` or ``::1`` for IPv6; port 0 picks
+    a free one). Raises OSError when the address cannot be bound."""
+    host = host.removeprefix("[").removesuffix("]")
+    server, thread = start_wsgi_server(port, addr=host, registry=REGISTRY)
+    bound = server.socket.getsockname()
+    return MetricsEndpoint(server, thread, host, int(bound[1]))
+
+
+__all__ = [
+    "COMMANDS",
+    "COMMAND_SECONDS",
+    "DELIVERY_SECONDS",
+    "EVENTS_APPENDED",
+    "LISTENER_RECONNECTS",
+    "NOTIFICATION_QUEUE_USAGE",
+    "REGISTRY",
+    "WATCHERS_ACTIVE",
+    "WATCHERS_ENDED",
+    "WATCHER_END_REASONS",
+    "MetricsEndpoint",
+    "serve_metrics",
+]

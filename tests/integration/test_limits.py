@@ -1,0 +1,591 @@
+"""The published limits (README "Limits"), each at its boundary through gRPC.
+
+A request at a limit is accepted; one byte over is refused with the documented code and reason
+(docs/errors.md) and changes nothing: the lane's GetLaneSnapshot is the same before and after,
+revision included. Everything accepted stays deliverable: a Probe folds every accepted commit's
+events (read back through WatchLane) into the previous capture and compares with a fresh one.
+
+- request size: 4 MiB, gRPC's own RESOURCE_EXHAUSTED past it;
+- payloads: 512 KiB per message, argument text or result, 64 KiB per operation error
+  (INVALID_ARGUMENT ``PAYLOAD_TOO_LARGE``), a one-call run with every payload at its limit;
+- commits: a batch whose results add up past what ending the run could carry is refused
+  (RESOURCE_EXHAUSTED ``COMMIT_TOO_LARGE``) and the run goes on (the byte-exact boundaries of
+  the commit rule are in tests/unit/domain/test_domain_limits.py: they need a fixed clock);
+- GetLaneSnapshot: exactly 4 MiB answered, one byte more refused (``SNAPSHOT_TOO_LARGE``), and
+  WatchLane still delivers that lane in transcript chunks of at most about 1 MiB;
+- watchers: per lane and per process (``TOO_MANY_WATCHERS``), a leaving watcher frees its
+  place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.message import Message
+from lane.v1 import entries_pb2, lane_service_pb2_grpc, messages_pb2, snapshot_pb2
+from lane.v1 import lane_service_pb2 as pb
+
+from service.api import WatchSettings
+from service.app.config import ConfigError, Settings
+from service.app.server import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES, start_server
+from service.domain.limits import (
+    MAX_ERROR_BYTES,
+    MAX_LIVE_STATE_BYTES,
+    MAX_MESSAGE_BYTES,
+    MAX_PAYLOAD_BYTES,
+)
+from service.store import DEFAULT_NAMESPACE, LaneRef
+from tests.integration.lanes import (
+    Probe,
+    assistant,
+    error_info,
+    new_lane_id,
+    result,
+    text,
+    tool_call,
+    user,
+)
+from tests.integration.servers import extra_server
+from tests.outage.fuzz_encoding import padded_to
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+M = Any  # a protobuf message
+
+
+def sized(make: Callable[[int], M], target: int) -> M:
+    """``make(n)`` for the ``n`` whose encoding is exactly ``target`` bytes."""
+    n = target
+    for _ in range(10):
+        message = make(n)
+        size = message.ByteSize() if isinstance(message, Message) else len(message.encode())
+        if size == target:
+            return message
+        n += target - size
+    raise AssertionError(f"no size {target}")
+
+
+def sized_text(make: Callable[[str], M], target: int) -> M:
+    """``make("x" * n)`` of exactly ``target`` bytes."""
+    return sized(lambda n: make("x" * n), target)
+
+
+async def snapshot_of(stub: Any, lane_id: str) -> snapshot_pb2.LaneSnapshot:
+    response = await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    snapshot: snapshot_pb2.LaneSnapshot = response.snapshot
+    return snapshot
+
+
+async def refused(
+    stub: Any,
+    lane_id: str,
+    call: Awaitable[Any],
+    code: grpc.StatusCode,
+    reason: str,
+    **metadata: object,
+) -> grpc.aio.AioRpcError:
+    """Await ``call``: it must fail with ``code`` and ``reason`` (and ``metadata``) and leave
+    the lane as it was."""
+    before = await snapshot_of(stub, lane_id)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    error = caught.value
+    assert error.code() == code, error.details()
+    info = error_info(error)
+    assert info.reason == reason, error.details()
+    for key, value in metadata.items():
+        assert info.metadata[key] == str(value), (key, dict(info.metadata))
+    after = await snapshot_of(stub, lane_id)
+    assert after == before, "a refused command changed the lane"
+    assert after.revision == before.revision
+    return error
+
+
+async def over_then_at(
+    stub: Any,
+    lane_id: str,
+    send: Callable[[int], Awaitable[Any]],
+    field: str,
+    limit: int = MAX_PAYLOAD_BYTES,
+) -> Any:
+    """``send(limit + 1)`` is refused PAYLOAD_TOO_LARGE naming ``field``; ``send(limit)`` is
+    accepted (its answer is returned)."""
+    await refused(
+        stub,
+        lane_id,
+        send(limit + 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "PAYLOAD_TOO_LARGE",
+        field=field,
+        bytes=limit + 1,
+        limit=limit,
+    )
+    return await send(limit)
+
+
+async def new_lane(stub: Any, prefix: str = "limits") -> str:
+    lane_id = new_lane_id(prefix)
+    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    return lane_id
+
+
+async def test_the_published_message_limits_agree() -> None:
+    assert MAX_RECEIVE_MESSAGE_BYTES == MAX_SEND_MESSAGE_BYTES == MAX_MESSAGE_BYTES == 4 << 20
+    assert (MAX_PAYLOAD_BYTES, MAX_ERROR_BYTES, MAX_LIVE_STATE_BYTES) == (
+        512 << 10,
+        64 << 10,
+        (7 << 20) // 2,
+    )
+    assert WatchSettings().chunk_bytes == 1 << 20
+
+
+# -- request size ----------------------------------------------------------------------------
+
+
+async def test_a_request_of_4_mib_is_accepted_one_byte_more_is_refused_by_grpc(
+    lane_stub, lane_channel
+) -> None:
+    lane_id = await new_lane(lane_stub)
+    enqueue = lane_channel.unary_unary(
+        "/lane.v1.LaneService/EnqueueMessage",
+        request_serializer=lambda body: body,
+        response_deserializer=pb.EnqueueMessageResponse.FromString,
+    )
+    request = pb.EnqueueMessageRequest(
+        lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user("padded")
+    ).SerializeToString()
+    # An unknown field pads the request: the service ignores it, gRPC counts it.
+    over = padded_to(request, MAX_RECEIVE_MESSAGE_BYTES + 1)
+    before = await snapshot_of(lane_stub, lane_id)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await enqueue(over)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, caught.value.details()
+    assert await snapshot_of(lane_stub, lane_id) == before
+
+    answer = await enqueue(padded_to(request, MAX_RECEIVE_MESSAGE_BYTES))
+    assert answer.revision == before.revision + 1
+    after = await snapshot_of(lane_stub, lane_id)
+    assert [item.message for item in after.queues] == [user("padded")]
+
+
+# -- payloads --------------------------------------------------------------------------------
+
+
+async def test_a_run_with_every_payload_at_its_limit(lane_stub) -> None:
+    stub = lane_stub
+    lane_id = await new_lane(stub)
+    probe = Probe(stub, lane_id)
+    await probe.start()
+
+    def enqueue(size: int) -> Any:
+        message = sized_text(user, size)
+        return stub.EnqueueMessage(
+            pb.EnqueueMessageRequest(
+                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=message
+            )
+        )
+
+    await over_then_at(stub, lane_id, enqueue, "message")
+    await probe.check()
+
+    def start_run(size: int) -> Any:
+        prompt = sized_text(user, size)
+        return stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("hi"), prompt]))
+
+    run_id = (await over_then_at(stub, lane_id, start_run, "prompt[1]")).operation_id
+    await probe.check()  # the queued message and both prompts placed: three times each
+    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run_id))
+    await probe.check()
+
+    def settle(size: int) -> Any:
+        message = sized_text(lambda x: assistant(text(x), tool_call("c1", "t", {"a": 1})), size)
+        return stub.SettleAssistantMessage(
+            pb.SettleAssistantMessageRequest(
+                lane_id=lane_id, operation_id=run_id, turn_id=turn.turn_id, message=message
+            )
+        )
+
+    await over_then_at(stub, lane_id, settle, "message")
+    await probe.check()
+
+    def start_tool(size: int) -> Any:
+        arguments = sized_text(lambda x: json.dumps({"a": x}), size)
+        return stub.StartToolCall(
+            pb.StartToolCallRequest(
+                lane_id=lane_id, operation_id=run_id, tool_call_id="c1", arguments_json=arguments
+            )
+        )
+
+    await over_then_at(stub, lane_id, start_tool, "arguments_json")
+    await probe.check(["c1"])
+
+    def checkpoint(size: int) -> Any:
+        return stub.UpdateToolCall(
+            pb.UpdateToolCallRequest(
+                lane_id=lane_id,
+                operation_id=run_id,
+                tool_call_id="c1",
+                partial_result=sized_text(result, size),
+                checkpoint=True,
+            )
+        )
+
+    await over_then_at(stub, lane_id, checkpoint, "partial_result")
+    await probe.check(["c1"])
+
+    def stage(size: int) -> Any:
+        outcome = pb.ExecutedOutcome(result=sized_text(result, size))
+        return stub.StageToolOutcome(
+            pb.StageToolOutcomeRequest(
+                lane_id=lane_id, operation_id=run_id, tool_call_id="c1", executed=outcome
+            )
+        )
+
+    staged = await over_then_at(stub, lane_id, stage, "executed.result")
+    assert staged.batch_complete  # placed: the result in five events, two of them one group
+    await probe.check(["c1"])
+
+    def end(size: int) -> Any:
+        error = sized_text(lambda x: snapshot_pb2.OperationError(code="E", message=x), size)
+        return stub.EndRun(
+            pb.EndRunRequest(
+                lane_id=lane_id,
+                operation_id=run_id,
+                status=snapshot_pb2.OPERATION_RESULT_STATUS_FAILED,
+                error=error,
+            )
+        )
+
+    await over_then_at(stub, lane_id, end, "error", MAX_ERROR_BYTES)
+    await probe.check()
+    assert probe.snapshot.last_result.error.ByteSize() == MAX_ERROR_BYTES
+
+
+async def test_every_other_payload_kind_is_limited(lane_stub) -> None:
+    stub = lane_stub
+    lane_id = await new_lane(stub)
+    probe = Probe(stub, lane_id)
+    await probe.start()
+
+    def write(size: int) -> Any:
+        custom = sized_text(
+            lambda x: entries_pb2.CustomEntry(custom_type="note", data_json=json.dumps(x)), size
+        )
+        return stub.EnqueueMessage(
+            pb.EnqueueMessageRequest(
+                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_WRITE, custom=custom
+            )
+        )
+
+    await over_then_at(stub, lane_id, write, "custom")
+    run = await stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
+    run_id = run.operation_id
+    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run_id))
+    await probe.check()
+
+    def stream(size: int) -> Any:
+        partial = sized_text(
+            lambda x: assistant(text(x), stop=messages_pb2.STOP_REASON_PENDING), size
+        )
+        return stub.AppendAssistantStream(
+            pb.AppendAssistantStreamRequest(
+                lane_id=lane_id,
+                operation_id=run_id,
+                turn_id=turn.turn_id,
+                partials=[pb.StreamedPartial(message=partial)],
+            )
+        )
+
+    await over_then_at(stub, lane_id, stream, "partials[0].message")
+    await probe.check()
+
+    def suspend(size: int) -> Any:
+        deferred = sized_text(lambda x: snapshot_pb2.DeferredState(handle_json=json.dumps(x)), size)
+        return stub.SuspendRun(
+            pb.SuspendRunRequest(
+                lane_id=lane_id, operation_id=run_id, turn_id=turn.turn_id, deferred=deferred
+            )
+        )
+
+    await over_then_at(stub, lane_id, suspend, "deferred")
+    await stub.ResumeRun(pb.ResumeRunRequest(lane_id=lane_id, operation_id=run_id))
+    await probe.check()
+
+    def compact(size: int) -> Any:
+        entry = sized_text(lambda x: entries_pb2.CompactionEntry(summary=x), size)
+        return stub.CompactRun(
+            pb.CompactRunRequest(lane_id=lane_id, operation_id=run_id, entry=entry)
+        )
+
+    await stub.SettleAssistantMessage(
+        pb.SettleAssistantMessageRequest(
+            lane_id=lane_id,
+            operation_id=run_id,
+            turn_id=turn.turn_id,
+            message=assistant(text("done"), stop=messages_pb2.STOP_REASON_STOP),
+        )
+    )
+    await over_then_at(stub, lane_id, compact, "entry")
+    await probe.check()
+
+
+# -- commits ---------------------------------------------------------------------------------
+
+
+async def test_results_adding_up_past_the_run_end_are_refused_and_the_run_goes_on(
+    lane_stub,
+) -> None:
+    stub = lane_stub
+    lane_id = await new_lane(stub)
+    run = await stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
+    run_id = run.operation_id
+    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run_id))
+    calls = [tool_call(name, "t", {}) for name in ("a", "b", "c")]
+    await stub.SettleAssistantMessage(
+        pb.SettleAssistantMessageRequest(
+            lane_id=lane_id, operation_id=run_id, turn_id=turn.turn_id, message=assistant(*calls)
+        )
+    )
+    for name in ("a", "b", "c"):
+        await stub.StartToolCall(
+            pb.StartToolCallRequest(
+                lane_id=lane_id, operation_id=run_id, tool_call_id=name, arguments_json="{}"
+            )
+        )
+    probe = Probe(stub, lane_id)
+    await probe.start()
+
+    def stage(name: str, size: int) -> Any:
+        outcome = pb.ExecutedOutcome(result=sized_text(result, size))
+        return stub.StageToolOutcome(
+            pb.StageToolOutcomeRequest(
+                lane_id=lane_id, operation_id=run_id, tool_call_id=name, executed=outcome
+            )
+        )
+
+    # b and c wait for a. Ending the run would place both, each result in four events of one
+    # group (message_start, message_end, entry_added, turn_end): 8 x 512 KiB > 4 MiB.
+    await stage("b", MAX_PAYLOAD_BYTES)
+    await probe.check(["a", "b", "c"])
+    error = await refused(
+        stub,
+        lane_id,
+        stage("c", MAX_PAYLOAD_BYTES),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "COMMIT_TOO_LARGE",
+        part="runEnd",
+        limit=MAX_MESSAGE_BYTES - 4096,
+    )
+    assert int(error_info(error).metadata["bytes"]) > MAX_MESSAGE_BYTES - 4096
+    # A smaller result fits; the batch completes and everything is delivered.
+    await stage("c", MAX_PAYLOAD_BYTES // 2)
+    await probe.check(["a", "b", "c"])
+    placed = await stage("a", 1000)
+    assert placed.batch_complete
+    assert list(placed.placed_tool_call_ids) == ["a", "b", "c"]
+    await probe.check(["a", "b", "c"])
+
+
+# -- GetLaneSnapshot and the transcript chunks ---------------------------------------------
+
+
+async def test_a_snapshot_of_4_mib_is_answered_one_byte_more_goes_through_watch_only(
+    lane_stub, store
+) -> None:
+    stub = lane_stub
+    lane_id = await new_lane(stub, "big-snapshot")
+    # A transcript of about 3.8 MiB, over many commits: 10 runs with a 400 KB prompt each.
+    for index in range(10):
+        run = await stub.StartRun(
+            pb.StartRunRequest(lane_id=lane_id, prompt=[user(f"{index}" + "x" * 400_000)])
+        )
+        await stub.EndRun(
+            pb.EndRunRequest(
+                lane_id=lane_id,
+                operation_id=run.operation_id,
+                status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED,
+            )
+        )
+    # Handler errors change nothing but the revision: step it to 126, so a filler brings the
+    # snapshot to revision 127 (a 1-byte varint) and one more commit to 128 (2 bytes).
+    report = pb.ReportHandlerErrorRequest(lane_id=lane_id, error="e")
+    revision = (await snapshot_of(stub, lane_id)).revision
+    while revision < 126:
+        revision = (await stub.ReportHandlerError(report)).revision
+    assert revision == 126
+    before = pb.GetLaneSnapshotResponse(snapshot=await snapshot_of(stub, lane_id))
+    filler = pb.GetLaneSnapshotResponse()
+    filler.CopyFrom(before)
+    filler.snapshot.revision = 127
+
+    def item(x: str) -> snapshot_pb2.QueuedItem:
+        custom = entries_pb2.CustomEntry(custom_type="fill", data_json=json.dumps(x))
+        return snapshot_pb2.QueuedItem(
+            entry_id="0" * 36, kind=snapshot_pb2.QUEUE_KIND_WRITE, custom=custom
+        )
+
+    def filled(x: str) -> pb.GetLaneSnapshotResponse:
+        response = pb.GetLaneSnapshotResponse()
+        response.CopyFrom(filler)
+        response.snapshot.queues.append(item(x))
+        return response
+
+    exact = sized_text(filled, MAX_MESSAGE_BYTES).snapshot.queues[0]
+    await stub.EnqueueMessage(
+        pb.EnqueueMessageRequest(
+            lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_WRITE, custom=exact.custom
+        )
+    )
+    at_limit = await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    assert at_limit.ByteSize() == MAX_MESSAGE_BYTES
+    assert at_limit.snapshot.revision == 127
+
+    await stub.ReportHandlerError(report)  # revision 128: one byte more
+    lane = LaneRef(DEFAULT_NAMESPACE, lane_id)
+    whole = await store.snapshot(lane)
+    assert pb.GetLaneSnapshotResponse(snapshot=whole).ByteSize() == MAX_MESSAGE_BYTES + 1
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    info = error_info(caught.value)
+    assert info.reason == "SNAPSHOT_TOO_LARGE"
+    assert dict(info.metadata) == {
+        "laneId": lane_id,
+        "bytes": str(MAX_MESSAGE_BYTES + 1),
+        "limit": str(MAX_MESSAGE_BYTES),
+    }
+    assert "WatchLane" in (caught.value.details() or "")
+
+    # WatchLane sends it: a head, then transcript chunks of about 1 MiB each.
+    chunk_bytes = WatchSettings().chunk_bytes
+    call = stub.WatchLane(pb.WatchLaneRequest(lane_id=lane_id))
+    try:
+        head = await call.read()
+        assert head.WhichOneof("item") == "snapshot"
+        assert head.ByteSize() <= MAX_MESSAGE_BYTES
+        assembled = snapshot_pb2.LaneSnapshot()
+        assembled.CopyFrom(head.snapshot.snapshot)
+        assert head.snapshot.following_chunks >= 3
+        for _ in range(head.snapshot.following_chunks):
+            chunk = await call.read()
+            assert chunk.WhichOneof("item") == "transcript_chunk"
+            entries = chunk.transcript_chunk.entries
+            assert sum(e.ByteSize() for e in entries) <= chunk_bytes or len(entries) == 1
+            assert chunk.ByteSize() <= MAX_MESSAGE_BYTES
+            assembled.transcript.extend(entries)
+    finally:
+        call.cancel()
+    assert assembled == whole
+
+
+# -- watchers --------------------------------------------------------------------------------
+
+
+async def _first_message(call: Any) -> pb.WatchLaneResponse:
+    response: pb.WatchLaneResponse = await asyncio.wait_for(call.read(), 20)
+    return response
+
+
+async def _until(condition: Callable[[], bool], within: float = 10.0) -> None:
+    async with asyncio.timeout(within):
+        while not condition():  # noqa: ASYNC110 (the hub has no event for it)
+            await asyncio.sleep(0.02)
+
+
+async def test_watchers_are_limited_per_lane_and_per_process(session_database_url) -> None:
+    watch = WatchSettings(max_watchers_per_lane=2, max_watchers_per_process=3)
+    async with extra_server(session_database_url, watch=watch) as (running, stub):
+        lane_x, lane_y, lane_z = [await new_lane(stub, "watched") for _ in range(3)]
+        calls: list[Any] = []
+
+        async def watch_ok(lane_id: str) -> Any:
+            call = stub.WatchLane(pb.WatchLaneRequest(lane_id=lane_id))
+            calls.append(call)
+            assert (await _first_message(call)).WhichOneof("item") == "snapshot"
+            return call
+
+        async def watch_refused(lane_id: str, scope: str, limit: int) -> None:
+            call = stub.WatchLane(pb.WatchLaneRequest(lane_id=lane_id))
+            calls.append(call)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await _first_message(call)
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            info = error_info(caught.value)
+            assert info.reason == "TOO_MANY_WATCHERS", caught.value.details()
+            assert dict(info.metadata) == {
+                "laneId": lane_id,
+                "scope": scope,
+                "watchers": str(limit),
+                "limit": str(limit),
+            }
+
+        try:
+            first = await watch_ok(lane_x)
+            await watch_ok(lane_x)  # at the lane's limit
+            await watch_refused(lane_x, "lane", 2)
+            # A resuming watcher counts the same.
+            resume = stub.WatchLane(pb.WatchLaneRequest(lane_id=lane_x, after_revision=1))
+            calls.append(resume)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await _first_message(resume)
+            assert error_info(caught.value).reason == "TOO_MANY_WATCHERS"
+            await watch_ok(lane_y)  # at the process's limit
+            await watch_refused(lane_z, "process", 3)
+            assert running.hub.watcher_count() == 3
+
+            # A watcher leaves: its place is free again, on its lane and in the process.
+            first.cancel()
+            x = LaneRef(DEFAULT_NAMESPACE, lane_x)
+            await _until(lambda: running.hub.watcher_count(x) == 1)
+            await watch_ok(lane_x)
+            await watch_refused(lane_z, "process", 3)
+        finally:
+            for call in calls:
+                call.cancel()
+
+
+async def test_the_watcher_limits_come_from_the_environment(session_database_url) -> None:
+    defaults = Settings.from_env({})
+    assert (
+        (defaults.max_watchers_per_lane, defaults.max_watchers)
+        == (
+            WatchSettings().max_watchers_per_lane,
+            WatchSettings().max_watchers_per_process,
+        )
+        == (100, 1000)
+    )
+    env = {"LANE_MAX_WATCHERS_PER_LANE": "1", "LANE_MAX_WATCHERS": "7"}
+    settings = Settings.from_env(env)
+    assert (settings.max_watchers_per_lane, settings.max_watchers) == (1, 7)
+    for variable in env:
+        for bad in ("0", "-1", "2.5", "many"):
+            with pytest.raises(ConfigError, match=f"^{variable}="):
+                Settings.from_env({variable: bad})
+
+    running = await start_server(
+        dataclasses.replace(settings, database_url=session_database_url), listen="127.0.0.1:0"
+    )
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+    try:
+        stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+        lane_id = await new_lane(stub, "watched")
+        first = stub.WatchLane(pb.WatchLaneRequest(lane_id=lane_id))
+        second = stub.WatchLane(pb.WatchLaneRequest(lane_id=lane_id))
+        try:
+            assert (await _first_message(first)).WhichOneof("item") == "snapshot"
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await _first_message(second)
+            info = error_info(caught.value)
+            assert (info.reason, info.metadata["limit"]) == ("TOO_MANY_WATCHERS", "1")
+        finally:
+            first.cancel()
+            second.cancel()
+    finally:
+        await channel.close()
+        await running.stop(grace=0.5)
