@@ -10,6 +10,6 @@ import sys
 # needs no gRPC fork handlers, and with them enabled gRPC logs a warning-like line at shutdown.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from service.app.server import main
+from service.app.main import main
 
 sys.exit(main())

@@ -4,9 +4,8 @@
 embedded PostgreSQL), the store with its migrations applied, the watch hub (NOTIFY and polling
 per ``LANE_NOTIFY`` / ``LANE_POLL_INTERVAL_SECONDS``), and a ``grpc.aio`` server carrying
 LaneService, health checking and server reflection, plus the Prometheus endpoint when
-``LANE_METRICS_LISTEN`` is set. Tests use it directly. :func:`serve` runs it until SIGTERM or
-SIGINT, then shuts down gracefully; :func:`main` is the process entry point behind
-``python -m service.app`` and ``lane serve``.
+``LANE_METRICS_LISTEN`` is set. Tests use it directly; ``service/app/main.py`` runs it as a
+process until SIGTERM or SIGINT.
 
 Shutdown order: health flips every service to NOT_SERVING (load balancers and watchers of the
 health stream see it first), in-flight calls get the grace period, then the background tasks
@@ -20,8 +19,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import signal
-import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -35,7 +32,6 @@ from lane.v1 import lane_service_pb2
 from service.api import WatchSettings, add_lane_service
 from service.api.auth import Authenticator
 from service.app.config import (
-    ConfigError,
     Settings,
     is_loopback,
     mask_password,
@@ -49,7 +45,6 @@ from service.app.maintenance import (
     retention_forever,
 )
 from service.hub import Hub
-from service.logs import configure as configure_log_format
 from service.metrics import MetricsEndpoint, serve_metrics
 from service.store import DEFAULT_NAMESPACE, Store
 
@@ -289,64 +284,6 @@ def _log_auth(settings: Settings) -> None:
         _log.warning("bearer tokens travel in plaintext on %s: configure TLS", settings.listen)
 
 
-async def serve(settings: Settings) -> None:
-    """Run the service until SIGTERM or SIGINT, then shut down within the grace period."""
-    loop = asyncio.get_running_loop()
-    stop_requested = asyncio.Event()
-    signals = (signal.SIGTERM, signal.SIGINT)
-    for sig in signals:
-        loop.add_signal_handler(sig, _request_stop, sig, stop_requested)
-    try:
-        # A signal during a slow start (initdb, an unreachable database) must not wait for it.
-        starting = asyncio.ensure_future(start_server(settings))
-        stop_waiter = asyncio.ensure_future(stop_requested.wait())
-        try:
-            await asyncio.wait({starting, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if not starting.done():
-                starting.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await starting
-                _log.info("start-up abandoned")
-                return
-            running = starting.result()
-            try:
-                await stop_waiter
-            finally:
-                await running.stop(settings.grace_seconds)
-        finally:
-            stop_waiter.cancel()
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-
-
-def main() -> int:
-    """Process entry point: read the environment, serve, return the exit status.
-
-    0 after a graceful shutdown, 2 for a bad configuration, 1 when start-up fails.
-    """
-    try:
-        settings = Settings.from_env()
-    except ConfigError as err:
-        print(f"lane: configuration error: {err}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_format)
-    try:
-        asyncio.run(serve(settings))
-    except StartupError as err:
-        _log.error("lane service failed to start: %s", err)
-        return 1
-    return 0
-
-
-def configure_logging(log_format: str = "text") -> None:
-    """Log INFO and above to stderr as ``text`` or ``json`` lines carrying the served request's
-    ids (``service/logs.py``), unless the application configured logging already."""
-    configure_log_format(log_format)
-    # pgserver narrates every step of starting PostgreSQL at INFO; keep its warnings.
-    logging.getLogger("pgserver").setLevel(logging.WARNING)
-
-
 async def _start_metrics(listen: str | None) -> MetricsEndpoint | None:
     """Serve Prometheus metrics on ``listen`` (``host:port``), or nothing when None."""
     if listen is None:
@@ -356,12 +293,6 @@ async def _start_metrics(listen: str | None) -> MetricsEndpoint | None:
         return await asyncio.to_thread(serve_metrics, host, int(port))
     except OSError as err:
         raise StartupError(f"cannot serve metrics on {listen}: {err}") from None
-
-
-def _request_stop(sig: signal.Signals, stop_requested: asyncio.Event) -> None:
-    if not stop_requested.is_set():
-        _log.info("received %s: shutting down", sig.name)
-    stop_requested.set()
 
 
 async def _release(hub: Hub | None, store: Store | None, embedded: EmbeddedPostgres | None) -> None:

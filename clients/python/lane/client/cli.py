@@ -75,7 +75,7 @@ def _serve(args: argparse.Namespace) -> int:
     # client-only subcommands should not pay for (or need installed).
     # As in service/app/__main__.py: no gRPC fork handlers for the pg_ctl the server may run.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
-    from service.app.server import main as serve_main
+    from service.app.main import main as serve_main
 
     return serve_main()
 
