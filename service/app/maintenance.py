@@ -46,6 +46,9 @@ async def reconcile_forever(
                 log.info("reconciled %d runs no driver holds: %s", len(ended), ", ".join(ended))
         except (psycopg.Error, OSError) as exc:
             log.warning("reconciliation failed: %s", exc)
+        except Exception:
+            # A bug must not end reconciliation for the life of the process: log, go on.
+            log.exception("reconciliation failed")
         await asyncio.sleep(interval)
 
 

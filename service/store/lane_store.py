@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, TypeVar
@@ -14,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from service import metrics
 from service.domain import lanes
 from service.domain.capture import capture
-from service.domain.errors import NotFound
+from service.domain.errors import LaneError, NotFound
 from service.domain.ids import new_id
 from service.domain.limits import check_commit
 from service.domain.reconcile import reconcile
@@ -27,6 +28,8 @@ from service.store.pool import migrate_pool, open_pool
 from service.store.requests import RequestKey, replayed_answer, save_answer
 
 R = TypeVar("R", bound=Message)
+
+log = logging.getLogger(__name__)
 
 #: ``decide(state, now) -> (transition, answer)``: a pure domain step plus the RPC's answer.
 Decide = Callable[[LaneState, datetime], tuple[Transition, R]]
@@ -259,9 +262,22 @@ class Store:
                     answer.result.CopyFrom(t.state.last_result)
                 return t, answer
 
-            answer = await self.command(
-                LaneRef(namespace, lane_id), decide, lane_service_pb2.EndRunResponse
-            )
+            try:
+                answer = await self.command(
+                    LaneRef(namespace, lane_id), decide, lane_service_pb2.EndRunResponse
+                )
+            except LaneError as exc:
+                # One lane that cannot be ended (corrupt state) must not hold up the others;
+                # it stays a candidate, and its reason is logged on every pass.
+                log.warning(
+                    "cannot reconcile operation %s of lane %s/%s: %s %s",
+                    operation_id,
+                    namespace,
+                    lane_id,
+                    exc.reason,
+                    exc.message,
+                )
+                continue
             if answer.HasField("result"):
                 ended.append(operation_id)
         return ended

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import snapshot_pb2
+from lane.v1 import messages_pb2, snapshot_pb2
 
 from service.domain import results
 from tests.integration.lanes import (
@@ -388,3 +388,51 @@ async def test_an_unleased_run_is_never_reconciled(lane_stub, store) -> None:
 
     assert run.operation_id not in await store.reconcile_orphans(timedelta(0))
     assert (await probe.capture()).operation.id == run.operation_id
+
+
+async def test_a_lane_that_cannot_be_reconciled_does_not_hold_up_the_others(
+    lane_stub, store
+) -> None:
+    # Two abandoned runs; the first (earlier lease expiry) has a corrupt staged result, so
+    # ending it faults with LANE_STATE_CORRUPT. The second is ended all the same.
+    corrupt, healthy = Probe(lane_stub, new_lane_id("rc-bad")), Probe(lane_stub, new_lane_id("rc"))
+    bad_run, bad_token = await leased_batch(lane_stub, corrupt, "c0", seconds=1)
+    good_run, _ = await leased_batch(lane_stub, healthy, "c0", seconds=2)
+    await lane_stub.StartToolCall(
+        pb.StartToolCallRequest(
+            lane_id=corrupt.lane_id,
+            operation_id=bad_run,
+            tool_call_id="c0",
+            arguments_json="{}",
+            lease_token=bad_token,
+        )
+    )
+    wrong = messages_pb2.ToolResultMessage(tool_call_id="c9", tool_name="t", content=[text("x")])
+    async with store.pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE tool_calls SET status = 'outcome_ready', result_message = %s"
+            " WHERE operation_id = %s AND tool_call_id = 'c0'",
+            (wrong.SerializeToString(), bad_run),
+        )
+        assert cur.rowcount == 1
+    for probe, run in ((corrupt, bad_run), (healthy, good_run)):
+        await lane_stub.AbortOperation(
+            pb.AbortOperationRequest(lane_id=probe.lane_id, operation_id=run)
+        )
+    try:
+        await until_run_ended(healthy)
+        # The corrupt run is still open (and capture still reports the corruption).
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT phase FROM operations WHERE operation_id = %s", (bad_run,)
+            )
+            assert (await cur.fetchone())[0] != "ended"
+    finally:
+        # Repair the lane so the service's reconcilers can end it and stop warning.
+        async with store.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE tool_calls SET status = 'effect_pending', result_message = NULL"
+                " WHERE operation_id = %s AND tool_call_id = 'c0'",
+                (bad_run,),
+            )
+    await until_run_ended(corrupt)
