@@ -39,8 +39,8 @@ class WatchSettings:
     chunk_bytes: int = 1 << 20
     #: Concurrent WatchLane streams of one lane, and of all lanes, in this process; a stream
     #: over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
-    max_watchers_per_lane: int = 100
-    max_watchers_per_process: int = 1000
+    max_watchers_per_lane: int = 1000
+    max_watchers_per_process: int = 10_000
 
 
 def snapshot_messages(

@@ -30,7 +30,7 @@ Every variable is optional; an empty value counts as unset.
 ``LANE_MAX_WATCHERS_PER_LANE``, ``LANE_MAX_WATCHERS``
     How many WatchLane streams this process serves at once of one lane, and of all lanes; a
     stream over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``. Whole numbers
-    >= 1. Defaults ``100`` and ``1000``.
+    >= 1. Defaults ``1000`` and ``10000``.
 ``LANE_TLS_CERT_FILE``, ``LANE_TLS_KEY_FILE``
     PEM certificate chain and private key: serve gRPC over TLS. Both or neither.
 ``LANE_TLS_CLIENT_CA_FILE``
@@ -95,8 +95,8 @@ class Settings:
     notify: bool = True
     poll_interval_seconds: float = 1.0
     orphan_seconds: float = 600.0
-    max_watchers_per_lane: int = 100
-    max_watchers: int = 1000
+    max_watchers_per_lane: int = 1000
+    max_watchers: int = 10_000
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None
