@@ -160,3 +160,32 @@ def error_reason(error: grpc.aio.AioRpcError) -> str:
     """The ErrorInfo reason of a failed call."""
     reason: str = error_info(error).reason
     return reason
+
+
+async def leased_batch(stub: Any, probe: Probe, *calls: str, seconds: int = 30) -> tuple[str, int]:
+    """A run leased to driver-1 with a batch of ``calls``; returns (run id, lease token)."""
+    await stub.CreateLane(lane_service_pb2.CreateLaneRequest(lane_id=probe.lane_id))
+    await probe.start()
+    run = await stub.StartRun(
+        lane_service_pb2.StartRunRequest(
+            lane_id=probe.lane_id, prompt=[user("go")], driver_id="driver-1", lease_seconds=seconds
+        )
+    )
+    assert run.lease.token == 1 and run.lease.driver_id == "driver-1"
+    token = run.lease.token
+    turn = await stub.StartTurn(
+        lane_service_pb2.StartTurnRequest(
+            lane_id=probe.lane_id, operation_id=run.operation_id, lease_token=token
+        )
+    )
+    await stub.SettleAssistantMessage(
+        lane_service_pb2.SettleAssistantMessageRequest(
+            lane_id=probe.lane_id,
+            operation_id=run.operation_id,
+            turn_id=turn.turn_id,
+            message=assistant(text("tools"), *(tool_call(c, "t", {"c": c}) for c in calls)),
+            lease_token=token,
+        )
+    )
+    await probe.check()
+    return run.operation_id, token

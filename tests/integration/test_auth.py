@@ -33,12 +33,13 @@ from service.api.auth import TokenError, parse_tokens
 from service.app.config import ConfigError, Settings
 from service.app.server import RunningServer, start_server
 from tests.integration.lanes import (
+    Probe,
     assistant,
     error_info,
+    leased_batch,
     new_lane_id,
     result,
     text,
-    tool_call,
     user,
 )
 
@@ -101,35 +102,20 @@ class MidRun:
 
 
 async def mid_run(stub: Stub, lane_id: str | None = None) -> MidRun:
-    lane_id = lane_id or new_lane_id("auth")
-    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    started = await stub.StartRun(
-        pb.StartRunRequest(lane_id=lane_id, prompt=[user("hi")], driver_id="d", lease_seconds=60)
-    )
-    operation, token = started.operation_id, started.lease.token
-    turn = await stub.StartTurn(
-        pb.StartTurnRequest(lane_id=lane_id, operation_id=operation, lease_token=token)
-    )
-    await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane_id,
-            operation_id=operation,
-            turn_id=turn.turn_id,
-            message=assistant(tool_call("c1", "read", {"path": "a"})),
-            lease_token=token,
-        )
-    )
+    probe = Probe(stub, lane_id or new_lane_id("auth"))
+    operation, token = await leased_batch(stub, probe, "c1")
     await stub.StartToolCall(
         pb.StartToolCallRequest(
-            lane_id=lane_id,
+            lane_id=probe.lane_id,
             operation_id=operation,
             tool_call_id="c1",
-            arguments_json='{"path": "a"}',
+            arguments_json='{"c": "c1"}',
             lease_token=token,
         )
     )
-    snapshot = (await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))).snapshot
-    return MidRun(lane_id, operation, turn.turn_id, token, snapshot.transcript[0].id)
+    (turn,) = [e.turn_start.turn_id for e in probe.events if e.HasField("turn_start")]
+    entry_id = probe.snapshot.transcript[0].id
+    return MidRun(probe.lane_id, operation, turn, token, entry_id)
 
 
 def aimed_request(method: str, run: MidRun, lane_id: str) -> Message:
@@ -298,7 +284,7 @@ async def test_namespaces_share_ids_without_meeting(stubs: tuple[Stub, Stub]) ->
     snapshot_a = (await stub_a.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))).snapshot
     snapshot_b = (await stub_b.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))).snapshot
     assert [e.message.message.user.content[0].text.text for e in snapshot_b.transcript] == ["b"]
-    assert snapshot_a.transcript[0].message.message.user.content[0].text.text == "hi"
+    assert snapshot_a.transcript[0].message.message.user.content[0].text.text == "go"
     assert snapshot_a.operation.running_tools[0].WhichOneof("state") == "running"
     assert not snapshot_b.operation.running_tools
     # A request id team-a used answers team-b's own request, not team-a's stored answer.

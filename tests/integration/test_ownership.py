@@ -14,44 +14,16 @@ from lane.v1 import messages_pb2, snapshot_pb2
 from service.domain import results
 from tests.integration.lanes import (
     Probe,
-    assistant,
     error_reason,
     kinds,
+    leased_batch,
     new_lane_id,
     result,
     text,
-    tool_call,
     user,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-async def leased_batch(stub: Any, probe: Probe, *calls: str, seconds: int = 30) -> tuple[str, int]:
-    """A run leased to driver-1 with a batch of ``calls``; returns (run id, lease token)."""
-    await stub.CreateLane(pb.CreateLaneRequest(lane_id=probe.lane_id))
-    await probe.start()
-    run = await stub.StartRun(
-        pb.StartRunRequest(
-            lane_id=probe.lane_id, prompt=[user("go")], driver_id="driver-1", lease_seconds=seconds
-        )
-    )
-    assert run.lease.token == 1 and run.lease.driver_id == "driver-1"
-    token = run.lease.token
-    turn = await stub.StartTurn(
-        pb.StartTurnRequest(lane_id=probe.lane_id, operation_id=run.operation_id, lease_token=token)
-    )
-    await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=probe.lane_id,
-            operation_id=run.operation_id,
-            turn_id=turn.turn_id,
-            message=assistant(text("tools"), *(tool_call(c, "t", {"c": c}) for c in calls)),
-            lease_token=token,
-        )
-    )
-    await probe.check()
-    return run.operation_id, token
 
 
 def placed_calls(events: list[Any]) -> list[str]:
