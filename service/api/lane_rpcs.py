@@ -38,10 +38,14 @@ class LaneRpcs(ServicerBase):
     async def GetLaneSnapshot(
         self, request: pb.GetLaneSnapshotRequest, context: Context
     ) -> pb.GetLaneSnapshotResponse:
-        snapshot = await self.store.snapshot(self.lane(request.lane_id))
-        response = pb.GetLaneSnapshotResponse(snapshot=snapshot)
-        limits.check_snapshot_message(snapshot.lane_id, response.ByteSize())
-        return response
+        lane = self.lane(request.lane_id)
+        outline = await self.store.snapshot_outline(lane)
+        # Refused before the transcript is read: its size is known from the outline.
+        transcript_bytes = sum(limits.field_bytes(size) for _, size in outline.transcript)
+        answer_bytes = limits.field_bytes(outline.snapshot.ByteSize() + transcript_bytes)
+        limits.check_snapshot_message(lane.lane_id, answer_bytes)
+        snapshot = await self.store.complete_snapshot(lane, outline)
+        return pb.GetLaneSnapshotResponse(snapshot=snapshot)
 
     @unary
     async def ListLanes(

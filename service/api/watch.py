@@ -9,6 +9,7 @@ is cut off after the write deadline with RESOURCE_EXHAUSTED naming its last deli
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +22,8 @@ from service import metrics
 from service.api.errors import status_of
 from service.api.framing import event_group_frame
 from service.api.instrument import error_reason, status_code_name
+from service.api.snapshot_stream import snapshot_frames
 from service.domain.errors import LaneError, OutOfRange, ResourceExhausted
-from service.domain.limits import MAX_MESSAGE_BYTES, field_bytes, head_frame_bytes
 from service.hub import Hub
 from service.store import LaneRef, Store
 
@@ -41,42 +42,6 @@ class WatchSettings:
     #: over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
     max_watchers_per_lane: int = 1000
     max_watchers_per_process: int = 10_000
-
-
-def snapshot_messages(
-    snapshot: Any, chunk_bytes: int, max_message_bytes: int = MAX_MESSAGE_BYTES
-) -> list[pb.WatchLaneResponse]:
-    """The snapshot head plus transcript chunks of about ``chunk_bytes`` each.
-
-    The head takes the first entries while they stay within ``chunk_bytes`` and the head
-    message within ``max_message_bytes`` (its live state may fill most of one); each later
-    chunk holds at least one entry. One entry always fits a message: it was sent once already,
-    inside the event group that added it.
-    """
-    entries = list(snapshot.transcript)
-    head = pb.SnapshotHead(snapshot=snapshot)
-    del head.snapshot.transcript[:]
-    head_bytes = head.snapshot.ByteSize()
-    first, size = 0, 0
-    for entry in entries:
-        entry_size = entry.ByteSize()
-        with_entry = head_bytes + field_bytes(entry_size)
-        if size + entry_size > chunk_bytes or head_frame_bytes(with_entry) > max_message_bytes:
-            break
-        head_bytes, size, first = with_entry, size + entry_size, first + 1
-    chunks: list[list[Any]] = []
-    for entry in entries[first:]:
-        entry_size = entry.ByteSize()
-        if not chunks or size + entry_size > chunk_bytes:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(entry)
-        size += entry_size
-    head.snapshot.transcript.extend(entries[:first])
-    head.following_chunks = len(chunks)
-    return [pb.WatchLaneResponse(snapshot=head)] + [
-        pb.WatchLaneResponse(transcript_chunk=pb.TranscriptChunk(entries=chunk)) for chunk in chunks
-    ]
 
 
 def admit(hub: Hub, lane: LaneRef, settings: WatchSettings) -> None:
@@ -199,10 +164,7 @@ async def _serve(
             if not floor <= revision <= head:
                 raise _out_of_range(lane_id, revision, floor, head)
         else:
-            snapshot = await store.snapshot(lane)
-            revision = snapshot.revision
-            for message in snapshot_messages(snapshot, settings.chunk_bytes):
-                await _write(context, message, settings, revision)
+            revision = await _send_snapshot(store, lane, context, settings)
         subscription.revision = revision
         while not hub.closing:
             groups = await store.read_events(lane, revision, settings.read_batch)
@@ -217,7 +179,9 @@ async def _serve(
                 subscription.revision = revision
             if groups:
                 continue
-            if not await subscription.wait(settings.heartbeat_seconds) and not hub.closing:
+            # Idle until rung: a commit here, a doorbell, or the poller seeing the head move
+            # past this watcher. A heartbeat needs no read: nothing rang, so nothing is new.
+            while not await subscription.wait(settings.heartbeat_seconds) and not hub.closing:
                 heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
                 await _write(context, heartbeat, settings, revision)
         await _end(
@@ -229,6 +193,22 @@ async def _serve(
                 {"lastRevision": str(revision)},
             ),
         )
+
+
+async def _send_snapshot(
+    store: Store,
+    lane: LaneRef,
+    context: grpc.aio.ServicerContext[Any, Any],
+    settings: WatchSettings,
+) -> int:
+    """Send the lane's snapshot (head, then transcript chunks); return its revision. Its own
+    function so that nothing of the snapshot outlives it: an idle watcher keeps no transcript."""
+    outline = await store.snapshot_outline(lane)
+    revision = outline.snapshot.revision
+    read_entries = functools.partial(store.entry_bodies, lane)
+    async for frame in snapshot_frames(outline, read_entries, settings.chunk_bytes):
+        await _write(context, frame, settings, revision)
+    return revision
 
 
 def _out_of_range(lane_id: str, revision: int, floor: int, head: int) -> OutOfRange:

@@ -7,12 +7,14 @@ the same transaction and so see the state the lock protects.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from lane.v1 import entries_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 from psycopg import AsyncConnection, AsyncCursor
 
+from service.domain.errors import Corruption
 from service.domain.state import (
     CallStatus,
     Continuation,
@@ -176,23 +178,54 @@ def _call(row: tuple[Any, ...]) -> ToolCall:
     )
 
 
-async def load_transcript(conn: Conn, lane: LaneRef, tip_id: str) -> list[entries_pb2.Entry]:
-    """Entries from the newest compaction at or before the tip to the tip, oldest first."""
+# The transcript: the chain of parents from the tip back to the newest compaction entry. Each
+# step looks its parent up by primary key (LATERAL ... LIMIT 1): a plain join lets the planner,
+# before the table has statistics, scan all of the lane's entries at every step (quadratic).
+_TRANSCRIPT = (
+    "WITH RECURSIVE chain AS ("
+    " SELECT entry_id, parent_id, kind, 0 AS depth FROM entries"
+    " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND entry_id = %(tip)s"
+    " UNION ALL"
+    " SELECT p.entry_id, p.parent_id, p.kind, chain.depth + 1 FROM chain"
+    " CROSS JOIN LATERAL (SELECT e.entry_id, e.parent_id, e.kind FROM entries e"
+    "  WHERE e.namespace = %(ns)s AND e.lane_id = %(lane)s AND e.entry_id = chain.parent_id"
+    "  LIMIT 1) AS p"
+    " WHERE chain.kind <> 'compaction')"
+    " SELECT chain.entry_id, octet_length(e.body) FROM chain"
+    " CROSS JOIN LATERAL (SELECT body FROM entries e"
+    "  WHERE e.namespace = %(ns)s AND e.lane_id = %(lane)s AND e.entry_id = chain.entry_id"
+    "  LIMIT 1) AS e"
+    " ORDER BY chain.depth DESC"
+)
+
+
+async def load_transcript_index(conn: Conn, lane: LaneRef, tip_id: str) -> list[tuple[str, int]]:
+    """The transcript's entries as (entry id, encoded size): from the newest compaction at or
+    before the tip to the tip, oldest first. Entries never change once written, so their
+    bodies may be read later, in pages (:func:`load_entry_bodies`)."""
     if not tip_id:
         return []
+    cur = await conn.execute(_TRANSCRIPT, {**lane.params, "tip": tip_id})
+    return [(entry_id, size) for entry_id, size in await cur.fetchall()]
+
+
+async def load_entry_bodies(conn: Conn, lane: LaneRef, entry_ids: Sequence[str]) -> list[bytes]:
+    """The encoded entries ``entry_ids``, in that order."""
     cur = await conn.execute(
-        "WITH RECURSIVE chain AS ("
-        " SELECT entry_id, parent_id, kind, body, 0 AS depth FROM entries"
-        " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND entry_id = %(tip)s"
-        " UNION ALL"
-        " SELECT e.entry_id, e.parent_id, e.kind, e.body, chain.depth + 1"
-        " FROM entries e JOIN chain"
-        "  ON e.namespace = %(ns)s AND e.lane_id = %(lane)s AND e.entry_id = chain.parent_id"
-        " WHERE chain.kind <> 'compaction')"
-        " SELECT body FROM chain ORDER BY depth DESC",
-        {**lane.params, "tip": tip_id},
+        "SELECT entry_id, body FROM entries"
+        " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND entry_id = ANY(%(ids)s)",
+        {**lane.params, "ids": list(entry_ids)},
     )
-    return [decode(entries_pb2.Entry, body) for (body,) in await cur.fetchall()]
+    bodies = {entry_id: bytes(body) for entry_id, body in await cur.fetchall()}
+    missing = [entry_id for entry_id in entry_ids if entry_id not in bodies]
+    if missing:
+        raise Corruption(
+            "LANE_STATE_CORRUPT",
+            f"lane {lane.lane_id}: transcript entry {missing[0]} is gone",
+            laneId=lane.lane_id,
+            entryId=missing[0],
+        )
+    return [bodies[entry_id] for entry_id in entry_ids]
 
 
 async def load_events(

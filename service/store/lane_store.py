@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, TypeVar
 
 from google.protobuf.message import Message
-from lane.v1 import lane_service_pb2, snapshot_pb2
+from lane.v1 import entries_pb2, lane_service_pb2, snapshot_pb2
 from psycopg_pool import AsyncConnectionPool
 
 from service import metrics
@@ -21,7 +21,13 @@ from service.domain.limits import check_commit
 from service.domain.reconcile import reconcile
 from service.domain.state import LaneState, Operation
 from service.domain.transition import Transition
-from service.store.lane_reads import load_events, load_lane, load_transcript
+from service.store.codec import decode
+from service.store.lane_reads import (
+    load_entry_bodies,
+    load_events,
+    load_lane,
+    load_transcript_index,
+)
 from service.store.lane_ref import LaneRef
 from service.store.lane_writes import insert_lane, write_transition
 from service.store.pool import migrate_pool, open_pool
@@ -35,6 +41,14 @@ log = logging.getLogger(__name__)
 Decide = Callable[[LaneState, datetime], tuple[Transition, R]]
 #: Called after every commit with the lane and its new revision (the hub's doorbell).
 CommitListener = Callable[[LaneRef, int], None]
+
+
+class SnapshotOutline(NamedTuple):
+    """A lane's snapshot with an empty transcript, and its transcript as (entry id, encoded
+    size) pairs, oldest first."""
+
+    snapshot: snapshot_pb2.LaneSnapshot
+    transcript: list[tuple[str, int]]
 
 
 class EventGroup(NamedTuple):
@@ -165,15 +179,36 @@ class Store:
             self._committed(lane, state.revision)
         return answer
 
-    async def snapshot(self, lane: LaneRef) -> snapshot_pb2.LaneSnapshot:
-        """Capture the lane in one REPEATABLE READ transaction."""
+    async def snapshot_outline(self, lane: LaneRef) -> SnapshotOutline:
+        """Capture the lane without its transcript's bodies, in one REPEATABLE READ
+        transaction: the snapshot, and the transcript's entry ids with their encoded sizes.
+        Entries never change once written, so :meth:`entry_bodies` may read them later, a page
+        at a time, and still complete exactly this snapshot."""
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             state = await load_lane(conn, lane, lock=False, with_last_result=True)
             if state is None:
                 raise lane_not_found(lane)
-            transcript = await load_transcript(conn, lane, state.tip_id)
-        return capture(state, transcript)
+            transcript = await load_transcript_index(conn, lane, state.tip_id)
+        return SnapshotOutline(capture(state, []), transcript)
+
+    async def entry_bodies(self, lane: LaneRef, entry_ids: Sequence[str]) -> list[bytes]:
+        """The encoded entries ``entry_ids`` of the lane, in that order."""
+        async with self.pool.connection() as conn:
+            return await load_entry_bodies(conn, lane, entry_ids)
+
+    async def snapshot(self, lane: LaneRef) -> snapshot_pb2.LaneSnapshot:
+        """Capture the lane, transcript included."""
+        return await self.complete_snapshot(lane, await self.snapshot_outline(lane))
+
+    async def complete_snapshot(
+        self, lane: LaneRef, outline: SnapshotOutline
+    ) -> snapshot_pb2.LaneSnapshot:
+        """``outline``'s snapshot with its transcript read in (the outline is used up)."""
+        bodies = await self.entry_bodies(lane, [entry_id for entry_id, _ in outline.transcript])
+        snapshot = outline.snapshot
+        snapshot.transcript.extend(decode(entries_pb2.Entry, body) for body in bodies)
+        return snapshot
 
     async def list_lanes(
         self, namespace: str, page_size: int, after_lane_id: str

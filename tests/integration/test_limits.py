@@ -558,7 +558,7 @@ async def test_the_watcher_limits_come_from_the_environment(session_database_url
             WatchSettings().max_watchers_per_lane,
             WatchSettings().max_watchers_per_process,
         )
-        == (100, 1000)
+        == (1000, 10_000)
     )
     env = {"LANE_MAX_WATCHERS_PER_LANE": "1", "LANE_MAX_WATCHERS": "7"}
     settings = Settings.from_env(env)

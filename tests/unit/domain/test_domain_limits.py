@@ -9,16 +9,18 @@ the real ones: they are upper bounds, and :func:`content_bound` bounds them all.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, snapshot_pb2
+from lane.v1 import lane_service_pb2 as pb
 
-from service.api.framing import event_group_frame
+from service.api.framing import event_group_frame, snapshot_head_frame
 from service.api.operation_state import operation_state
-from service.api.watch import snapshot_messages
+from service.api.snapshot_stream import snapshot_frames
 from service.domain import lane_values, lanes, leases, runs, tools
 from service.domain.capture import capture
 from service.domain.errors import Code, ResourceExhausted
@@ -37,6 +39,7 @@ from service.domain.limits import (
 )
 from service.domain.state import CallStatus, LaneState
 from service.domain.transition import Transition
+from service.store import SnapshotOutline
 from tests.unit.domain.support import (
     Ids,
     assistant,
@@ -227,8 +230,8 @@ def test_the_live_state_limit_to_the_byte() -> None:
     assert error.metadata["limit"] == str(MAX_LIVE_STATE_BYTES)
     # What it measures is the WatchLane head message (following_chunks counted at its largest).
     accepted = progress(size).state
-    head = snapshot_messages(capture(accepted, []), 1 << 20)[0]
-    assert head.ByteSize() <= live_state_bytes(accepted) <= head.ByteSize() + 6
+    head = snapshot_head_frame(capture(accepted, []), [], following_chunks=0)
+    assert len(head) <= live_state_bytes(accepted) <= len(head) + 6
 
 
 # -- a run capturing the inbox -----------------------------------------------------------------
@@ -350,9 +353,26 @@ def test_the_transcript_is_chunked_within_a_message_beside_a_large_live_state() 
     for i, entry in enumerate(entries):
         entry.message.message.CopyFrom(user(str(i) * (700_000 if i % 2 else 10)))
     snapshot = capture(state, entries)
+    stored = {entry.id: entry.SerializeToString() for entry in entries}
+    outline = SnapshotOutline(capture(state, []), [(i, len(body)) for i, body in stored.items()])
+    reads: list[list[str]] = []
+
+    async def read_entries(ids: Sequence[str]) -> list[bytes]:
+        reads.append(list(ids))
+        return [stored[i] for i in ids]
+
+    async def frames() -> list[bytes]:
+        limit_frames = snapshot_frames(outline, read_entries, 1 << 20, max_message_bytes=limit)
+        return [frame async for frame in limit_frames]
+
     limit = 1_200_000
-    messages = snapshot_messages(snapshot, 1 << 20, max_message_bytes=limit)
-    assert all(message.ByteSize() <= limit for message in messages)
+    sent = asyncio.run(frames())
+    assert all(len(frame) <= limit for frame in sent)
+    messages = [pb.WatchLaneResponse.FromString(frame) for frame in sent]
+    # The entries are read a message at a time, never all at once.
+    per_message = [len(messages[0].snapshot.snapshot.transcript)]
+    per_message += [len(m.transcript_chunk.entries) for m in messages[1:]]
+    assert [len(ids) for ids in reads] == [n for n in per_message if n]
     head = messages[0].snapshot
     assert head.following_chunks == len(messages) - 1
     assembled = snapshot_pb2.LaneSnapshot()
