@@ -36,6 +36,14 @@ is read from /proc over each window, also as CPU time per commit, which varies l
 rates when other work shares the machine. ``--py-spy FILE`` profiles the server during the
 window.
 
+``--watchers W`` (DESIGN.md §8: "with 1,000 watchers attached it drops by <= 10 %") adds a
+second service phase, on a fresh service process, with W WatchLane streams attached before the
+drivers start: spread evenly over the drivers' lanes (``--watch-lanes driven``, the default),
+or one each on W lanes nobody commits to (``idle``). The watchers run in a process of their own
+(:mod:`bench.watchers`) and read everything; each must end at its lane's last revision (else
+the exit status is 1). The report without the option is unchanged; with it, a second block
+shows both phases side by side and the drop of commits/s.
+
 PostgreSQL is the one at ``--database-url`` (its role needs CREATEDB: a scratch database is
 created and dropped), else an embedded pgserver in a temporary directory that is removed after.
 Every process and directory started here is stopped and removed on exit, also on Ctrl-C.
@@ -57,7 +65,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -76,11 +84,16 @@ from lane.v1 import (
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from bench.watchers import Fleet, FleetResult, start_fleet
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 0.5  # DESIGN.md §8
+TARGET_WATCHERS = 1000  # DESIGN.md §8: "with 1,000 watchers attached it drops by <= 10 %"
+TARGET_WATCHER_DROP = 0.10
 RPC_TIMEOUT_SECONDS = 30.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-_LISTENING = re.compile(r"lane service listening on (\S+?);")
+# "lane service listening on ADDRESS (transport); database: ..." (older services: "ADDRESS;").
+_LISTENING = re.compile(r"lane service listening on (\S+?)(?:;| \()")
 
 Response = TypeVar("Response")
 
@@ -442,8 +455,11 @@ class ServiceProcess:
 
 
 @contextlib.asynccontextmanager
-async def run_service(database_url: str, notify: bool) -> AsyncIterator[ServiceProcess]:
-    """``python -m service.app`` on a free port of 127.0.0.1; SIGTERM (then SIGKILL) on exit."""
+async def run_service(
+    database_url: str, notify: bool, extra_env: Mapping[str, str] | None = None
+) -> AsyncIterator[ServiceProcess]:
+    """``python -m service.app`` on a free port of 127.0.0.1; SIGTERM (then SIGKILL) on exit.
+    ``extra_env``: more ``LANE_*`` settings."""
     env = dict(os.environ)
     env.update(
         LANE_DATABASE_URL=database_url,
@@ -451,6 +467,7 @@ async def run_service(database_url: str, notify: bool) -> AsyncIterator[ServiceP
         LANE_NOTIFY="on" if notify else "off",
         LANE_GRACE_SECONDS="1",
     )
+    env.update(extra_env or {})
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -700,6 +717,9 @@ class ServiceResult:
     cpu: CpuUse
     latencies: dict[str, list[float]]
     grpc_ceiling: float
+    #: With ``--watchers``: what the watchers saw, and how long they took to attach.
+    fleet: FleetResult | None = None
+    fleet_ready_seconds: float = 0.0
 
     @property
     def commits_per_second(self) -> float:
@@ -770,15 +790,28 @@ async def grpc_ceiling(channel: grpc.aio.Channel, concurrency: int, seconds: flo
 
 
 async def run_service_load(
-    db: Database, args: argparse.Namespace, cpu_processes: dict[str, int], address: str
+    db: Database,
+    args: argparse.Namespace,
+    cpu_processes: dict[str, int],
+    address: str,
+    watchers: int = 0,
 ) -> ServiceResult:
-    """N drivers against the running service: warm up, then count over the window."""
+    """N drivers against the running service: warm up, then count over the window.
+
+    ``watchers`` > 0: that many WatchLane streams (:mod:`bench.watchers`, a process of their
+    own) are attached before the drivers start, spread evenly over the drivers' lanes (or, with
+    ``--watch-lanes idle``, one on each of as many lanes nobody commits to); each must end at
+    its lane's last revision."""
     stats = Stats()
     stop = asyncio.Event()
     profiler: asyncio.subprocess.Process | None = None
+    fleet: Fleet | None = None
     before_commits = await committed_transactions(db.url)
     options = [("grpc.max_receive_message_length", 4 * 1024 * 1024)]
-    async with grpc.aio.insecure_channel(address, options=options) as channel:
+    async with (
+        grpc.aio.insecure_channel(address, options=options) as channel,
+        contextlib.AsyncExitStack() as watching,
+    ):
         stub = lane_service_pb2_grpc.LaneServiceStub(channel)
         ceiling = await grpc_ceiling(channel, args.drivers, min(args.seconds, 3.0))
         drivers = [
@@ -793,6 +826,9 @@ async def run_service_load(
             )
             for _ in range(args.drivers)
         ]
+        if watchers:
+            fleet = await _attach_watchers(watching, stub, address, args, drivers, watchers)
+            cpu_processes = {**cpu_processes, "watchers": fleet.pid}
         tasks = [asyncio.create_task(d.run(), name=d.lane_id) for d in drivers]
         watcher = asyncio.gather(*tasks)
         try:
@@ -801,12 +837,16 @@ async def run_service_load(
             first, t0 = stats.counters.copy(), time.monotonic()
             cpu_before = cpu_sample(cpu_processes, db.postmaster)
             stats.recording = True
+            if fleet is not None:
+                await fleet.window_start()
             if args.py_spy is not None:
                 profiler = await start_profiler(args.py_spy, cpu_processes["server"], args.seconds)
             await _sleep_unless_failed(watcher, args.seconds)
             last, t1 = stats.counters.copy(), time.monotonic()
             cpu_after = cpu_sample(cpu_processes, db.postmaster)
             stats.recording = False
+            if fleet is not None:
+                await fleet.window_end()
             stop.set()
             async with asyncio.timeout(RPC_TIMEOUT_SECONDS):
                 await watcher
@@ -832,6 +872,11 @@ async def run_service_load(
                     f"{driver.lane_id}: snapshot revision {response.snapshot.revision},"
                     f" driver saw {driver.revision}"
                 )
+        watched: FleetResult | None = None
+        if fleet is not None:
+            print("waiting for every watcher to reach its lane's last revision ...", flush=True)
+            expect = {d.lane_id: d.revision for d in drivers}
+            watched = await fleet.finish(expect, args.drain_seconds)
     counted = await counted_commits(db.url, before_commits)
     window = Counters(
         commits=last.commits - first.commits,
@@ -850,7 +895,38 @@ async def run_service_load(
         cpu=cpu_use(cpu_before, cpu_after),
         latencies=stats.latencies,
         grpc_ceiling=ceiling,
+        fleet=watched,
+        fleet_ready_seconds=fleet.ready_seconds if fleet is not None else 0.0,
     )
+
+
+async def _attach_watchers(
+    stack: contextlib.AsyncExitStack,
+    stub: lane_service_pb2_grpc.LaneServiceAsyncStub,
+    address: str,
+    args: argparse.Namespace,
+    drivers: Sequence[Driver],
+    watchers: int,
+) -> Fleet:
+    """Create the lanes the watchers watch and attach them (every snapshot received)."""
+    if args.watch_lanes == "driven":
+        # The drivers' own CreateLane then finds the lane (get-or-create, revision 1 either way).
+        lanes = [d.lane_id for d in drivers]
+    else:
+        lanes = [f"bench-idle-{uuid.uuid4().hex[:12]}" for _ in range(watchers)]
+    for lane in lanes:
+        await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane), timeout=RPC_TIMEOUT_SECONDS)
+    print(f"attaching {watchers:,} watchers to {len(lanes):,} lanes ...", flush=True)
+    fleet = await stack.enter_async_context(
+        start_fleet(
+            address,
+            [lanes[i % len(lanes)] for i in range(watchers)],
+            channels=args.watcher_channels,
+            records=False,
+        )
+    )
+    print(f"{watchers:,} watchers attached in {fleet.ready_seconds:.1f} s", flush=True)
+    return fleet
 
 
 async def _sleep_unless_failed(watcher: asyncio.Future[Any], seconds: float) -> None:
@@ -940,6 +1016,114 @@ def report(
     return "\n".join(lines)
 
 
+def _watchers_ok(result: ServiceResult) -> bool:
+    fleet = result.fleet
+    return fleet is not None and not fleet.errors and not fleet.behind
+
+
+def watchers_report(
+    args: argparse.Namespace, without: ServiceResult, watched: ServiceResult
+) -> str:
+    """The service phase with watchers beside the one without, and the drop."""
+    fleet = watched.fleet
+    assert fleet is not None
+    drop = 1.0 - watched.commits_per_second / without.commits_per_second
+    met = "met" if drop <= TARGET_WATCHER_DROP else "NOT met"
+    if args.watchers < TARGET_WATCHERS:
+        met += f" (with {args.watchers:,} watchers, not the target's {TARGET_WATCHERS:,})"
+    lanes = (
+        f"spread over the {args.drivers} drivers' lanes"
+        if args.watch_lanes == "driven"
+        else f"one each on {args.watchers:,} idle lanes"
+    )
+    width = 46
+
+    def per_commit(result: ServiceResult, name: str) -> str:
+        cores = result.cpu.processes.get(name)
+        if cores is None or not result.commits_per_second:
+            return "-"
+        return f"{cores / result.commits_per_second * 1e6:,.0f} µs"
+
+    rows = [
+        (
+            "service: lifecycle commits/s",
+            f"{without.commits_per_second:,.0f}",
+            f"{watched.commits_per_second:,.0f}",
+        ),
+        (
+            "service: tool calls/s",
+            f"{without.window.tool_calls / without.seconds:,.1f}",
+            f"{watched.window.tool_calls / watched.seconds:,.1f}",
+        ),
+        (
+            "server CPU (cores)",
+            f"{without.cpu.processes['server']:.2f}",
+            f"{watched.cpu.processes['server']:.2f}",
+        ),
+        ("server CPU per commit", per_commit(without, "server"), per_commit(watched, "server")),
+        (
+            "PostgreSQL CPU per commit",
+            per_commit(without, "PostgreSQL"),
+            per_commit(watched, "PostgreSQL"),
+        ),
+        (
+            "gRPC ceiling: Health.Check RPCs/s",
+            f"{without.grpc_ceiling:,.0f}",
+            f"{watched.grpc_ceiling:,.0f}",
+        ),
+    ]
+    lines = [
+        f"with watchers: {args.watchers:,} WatchLane streams {lanes}, over"
+        f" {args.watcher_channels} channels, in a process of their own; a fresh service process",
+        "",
+        f"  {'':<{width}} {'0 watchers':>14} {f'{args.watchers:,} watchers':>16}",
+        *(f"  {label:<{width}} {a:>14} {b:>16}" for label, a, b in rows),
+        f"  {'drop of commits/s':<{width}} {'':>14} {drop * 100:>15.1f}%",
+        f"  DESIGN.md §8 target: drop <= {TARGET_WATCHER_DROP * 100:.0f} %: {met}",
+        "",
+        f"  watchers attached in {watched.fleet_ready_seconds:.1f} s; in the window they received"
+        f" {fleet.window_groups:,} event groups ({fleet.window_events:,} events),"
+        f" {fleet.window_groups / max(fleet.window_seconds, 1e-9):,.0f} groups/s",
+        "  delivery in the window, commit_time -> receive (ms): "
+        + (
+            f"p50 {fleet.latency['p50'] * 1e3:.1f}, p90 {fleet.latency['p90'] * 1e3:.1f},"
+            f" p99 {fleet.latency['p99'] * 1e3:.1f}, max {fleet.latency['max'] * 1e3:.1f}"
+            if fleet.latency["count"]
+            else "nothing was received"
+        )
+        + f"; watchers' event-loop lag p99 {fleet.loop_lag['p99'] * 1e3:.1f} ms",
+        f"  convergence: {len(fleet.watchers) - len(fleet.behind) - len(fleet.errors):,} of"
+        f" {len(fleet.watchers):,} watchers reached their lane's last revision"
+        f" ({fleet.drain_seconds:.1f} s after the drivers stopped); {len(fleet.errors)} failed: "
+        + ("OK" if _watchers_ok(watched) else "FAILED"),
+        *(f"    {error}" for error in fleet.errors[:10]),
+        *(
+            f"    {w.lane_id}: at revision {w.revision}, expected {w.expect}"
+            for w in fleet.behind[:10]
+        ),
+        f"  cross-check: {watched.lanes_checked} lanes, sum of snapshot revisions"
+        f" {watched.snapshot_revisions:,}, sum seen by drivers {watched.total.revisions:,}: "
+        + ("OK" if not watched.mismatches else "MISMATCH"),
+        f"  {watched.cpu.describe()}",
+        "  "
+        + watched.cpu.per_commit(
+            watched.commits_per_second, "server", "PostgreSQL", "drivers", "watchers"
+        ),
+        f"  PostgreSQL counted {watched.postgres_counted:,} commits over the whole phase"
+        f" ({watched.postgres_counted / max(watched.total.commits, 1):.1f} per lifecycle commit;"
+        f" without watchers {without.postgres_counted / max(without.total.commits, 1):.1f};"
+        " this includes creating the watched lanes and the watchers' snapshots)",
+        "",
+        "  RPC latency in the window (ms):        count     p50     p90     p99",
+    ]
+    for method, values in sorted(watched.latencies.items()):
+        lines.append(
+            f"    {method:<32} {len(values):>9,} {_percentile(values, 0.5) * 1e3:>7.2f}"
+            f" {_percentile(values, 0.9) * 1e3:>7.2f} {_percentile(values, 0.99) * 1e3:>7.2f}"
+        )
+    return "\n".join(lines)
+
+
 # -- entry point ------------------------------------------------------------------------------
 
 
@@ -991,9 +1175,38 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="measure the baseline only before the service (default: before and after)",
     )
+    parser.add_argument(
+        "--watchers",
+        type=int,
+        default=0,
+        metavar="W",
+        help="also measure the service with W WatchLane streams attached (a second service"
+        " phase after the one without) and print the drop (default 0: not)",
+    )
+    parser.add_argument(
+        "--watch-lanes",
+        choices=("driven", "idle"),
+        default="driven",
+        help="the watchers' lanes: spread evenly over the drivers' lanes (driven, the default),"
+        " or one each on lanes nobody commits to (idle)",
+    )
+    parser.add_argument(
+        "--watcher-channels",
+        type=int,
+        default=8,
+        help="channels (connections) the watchers are spread over (default 8)",
+    )
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=120.0,
+        help="how long the watchers may take to catch up after the window (default 120)",
+    )
     args = parser.parse_args(argv)
     if args.drivers < 1 or args.calls < 1 or args.turns < 1:
         parser.error("--drivers, --calls and --turns must be at least 1")
+    if args.watchers < 0 or args.watcher_channels < 1:
+        parser.error("--watchers must be >= 0 and --watcher-channels >= 1")
     if args.seconds <= 0 or args.warmup < 0:
         parser.error("--seconds must be > 0 and --warmup >= 0")
     return args
@@ -1013,6 +1226,19 @@ async def run(args: argparse.Namespace) -> int:
             result = await run_service_load(db, args, cpu_processes, service.address)
             rate = result.commits_per_second
             print(f"service: {rate:,.0f} commits/s; stopping it ...", flush=True)
+        watched: ServiceResult | None = None
+        if args.watchers:
+            # A fresh service process, so the second phase inherits nothing from the first.
+            print(f"service again, with {args.watchers:,} watchers ...", flush=True)
+            async with run_service(
+                db.url, args.notify == "on", _watcher_limits(args.watchers, args.drivers)
+            ) as watched_service:
+                cpu_processes = {"server": watched_service.pid, "drivers": os.getpid()}
+                watched = await run_service_load(
+                    db, args, cpu_processes, watched_service.address, watchers=args.watchers
+                )
+                rate = watched.commits_per_second
+                print(f"service with watchers: {rate:,.0f} commits/s; stopping it ...", flush=True)
         if not args.single_baseline:
             # Again after the service stopped: the machine's load drifts (a shared machine),
             # and the mean of before and after brackets the service's window.
@@ -1022,7 +1248,21 @@ async def run(args: argparse.Namespace) -> int:
             )
         print()
         print(report(args, db, service.pid, baselines, result))
-    return 1 if result.mismatches else 0
+        if watched is not None:
+            print()
+            print(watchers_report(args, result, watched))
+    failed = bool(result.mismatches)
+    if watched is not None:
+        failed = failed or bool(watched.mismatches) or not _watchers_ok(watched)
+    return 1 if failed else 0
+
+
+def _watcher_limits(watchers: int, drivers: int) -> dict[str, str]:
+    """The service's watcher limits, raised when the run needs more than the defaults."""
+    return {
+        "LANE_MAX_WATCHERS": str(max(10_000, watchers)),
+        "LANE_MAX_WATCHERS_PER_LANE": str(max(1000, math.ceil(watchers / drivers))),
+    }
 
 
 async def _run_until_signalled(args: argparse.Namespace) -> int:

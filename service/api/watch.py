@@ -177,10 +177,11 @@ async def _serve(
                 metrics.DELIVERY_SECONDS.observe(max(0.0, time.time() - commit_time.timestamp()))
                 revision += len(bodies)
                 subscription.revision = revision
-            if groups:
-                continue
-            # Idle until rung: a commit here, a doorbell, or the poller seeing the head move
-            # past this watcher. A heartbeat needs no read: nothing rang, so nothing is new.
+            if sum(len(bodies) for _, bodies, _ in groups) >= settings.read_batch:
+                continue  # a full batch: more may be waiting
+            # A short batch read to the head. Wait until rung: a commit here, a doorbell, or
+            # the poller seeing the head move past this watcher (a ring during the read above
+            # ends the wait at once). A heartbeat needs no read: nothing rang, nothing is new.
             while not await subscription.wait(settings.heartbeat_seconds) and not hub.closing:
                 heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
                 await _write(context, heartbeat, settings, revision)

@@ -65,6 +65,8 @@ class Hub:
         self._subscriptions: dict[LaneRef, set[Subscription]] = {}
         self._dirty: set[LaneRef] = set()
         self._dirty_event = asyncio.Event()
+        #: The backend pid of the doorbell connection: its NOTIFYs are this process's own.
+        self._doorbell_pid = 0
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
         #: Set on shutdown: watchers end their streams (UNAVAILABLE) so clients resume elsewhere.
@@ -152,6 +154,7 @@ class Hub:
                         conn = await psycopg.AsyncConnection.connect(
                             str(self.store.pool.conninfo), autocommit=True
                         )
+                        self._doorbell_pid = conn.info.backend_pid
                     await conn.execute(
                         "SELECT pg_notify(%s, lane) FROM unnest(%s::text[]) AS lane",
                         (CHANNEL, [_doorbell(lane) for lane in lanes]),
@@ -177,7 +180,9 @@ class Hub:
                     # Anything committed while we were not listening is caught up now.
                     self.ring_all()
                     async for notification in conn.notifies():
-                        self.ring(_rung_lane(notification.payload))
+                        # Our own doorbells rang our watchers at commit already.
+                        if notification.pid != self._doorbell_pid:
+                            self.ring(_rung_lane(notification.payload))
             except (psycopg.Error, OSError) as exc:
                 self.listening.clear()
                 metrics.LISTENER_RECONNECTS.inc()
