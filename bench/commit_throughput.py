@@ -84,6 +84,7 @@ from lane.v1 import (
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from bench.entry import run_benchmark
 from bench.watchers import Fleet, FleetResult, start_fleet
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -1265,25 +1266,8 @@ def _watcher_limits(watchers: int, drivers: int) -> dict[str, str]:
     }
 
 
-async def _run_until_signalled(args: argparse.Namespace) -> int:
-    # SIGTERM cancels like Ctrl-C does (asyncio.run handles SIGINT), so cleanup runs either way.
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        return await run(args)
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        return asyncio.run(_run_until_signalled(args))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted: every process and directory this run started is cleaned up")
-        return 130
+    return run_benchmark(parse_args, run, argv)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ from bench.commit_throughput import (
     provision_database,
     run_service,
 )
+from bench.entry import run_benchmark
 from bench.memory import Memory
 
 TARGET_WATCHERS = 10_000  # DESIGN.md §8
@@ -690,27 +691,8 @@ async def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-async def _run_until_signalled(args: argparse.Namespace) -> int:
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        return await run(args)
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.minimal_server:
-        asyncio.run(_serve_minimal())
-        return 0
-    try:
-        return asyncio.run(_run_until_signalled(args))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted: every process and directory this run started is cleaned up")
-        return 130
+    return run_benchmark(parse_args, run, argv)
 
 
 if __name__ == "__main__":

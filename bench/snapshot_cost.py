@@ -80,6 +80,7 @@ from bench.commit_throughput import (
     run_service,
     start_profiler,
 )
+from bench.entry import run_benchmark
 from bench.memory import Memory, PeakSampler
 from service.api.watch import WatchSettings
 
@@ -800,24 +801,8 @@ async def run(args: argparse.Namespace) -> int:
     return 0 if rounds.check is None else 1
 
 
-async def _run_until_signalled(args: argparse.Namespace) -> int:
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        return await run(args)
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        return asyncio.run(_run_until_signalled(args))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted: every process and directory this run started is cleaned up")
-        return 130
+    return run_benchmark(parse_args, run, argv)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,6 @@ import asyncio
 import contextlib
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -78,6 +77,7 @@ from bench.commit_throughput import (
     settle_cluster,
     start_profiler,
 )
+from bench.entry import run_benchmark
 from bench.watchers import FleetResult, percentiles, start_fleet
 
 TARGET_P99_SECONDS = 0.020  # DESIGN.md §8
@@ -686,24 +686,8 @@ async def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-async def _run_until_signalled(args: argparse.Namespace) -> int:
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        return await run(args)
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        return asyncio.run(_run_until_signalled(args))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted: every process and directory this run started is cleaned up")
-        return 130
+    return run_benchmark(parse_args, run, argv)
 
 
 if __name__ == "__main__":
