@@ -84,7 +84,7 @@ from lane.v1 import (
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from bench.entry import run_benchmark
+from bench.entry import add_database_url, run_benchmark
 from bench.watchers import Fleet, FleetResult, start_fleet
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -1140,12 +1140,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--warmup", type=float, default=2.0, help="service warm-up before the window (default 2)"
     )
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("LANE_BENCH_DATABASE_URL") or None,
-        help="PostgreSQL server URL, role with CREATEDB (default: $LANE_BENCH_DATABASE_URL,"
-        " else an embedded pgserver in a temp dir)",
-    )
+    add_database_url(parser)
     parser.add_argument(
         "--baseline",
         choices=sorted(_BASELINE_STATEMENTS),

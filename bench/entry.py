@@ -1,11 +1,23 @@
-"""The entry point every service benchmark shares: parse, run, clean up on Ctrl-C or SIGTERM."""
+"""What every service benchmark's command line shares: the database option, and the entry
+point (parse, run, clean up on Ctrl-C or SIGTERM)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
+
+
+def add_database_url(parser: argparse.ArgumentParser) -> None:
+    """``--database-url``: a PostgreSQL server to use instead of an embedded one."""
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("LANE_BENCH_DATABASE_URL") or None,
+        help="PostgreSQL server URL, role with CREATEDB (default: $LANE_BENCH_DATABASE_URL,"
+        " else an embedded pgserver in a temp dir)",
+    )
 
 
 def run_benchmark(

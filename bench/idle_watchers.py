@@ -63,7 +63,7 @@ from bench.commit_throughput import (
     provision_database,
     run_service,
 )
-from bench.entry import run_benchmark
+from bench.entry import add_database_url, run_benchmark
 from bench.memory import Memory
 
 TARGET_WATCHERS = 10_000  # DESIGN.md §8
@@ -654,12 +654,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--verify-lanes", type=int, default=5, help="lanes committed to after attaching (5)"
     )
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("LANE_BENCH_DATABASE_URL") or None,
-        help="PostgreSQL server URL, role with CREATEDB (default: $LANE_BENCH_DATABASE_URL,"
-        " else an embedded pgserver in a temp dir)",
-    )
+    add_database_url(parser)
     parser.add_argument(
         "--no-baseline", action="store_true", help="skip the minimal grpc.aio server baseline"
     )

@@ -80,7 +80,7 @@ from bench.commit_throughput import (
     run_service,
     start_profiler,
 )
-from bench.entry import run_benchmark
+from bench.entry import add_database_url, run_benchmark
 from bench.memory import Memory, PeakSampler
 from service.api.watch import WatchSettings
 
@@ -736,12 +736,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="do not ANALYZE the entries table after the build (the rounds then run with"
         " whatever statistics autovacuum left)",
     )
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("LANE_BENCH_DATABASE_URL") or None,
-        help="PostgreSQL server URL, role with CREATEDB (default: $LANE_BENCH_DATABASE_URL,"
-        " else an embedded pgserver in a temp dir)",
-    )
+    add_database_url(parser)
     parser.add_argument(
         "--py-spy",
         type=Path,

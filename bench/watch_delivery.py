@@ -77,7 +77,7 @@ from bench.commit_throughput import (
     settle_cluster,
     start_profiler,
 )
-from bench.entry import run_benchmark
+from bench.entry import add_database_url, run_benchmark
 from bench.watchers import FleetResult, percentiles, start_fleet
 
 TARGET_P99_SECONDS = 0.020  # DESIGN.md §8
@@ -639,12 +639,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=60.0,
         help="how long the watchers may take to receive the last commits (60)",
     )
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("LANE_BENCH_DATABASE_URL") or None,
-        help="PostgreSQL server URL, role with CREATEDB (default: $LANE_BENCH_DATABASE_URL,"
-        " else an embedded pgserver in a temp dir)",
-    )
+    add_database_url(parser)
     parser.add_argument(
         "--notify", choices=("on", "off"), default="on", help="the service's LANE_NOTIFY"
     )
