@@ -59,7 +59,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -84,7 +83,7 @@ from lane.v1 import (
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from bench.entry import add_database_url, run_benchmark
+from bench.entry import add_database_url, run_benchmark, stop_process
 from bench.watchers import Fleet, FleetResult, start_fleet
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -503,14 +502,7 @@ async def run_service(
             address = await listening
         yield ServiceProcess(process, address, tail, reader)
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(15):
-                    await process.wait()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop_process(process)
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader

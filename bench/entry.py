@@ -1,5 +1,5 @@
-"""What every service benchmark's command line shares: the database option, and the entry
-point (parse, run, clean up on Ctrl-C or SIGTERM)."""
+"""What every service benchmark shares: the database option, the entry point (parse, run,
+clean up on Ctrl-C or SIGTERM), and stopping the server processes it started."""
 
 from __future__ import annotations
 
@@ -18,6 +18,19 @@ def add_database_url(parser: argparse.ArgumentParser) -> None:
         help="PostgreSQL server URL, role with CREATEDB (default: $LANE_BENCH_DATABASE_URL,"
         " else an embedded pgserver in a temp dir)",
     )
+
+
+async def stop_process(process: asyncio.subprocess.Process, grace: float = 15.0) -> None:
+    """SIGTERM ``process`` and wait for it; SIGKILL it after ``grace`` seconds."""
+    if process.returncode is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        async with asyncio.timeout(grace):
+            await process.wait()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
 
 
 def run_benchmark(

@@ -63,7 +63,7 @@ from bench.commit_throughput import (
     provision_database,
     run_service,
 )
-from bench.entry import add_database_url, run_benchmark
+from bench.entry import add_database_url, run_benchmark, stop_process
 from bench.memory import Memory
 
 TARGET_WATCHERS = 10_000  # DESIGN.md §8
@@ -130,14 +130,7 @@ async def run_minimal_server() -> AsyncIterator[ServerProcess]:
             raise RuntimeError(f"the minimal server did not start: {line!r}")
         yield ServerProcess(process, line.removeprefix(_MINIMAL_READY))
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(15):
-                    await process.wait()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop_process(process)
 
 
 # -- channels and streams ---------------------------------------------------------------------
@@ -687,6 +680,9 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if parse_args(argv).minimal_server:  # the baseline's server process (run_minimal_server)
+        asyncio.run(_serve_minimal())
+        return 0
     return run_benchmark(parse_args, run, argv)
 
 
