@@ -80,6 +80,15 @@ EVENTS_APPENDED = Counter(
     "Events committed to the event log.",
     registry=REGISTRY,
 )
+STORE_COMMITS = Counter(
+    "lane_store_commits",
+    "Commands run by the store, by path: 'optimistic' (decided on the lane kept in memory and"
+    " committed in one statement), 'locked' (the lane loaded under its row lock).",
+    ["path"],
+    registry=REGISTRY,
+)
+OPTIMISTIC_COMMITS = STORE_COMMITS.labels("optimistic")
+LOCKED_COMMITS = STORE_COMMITS.labels("locked")
 WATCHERS_ACTIVE = Gauge(
     "lane_watchers_active",
     "WatchLane streams being served.",

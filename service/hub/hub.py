@@ -9,7 +9,12 @@ last revision, and the hub only tells it *when* to look. Three things ring:
   its watchers have seen — the fallback when NOTIFY is off, lost, or the listener is down.
 
 Doorbells are sent after commit, outside the writer's transaction (NOTIFY takes a cluster-wide
-lock through commit), coalesced per lane, from one task.
+lock through commit), coalesced per lane, from one task — and only while another process
+listens: the sender looks for other hubs' LISTEN connections (by their application name) at
+most once every :data:`PEER_CHECK_SECONDS`. A lone process sends none, so a commit costs one
+PostgreSQL transaction; a process that starts listening is rung within that time, and polling
+covers the gap. A hub that starts listening says hello (an empty doorbell), and every hub that
+hears it rings again at once.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +37,14 @@ log = logging.getLogger(__name__)
 CHANNEL = "lane_events"
 #: How long the doorbell sender gathers commits before one NOTIFY transaction.
 DOORBELL_COALESCE_SECONDS = 0.002
+#: How often the doorbell sender checks whether any other process listens.
+PEER_CHECK_SECONDS = 1.0
+#: The application name of every hub's LISTEN connection: how hubs find each other.
+LISTENER_NAME = "lane-hub"
+_PEERS = (
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND application_name = %s AND pid <> %s"
+)
 
 
 class Subscription:
@@ -67,6 +82,11 @@ class Hub:
         self._dirty_event = asyncio.Event()
         #: The backend pid of the doorbell connection: its NOTIFYs are this process's own.
         self._doorbell_pid = 0
+        #: The backend pid of our LISTEN connection, which is not a peer.
+        self._listener_pid = 0
+        #: Whether another process's hub listens, and when that was last checked.
+        self._peers = True
+        self._peers_checked = -math.inf
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
         #: Set on shutdown: watchers end their streams (UNAVAILABLE) so clients resume elsewhere.
@@ -155,6 +175,8 @@ class Hub:
                             str(self.store.pool.conninfo), autocommit=True
                         )
                         self._doorbell_pid = conn.info.backend_pid
+                    if not await self._peers_listen(conn):
+                        continue
                     await conn.execute(
                         "SELECT pg_notify(%s, lane) FROM unnest(%s::text[]) AS lane",
                         (CHANNEL, [_doorbell(lane) for lane in lanes]),
@@ -167,13 +189,30 @@ class Hub:
             if conn is not None:
                 await conn.close()
 
+    async def _peers_listen(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Whether another process's hub listens (checked at most every PEER_CHECK_SECONDS)."""
+        now = time.monotonic()
+        if now - self._peers_checked >= PEER_CHECK_SECONDS:
+            self._peers_checked = now
+            try:
+                cur = await conn.execute(_PEERS, (LISTENER_NAME, self._listener_pid))
+                row = await cur.fetchone()
+                self._peers = row is None or row[0] > 0
+            except psycopg.errors.InsufficientPrivilege:
+                self._peers = True  # cannot tell: ring as if someone listened
+        return self._peers
+
     async def _listen_forever(self) -> None:
         backoff = 0.1
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    str(self.store.pool.conninfo), autocommit=True
+                    str(self.store.pool.conninfo), autocommit=True, application_name=LISTENER_NAME
                 ) as conn:
+                    self._listener_pid = conn.info.backend_pid
+                    # Hello (an empty doorbell): hubs that rang no one start ringing now. What
+                    # they commit before LISTEN takes effect is caught up by ring_all below.
+                    await conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self.listening.set()
                     backoff = 0.1
@@ -181,7 +220,9 @@ class Hub:
                     self.ring_all()
                     async for notification in conn.notifies():
                         # Our own doorbells rang our watchers at commit already.
-                        if notification.pid != self._doorbell_pid:
+                        if not notification.payload:
+                            self._peers, self._peers_checked = True, time.monotonic()
+                        elif notification.pid != self._doorbell_pid:
                             self.ring(_rung_lane(notification.payload))
             except (psycopg.Error, OSError) as exc:
                 self.listening.clear()

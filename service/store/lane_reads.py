@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from lane.v1 import entries_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 from psycopg import AsyncConnection, AsyncCursor
@@ -31,7 +31,7 @@ Conn = AsyncConnection[Any]
 
 _LANE = (
     "SELECT revision, tip_id, configuration, message_count, usage_totals,"
-    " current_operation_id, last_operation_id, faulted FROM lanes"
+    " current_operation_id, last_operation_id, faulted, version FROM lanes"
     " WHERE namespace = %(ns)s AND lane_id = %(lane)s"
 )
 _INBOX = "SELECT body FROM inbox WHERE namespace = %(ns)s AND lane_id = %(lane)s ORDER BY position"
@@ -60,6 +60,13 @@ _LAST_RESULT = (
 )
 
 
+class VersionedLane(NamedTuple):
+    """A lane's state and the version of its rows it was read at."""
+
+    state: LaneState
+    version: int
+
+
 async def load_lane(
     conn: Conn, lane: LaneRef, *, lock: bool, with_last_result: bool = False
 ) -> LaneState | None:
@@ -68,6 +75,14 @@ async def load_lane(
     ``with_last_result`` also loads the last operation's result record (capture needs it;
     commands do not).
     """
+    loaded = await load_versioned(conn, lane, lock=lock, with_last_result=with_last_result)
+    return None if loaded is None else loaded.state
+
+
+async def load_versioned(
+    conn: Conn, lane: LaneRef, *, lock: bool, with_last_result: bool = False
+) -> VersionedLane | None:
+    """:func:`load_lane` with the version of the lane's rows (see schema 0005)."""
     params = lane.params
     async with conn.pipeline():
         lane_row = await conn.execute(_LANE + (" FOR UPDATE" if lock else ""), params)
@@ -78,8 +93,8 @@ async def load_lane(
         row = await lane_row.fetchone()
         if row is None:
             return None
-        (revision, tip_id, configuration, message_count, totals, _, last_id, faulted) = row
-        return LaneState(
+        (revision, tip_id, configuration, message_count, totals, _, last_id, faulted, version) = row
+        state = LaneState(
             lane_id=lane.lane_id,
             revision=revision,
             tip_id=tip_id or "",
@@ -92,6 +107,7 @@ async def load_lane(
             last_result=await _last_result(last),
             faulted=faulted,
         )
+        return VersionedLane(state, version)
 
 
 async def _last_result(cursor: AsyncCursor[Any] | None) -> snapshot_pb2.OperationResult | None:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, TypeVar
 
+import psycopg
 from google.protobuf.message import Message
 from lane.v1 import entries_pb2, lane_service_pb2, snapshot_pb2
 from psycopg_pool import AsyncConnectionPool
@@ -15,23 +16,26 @@ from psycopg_pool import AsyncConnectionPool
 from service import metrics
 from service.domain import lanes
 from service.domain.capture import capture
-from service.domain.errors import LaneError, NotFound
+from service.domain.errors import AlreadyExists, LaneError, NotFound
 from service.domain.ids import new_id
 from service.domain.limits import check_commit
 from service.domain.reconcile import reconcile
 from service.domain.state import LaneState, Operation
 from service.domain.transition import Transition
 from service.store.codec import decode
+from service.store.lane_cache import LaneCache
 from service.store.lane_reads import (
+    VersionedLane,
     load_entry_bodies,
     load_events,
     load_lane,
     load_transcript_index,
+    load_versioned,
 )
 from service.store.lane_ref import LaneRef
-from service.store.lane_writes import insert_lane, write_transition
+from service.store.lane_writes import RecordedAnswer, commit_statement, insert_lane, run_commit
 from service.store.pool import migrate_pool, open_pool
-from service.store.requests import RequestKey, replayed_answer, save_answer
+from service.store.requests import RequestKey, replayed_answer
 
 R = TypeVar("R", bound=Message)
 
@@ -61,6 +65,40 @@ class EventGroup(NamedTuple):
     commit_time: datetime
 
 
+_VERSION = "SELECT version FROM lanes WHERE namespace = %(ns)s AND lane_id = %(lane)s"
+
+
+def _recorded(
+    request: RequestKey | None, amends: RequestKey | None, answer: Message
+) -> list[RecordedAnswer]:
+    """The answers a command records: its own, and the one of the request it completes."""
+    recorded = []
+    for key, replace in ((request, False), (amends, True)):
+        if key is not None:
+            recorded.append(
+                RecordedAnswer(key.request_id, key.method, key.digest, answer, replace=replace)
+            )
+    return recorded
+
+
+def _reused_id(exc: psycopg.errors.UniqueViolation, transition: Transition) -> LaneError:
+    """The refusal for a commit that failed on a primary key under the lane lock: only an
+    operation id used before (by any lane of the namespace) can do that."""
+    if exc.diag.constraint_name != "operations_pkey":
+        raise exc
+    state = transition.state
+    operation_id = (
+        state.operation.operation_id
+        if state.operation is not None
+        else state.last_operation_id or ""
+    )
+    return AlreadyExists(
+        "OPERATION_ID_EXISTS",
+        f"operation id {operation_id} was used before",
+        operationId=operation_id,
+    )
+
+
 def lane_not_found(lane: LaneRef) -> NotFound:
     """The refusal for a lane that does not exist (in the caller's namespace: a lane of
     another namespace gets exactly this answer)."""
@@ -73,11 +111,25 @@ class Store:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self.pool = pool
         self.commit_listeners: list[CommitListener] = []
+        #: The lanes this process commanded lately (see lane_cache.py).
+        self.cache = LaneCache()
 
     @classmethod
-    async def open(cls, dsn: str, *, min_size: int = 2, max_size: int = 10) -> Store:
-        """Connect a pool to ``dsn``. Does not migrate; call :meth:`migrate`."""
-        return cls(await open_pool(dsn, min_size=min_size, max_size=max_size))
+    async def open(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 2,
+        max_size: int = 10,
+        checkout_timeout: float | None = None,
+    ) -> Store:
+        """Connect a pool to ``dsn``. Does not migrate; call :meth:`migrate`.
+        ``checkout_timeout``: see :func:`~service.store.pool.open_pool` (None: its default)."""
+        return cls(
+            await open_pool(
+                dsn, min_size=min_size, max_size=max_size, checkout_timeout=checkout_timeout
+            )
+        )
 
     async def migrate(self) -> list[str]:
         """Apply pending schema migrations; return their names."""
@@ -87,9 +139,12 @@ class Store:
         """Close every connection."""
         await self.pool.close()
 
-    def _committed(self, lane: LaneRef, revision: int) -> None:
+    def _committed(self, lane: LaneRef, transition: Transition) -> None:
+        if not transition.events:
+            return
+        metrics.EVENTS_APPENDED.inc(len(transition.events))
         for listener in self.commit_listeners:
-            listener(lane, revision)
+            listener(lane, transition.state.revision)
 
     async def command(
         self,
@@ -100,18 +155,24 @@ class Store:
         *,
         amends: RequestKey | None = None,
     ) -> R:
-        """Run one command as one transaction under the lane row lock.
+        """Run one command as one transaction on the lane.
 
-        Loads the lane's state, lets ``decide`` compute the transition (a refusal raises and
-        rolls back: nothing is written), writes it with its events at the next revisions, and
-        records the answer under the request id. A retried request id returns the stored answer.
+        ``decide`` computes the transition from the lane's state (a refusal raises: nothing is
+        written); the transition is written with its events at the next revisions, and the
+        answer is recorded under the request id. A retried request id returns the stored answer.
 
         ``amends`` names a request whose work this command completes (a second commit of one
         RPC): a command that commits replaces that request's stored answer with its own; one
         that commits nothing returns the stored answer, so every retry answers alike.
 
-        A caller that goes away (deadline, cancellation) does not cut the transaction short:
-        it runs to its commit or rollback, so a retry finds its outcome under the request id.
+        A lane this process commanded before is not loaded again: the command decides on the
+        state it left and commits with one statement that checks the lane's version; when the
+        lane moved on meanwhile (another process, a hand edit), the statement writes nothing and
+        the command runs again on the lane loaded under its row lock. Refusals, replayed request
+        ids and reused operation ids are always decided under the lock.
+
+        A caller that goes away (deadline, cancellation) does not cut the command short: it
+        runs to its commit or rollback, so a retry finds its outcome under the request id.
         """
         return await asyncio.shield(
             self._command(lane, decide, answer_type, request, amends=amends)
@@ -126,28 +187,93 @@ class Store:
         *,
         amends: RequestKey | None,
     ) -> R:
-        # One pipeline: BEGIN and the load go out together, then the writes and COMMIT.
-        async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
-            state = await load_lane(conn, lane, lock=True)
-            if state is None:
-                raise lane_not_found(lane)
-            if request is not None:
-                replay = await replayed_answer(conn, lane, request, answer_type)
-                if replay is not None:
-                    return replay
-            transition, answer = decide(state, datetime.now(UTC))
-            check_commit(state, transition)  # refuses what could never be delivered
-            await write_transition(conn, lane, state, transition)
-            if request is not None:
-                await save_answer(conn, lane, request, answer)
-            if amends is not None:
-                if transition.events:
-                    await save_answer(conn, lane, amends, answer)
-                else:
+        async with self.cache.turn(lane):
+            cached = self.cache.get(lane)
+            if cached is not None:
+                answer = await self._optimistic(lane, cached, decide, request, amends)
+                if answer is not None:
+                    return answer
+                self.cache.forget(lane)
+            return await self._locked(lane, decide, answer_type, request, amends)
+
+    async def _optimistic(
+        self,
+        lane: LaneRef,
+        cached: VersionedLane,
+        decide: Decide[R],
+        request: RequestKey | None,
+        amends: RequestKey | None,
+    ) -> R | None:
+        """The command on the cached state, committed only if the lane is still at its
+        version; None when it must run under the lock instead."""
+        try:
+            transition, answer = decide(cached.state, datetime.now(UTC))
+            check_commit(cached.state, transition)
+        except LaneError:
+            return None  # the state may be stale: refuse only what the lock confirms
+        if amends is not None and not transition.events:
+            return None  # the answer to repeat is the stored one
+        statement = commit_statement(
+            lane, cached.state, transition, cached.version, _recorded(request, amends, answer)
+        )
+        async with self.pool.connection() as conn:
+            if statement is None:
+                # Nothing to write: the answer holds if the state it came from is current.
+                cur = await conn.execute(_VERSION, lane.params)
+                row = await cur.fetchone()
+                return answer if row is not None and row[0] == cached.version else None
+            try:
+                written = await run_commit(conn, statement)
+            except psycopg.errors.UniqueViolation:
+                return None  # a request id or operation id used before: see under the lock
+        if not written:
+            return None
+        metrics.OPTIMISTIC_COMMITS.inc()
+        self.cache.put(lane, VersionedLane(transition.state, cached.version + 1))
+        self._committed(lane, transition)
+        return answer
+
+    async def _locked(
+        self,
+        lane: LaneRef,
+        decide: Decide[R],
+        answer_type: type[R],
+        request: RequestKey | None,
+        amends: RequestKey | None,
+    ) -> R:
+        """The command on the lane loaded under its row lock, in one transaction."""
+        try:
+            # One pipeline: BEGIN and the load go out together, then the write and COMMIT.
+            async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
+                loaded = await load_versioned(conn, lane, lock=True)
+                if loaded is None:
+                    raise lane_not_found(lane)
+                metrics.LOCKED_COMMITS.inc()
+                self.cache.put(lane, loaded)
+                if request is not None:
+                    replay = await replayed_answer(conn, lane, request, answer_type)
+                    if replay is not None:
+                        return replay
+                transition, answer = decide(loaded.state, datetime.now(UTC))
+                check_commit(loaded.state, transition)  # refuses what could never be delivered
+                if amends is not None and not transition.events:
+                    # Nothing to add to the request's answer: repeat what it stored.
                     answer = await replayed_answer(conn, lane, amends, answer_type) or answer
-        if transition.events:
-            metrics.EVENTS_APPENDED.inc(len(transition.events))
-            self._committed(lane, transition.state.revision)
+                    amends = None
+                statement = commit_statement(
+                    lane,
+                    loaded.state,
+                    transition,
+                    loaded.version,
+                    _recorded(request, amends, answer),
+                )
+                if statement is not None and not await run_commit(conn, statement):
+                    raise RuntimeError(f"lane {lane} changed under its row lock")
+        except psycopg.errors.UniqueViolation as exc:
+            raise _reused_id(exc, transition) from exc
+        if statement is not None:
+            self.cache.put(lane, VersionedLane(transition.state, loaded.version + 1))
+            self._committed(lane, transition)
         return answer
 
     async def create_lane(
@@ -160,23 +286,30 @@ class Store:
         answer_type = lane_service_pb2.CreateLaneResponse
         transition = lanes.create_lane(lane.lane_id, configuration, datetime.now(UTC))
         check_commit(None, transition)
-        async with self.pool.connection() as conn, conn.transaction():
-            created = await insert_lane(conn, lane, transition.state)
-            state = await load_lane(conn, lane, lock=True)
-            assert state is not None
-            if request is not None:
-                replay = await replayed_answer(conn, lane, request, answer_type)
-                if replay is not None:
-                    return replay
-            if created:
-                await write_transition(conn, lane, state, transition)
-                state = transition.state
-            answer = answer_type(created=created, revision=state.revision)
-            if request is not None:
-                await save_answer(conn, lane, request, answer)
-        if created:
-            metrics.EVENTS_APPENDED.inc(len(transition.events))
-            self._committed(lane, state.revision)
+        async with self.cache.turn(lane):
+            async with self.pool.connection() as conn, conn.transaction():
+                created = await insert_lane(conn, lane, transition.state)
+                loaded = await load_versioned(conn, lane, lock=True)
+                assert loaded is not None
+                if request is not None:
+                    replay = await replayed_answer(conn, lane, request, answer_type)
+                    if replay is not None:
+                        return replay
+                if not created:
+                    transition = Transition(loaded.state)
+                answer = answer_type(created=created, revision=transition.state.revision)
+                statement = commit_statement(
+                    lane,
+                    loaded.state,
+                    transition,
+                    loaded.version,
+                    _recorded(request, None, answer),
+                )
+                if statement is not None:
+                    await run_commit(conn, statement)
+            version = loaded.version + (statement is not None)
+            self.cache.put(lane, VersionedLane(transition.state, version))
+        self._committed(lane, transition)
         return answer
 
     async def snapshot_outline(self, lane: LaneRef) -> SnapshotOutline:

@@ -1,18 +1,30 @@
-"""Writing a transition back: the difference between the state a command saw and the state
-its transition returned, plus the entries, usage rows and events it committed.
+"""Writing a transition back as one statement.
 
-All functions take a connection inside the caller's transaction (and pipeline).
+A command's writes — the lane row, its inbox, its operation and tool calls, the entries, usage
+rows and events it committed, and the answer recorded under its request id — are the difference
+between the state the command saw and the state its transition returned. They go to PostgreSQL
+as one statement of data-modifying CTEs, every one of them gated on the first: the lane row's
+update, which bumps the lane's version only if it still is the version the command saw. So the
+statement either writes everything or nothing, and it says which (``written``). That makes it
+safe to run on a lane state kept in memory, without a lock and outside a transaction (an
+optimistic commit: a stale copy writes nothing and the store retries under the lock), and it
+is the same statement the store runs inside a transaction after loading the lane under lock.
+
+A request id or operation id used before fails the statement with a unique violation (the
+``requests`` and ``operations`` primary keys): nothing is written then either.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any
 
+from google.protobuf.message import Message
 from psycopg import AsyncConnection
 
-from service.domain.errors import AlreadyExists
-from service.domain.state import LaneState, Operation
+from service.domain.state import LaneState, Operation, ToolBatch
 from service.domain.transition import Transition
 from service.store.codec import encode
 from service.store.lane_ref import LaneRef
@@ -20,8 +32,25 @@ from service.store.lane_ref import LaneRef
 Conn = AsyncConnection[Any]
 
 
-def _optional(message: Any) -> bytes | None:
-    return None if message is None else encode(message)
+@dataclass(frozen=True)
+class RecordedAnswer:
+    """An answer to record under a request id in the same statement."""
+
+    request_id: str
+    method: str
+    digest: bytes
+    answer: Message
+    #: Replace the request's earlier answer (a later commit of the same request) instead of
+    #: failing on it.
+    replace: bool = False
+
+
+@dataclass
+class CommitStatement:
+    """One command's writes as one SQL statement (see the module docstring)."""
+
+    sql: str
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 async def insert_lane(conn: Conn, lane: LaneRef, state: LaneState) -> bool:
@@ -34,117 +63,122 @@ async def insert_lane(conn: Conn, lane: LaneRef, state: LaneState) -> bool:
     return cur.rowcount == 1
 
 
-async def write_transition(
-    conn: Conn, lane: LaneRef, before: LaneState, transition: Transition
-) -> None:
-    """Write everything ``transition`` changed relative to ``before``."""
+async def run_commit(conn: Conn, statement: CommitStatement) -> bool:
+    """Run ``statement``; True when it wrote (the lane's version was the one expected)."""
+    cur = await conn.execute(statement.sql, statement.params)
+    row = await cur.fetchone()
+    return row is not None and row[0] == 1
+
+
+def _optional(message: Message | None) -> bytes | None:
+    return None if message is None else encode(message)
+
+
+def _changed(old: Message, new: Message) -> bool:
+    return old is not new and old != new
+
+
+def commit_statement(
+    lane: LaneRef,
+    before: LaneState,
+    transition: Transition,
+    version: int,
+    answers: Sequence[RecordedAnswer] = (),
+) -> CommitStatement | None:
+    """The statement writing ``transition`` from ``before`` (read at ``version``), or None when
+    there is nothing to write."""
     after = transition.state
-    if after == before and not transition.events:
-        return
-    await _write_inbox(conn, lane, before, after)
-    await _write_operation(conn, lane, before, after)
-    if transition.entries:
-        await conn.cursor().executemany(
-            "INSERT INTO entries (namespace, lane_id, entry_id, parent_id, seq, kind, body)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            [
-                (*lane, e.id, e.parent_id or None, e.seq, e.WhichOneof("payload"), encode(e))
-                for e in transition.entries
-            ],
-        )
-    if transition.usage_rows:
-        await conn.cursor().executemany(
-            "INSERT INTO usage_rows (namespace, lane_id, usage_id, seq, body)"
-            " VALUES (%s, %s, %s, %s, %s)",
-            [(*lane, row.id, row.seq, encode(row)) for row in transition.usage_rows],
-        )
-    if transition.events:
-        # One statement for the whole group (arrays unnested server-side), not one per event.
-        events = transition.events
-        await conn.execute(
-            "INSERT INTO events (namespace, lane_id, revision, group_end, kind, body, commit_time)"
-            " SELECT %s, %s, revision, %s, kind, body, %s"
-            " FROM unnest(%s::bigint[], %s::text[], %s::bytea[]) AS e(revision, kind, body)",
-            (
-                *lane,
-                events[-1].revision,
-                events[0].commit_time.ToDatetime(tzinfo=UTC),
-                [e.revision for e in events],
-                [e.WhichOneof("kind") for e in events],
-                [encode(e) for e in events],
-            ),
-        )
-    operation = after.operation
-    await conn.execute(
-        "UPDATE lanes SET revision = %s, tip_id = %s, configuration = %s, message_count = %s,"
-        " usage_totals = %s, current_operation_id = %s, last_operation_id = %s, faulted = %s"
-        " WHERE namespace = %s AND lane_id = %s",
-        (
-            after.revision,
-            after.tip_id or None,
-            encode(after.configuration),
-            after.message_count,
-            encode(after.usage_totals),
-            operation.operation_id if operation else None,
-            after.last_operation_id,
-            after.faulted,
-            *lane,
-        ),
+    if after == before and not transition.events and not answers:
+        return None
+    params: dict[str, Any] = {**lane.params, "version": version}
+    ctes: list[str] = []
+    lane_sets = _lane_sets(before, after, params)
+    _inbox(before, after, params, ctes, lane_sets)
+    _operation(before, after, params, ctes)
+    _appended(transition, params, ctes)
+    for n, recorded in enumerate(answers):
+        _answer(n, recorded, params, ctes)
+    lane_cte = (
+        f"lane AS (UPDATE lanes SET version = version + 1, {', '.join(lane_sets)}"
+        " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND version = %(version)s"
+        " RETURNING next_inbox_position)"
     )
+    sql = "WITH " + ", ".join([lane_cte, *ctes]) + " SELECT count(*) FROM lane"
+    return CommitStatement(sql, params)
 
 
-async def _write_inbox(conn: Conn, lane: LaneRef, before: LaneState, after: LaneState) -> None:
+def _lane_sets(before: LaneState, after: LaneState, params: dict[str, Any]) -> list[str]:
+    operation = after.operation
+    params.update(
+        revision=after.revision,
+        tip=after.tip_id or None,
+        message_count=after.message_count,
+        current_operation=operation.operation_id if operation else None,
+        last_operation=after.last_operation_id,
+        faulted=after.faulted,
+    )
+    sets = [
+        "revision = %(revision)s",
+        "tip_id = %(tip)s",
+        "message_count = %(message_count)s",
+        "current_operation_id = %(current_operation)s",
+        "last_operation_id = %(last_operation)s",
+        "faulted = %(faulted)s",
+    ]
+    # The two bodies are written only when they changed: most commands change neither.
+    if _changed(before.configuration, after.configuration):
+        params["configuration"] = encode(after.configuration)
+        sets.append("configuration = %(configuration)s")
+    if _changed(before.usage_totals, after.usage_totals):
+        params["usage_totals"] = encode(after.usage_totals)
+        sets.append("usage_totals = %(usage_totals)s")
+    return sets
+
+
+def _inbox(
+    before: LaneState,
+    after: LaneState,
+    params: dict[str, Any],
+    ctes: list[str],
+    lane_sets: list[str],
+) -> None:
     if before.inbox == after.inbox:
         return
     kept = {item.entry_id for item in after.inbox}
     known = {item.entry_id for item in before.inbox}
     removed = [item.entry_id for item in before.inbox if item.entry_id not in kept]
+    added = [item for item in after.inbox if item.entry_id not in known]
     if removed:
-        await conn.execute(
-            "DELETE FROM inbox WHERE namespace = %s AND lane_id = %s AND entry_id = ANY(%s)",
-            (*lane, removed),
+        params["inbox_removed"] = removed
+        ctes.append(
+            "inbox_removed AS (DELETE FROM inbox i USING lane"
+            " WHERE i.namespace = %(ns)s AND i.lane_id = %(lane)s"
+            " AND i.entry_id = ANY(%(inbox_removed)s::text[]))"
         )
-    for item in after.inbox:
-        if item.entry_id not in known:
-            await conn.execute(
-                "WITH pos AS (UPDATE lanes SET next_inbox_position = next_inbox_position + 1"
-                " WHERE namespace = %(ns)s AND lane_id = %(lane)s RETURNING next_inbox_position)"
-                " INSERT INTO inbox (namespace, lane_id, entry_id, position, body)"
-                " SELECT %(ns)s, %(lane)s, %(entry)s, next_inbox_position, %(body)s FROM pos",
-                {**lane.params, "entry": item.entry_id, "body": encode(item)},
-            )
+    if added:
+        # Positions continue the lane's inbox counter, which the lane update advances.
+        params["inbox_added"] = len(added)
+        params["inbox_ids"] = [item.entry_id for item in added]
+        params["inbox_bodies"] = [encode(item) for item in added]
+        lane_sets.append("next_inbox_position = next_inbox_position + %(inbox_added)s")
+        ctes.append(
+            "inbox_added AS (INSERT INTO inbox (namespace, lane_id, entry_id, position, body)"
+            " SELECT %(ns)s, %(lane)s, a.entry_id,"
+            " lane.next_inbox_position - %(inbox_added)s + a.n, a.body"
+            " FROM lane, unnest(%(inbox_ids)s::text[], %(inbox_bodies)s::bytea[])"
+            " WITH ORDINALITY AS a(entry_id, body, n))"
+        )
 
 
-async def _insert_operation(conn: Conn, lane: LaneRef, operation: Operation) -> None:
-    """Insert a new operation row; an id used before (by any lane of the namespace) is
-    refused."""
-    cur = await conn.execute(
-        "INSERT INTO operations (namespace, lane_id, operation_id, kind, started_time,"
-        " from_tip_id, settings, phase, continuation, reason)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-        " ON CONFLICT (namespace, operation_id) DO NOTHING RETURNING operation_id",
-        (
-            *lane,
-            operation.operation_id,
-            operation.kind,
-            operation.started_time,
-            operation.from_tip_id or None,
-            encode(operation.settings),
-            operation.phase.value,
-            operation.continuation.value,
-            operation.reason,
-        ),
-    )
-    if await cur.fetchone() is None:
-        raise AlreadyExists(
-            "OPERATION_ID_EXISTS",
-            f"operation id {operation.operation_id} was used before",
-            operationId=operation.operation_id,
-        )
+_OPERATION_COLUMNS = (
+    "cancel_requested, phase, continuation, turn_id, batch_entry_id, lease_token,"
+    " lease_holder, lease_expires, recovering, streaming, retry, deferred, attempt"
+)
 
 
 def _row_fields(operation: Operation | None) -> tuple[object, ...] | None:
-    """The columns of the operations row that change while it is open."""
+    """The columns of the operations row that change while it is open, in
+    ``_OPERATION_COLUMNS`` order."""
     if operation is None:
         return None
     batch_entry_id = operation.batch.assistant_entry_id if operation.batch else None
@@ -165,109 +199,208 @@ def _row_fields(operation: Operation | None) -> tuple[object, ...] | None:
     )
 
 
-async def _write_operation(conn: Conn, lane: LaneRef, before: LaneState, after: LaneState) -> None:
+def _operation(
+    before: LaneState, after: LaneState, params: dict[str, Any], ctes: list[str]
+) -> None:
     old, new = before.operation, after.operation
     if old is None and new is None:
         if after.last_result is not None and after.last_operation_id != before.last_operation_id:
-            await _insert_ended_operation(conn, lane, after)
+            _ended_operation(after, params, ctes)
         return
     if old == new:
         return
     if new is None:
         assert old is not None
         # Terminal clean-up: the result record stays; every per-operation row goes.
-        await conn.execute(
-            "DELETE FROM tool_calls WHERE namespace = %s AND operation_id = %s",
-            (lane.namespace, old.operation_id),
+        params["ended_operation"] = old.operation_id
+        params["result"] = _optional(after.last_result)
+        ctes.append(
+            "calls_ended AS (DELETE FROM tool_calls t USING lane"
+            " WHERE t.namespace = %(ns)s AND t.operation_id = %(ended_operation)s)"
         )
-        await conn.execute(
-            "UPDATE operations SET result = %s, phase = 'ended', turn_id = NULL,"
-            " batch_entry_id = NULL, lease_holder = NULL, lease_expires = NULL,"
-            " recovering = false, streaming = NULL, retry = NULL, deferred = NULL"
-            " WHERE namespace = %s AND operation_id = %s",
-            (_optional(after.last_result), lane.namespace, old.operation_id),
+        ctes.append(
+            "operation_ended AS (UPDATE operations o SET result = %(result)s, phase = 'ended',"
+            " turn_id = NULL, batch_entry_id = NULL, lease_holder = NULL, lease_expires = NULL,"
+            " recovering = false, streaming = NULL, retry = NULL, deferred = NULL FROM lane"
+            " WHERE o.namespace = %(ns)s AND o.operation_id = %(ended_operation)s)"
         )
         return
-    if old is None or old.operation_id != new.operation_id:
-        await _insert_operation(conn, lane, new)
-        old = None
+    params["operation"] = new.operation_id
     fields = _row_fields(new)
-    if fields != _row_fields(old):
-        await conn.execute(
-            "UPDATE operations SET cancel_requested = %s, phase = %s, continuation = %s,"
-            " turn_id = %s, batch_entry_id = %s, lease_token = %s, lease_holder = %s,"
-            " lease_expires = %s, recovering = %s, streaming = %s, retry = %s, deferred = %s,"
-            " attempt = %s WHERE namespace = %s AND operation_id = %s",
-            (*fields, lane.namespace, new.operation_id),  # type: ignore[misc]
+    assert fields is not None
+    names = [f"op_{n}" for n in range(len(fields))]
+    if old is None or old.operation_id != new.operation_id:
+        # A new operation's row is written once, whole (the id is unique in the namespace).
+        params.update(zip(names, fields, strict=True))
+        params.update(
+            op_kind=new.kind,
+            op_started=new.started_time,
+            op_from_tip=new.from_tip_id or None,
+            op_settings=encode(new.settings),
+            op_reason=new.reason,
         )
-    batch = new.batch
-    old_calls = {c.source_index: c for c in (old.batch.calls if old and old.batch else ())}
-    new_calls = {c.source_index: c for c in (batch.calls if batch else ())}
+        ctes.append(
+            "operation_started AS (INSERT INTO operations (namespace, lane_id, operation_id,"
+            f" kind, started_time, from_tip_id, settings, reason, {_OPERATION_COLUMNS})"
+            " SELECT %(ns)s, %(lane)s, %(operation)s, %(op_kind)s, %(op_started)s,"
+            " %(op_from_tip)s, %(op_settings)s, %(op_reason)s, "
+            + ", ".join(f"%({name})s" for name in names)
+            + " FROM lane)"
+        )
+        old = None
+    elif fields != _row_fields(old):
+        params.update(zip(names, fields, strict=True))
+        assignments = ", ".join(
+            f"{column.strip()} = %({name})s"
+            for column, name in zip(_OPERATION_COLUMNS.split(","), names, strict=True)
+        )
+        ctes.append(
+            f"operation_changed AS (UPDATE operations o SET {assignments} FROM lane"
+            " WHERE o.namespace = %(ns)s AND o.operation_id = %(operation)s)"
+        )
+    old_batch = old.batch if old is not None else None
+    _tool_calls(old_batch, new.batch, params, ctes)
+
+
+def _tool_calls(
+    old: ToolBatch | None, new: ToolBatch | None, params: dict[str, Any], ctes: list[str]
+) -> None:
+    old_calls = {c.source_index: c for c in (old.calls if old else ())}
+    new_calls = {c.source_index: c for c in (new.calls if new else ())}
     gone = [index for index in old_calls if index not in new_calls]
     if gone:
-        await conn.execute(
-            "DELETE FROM tool_calls"
-            " WHERE namespace = %s AND operation_id = %s AND source_index = ANY(%s)",
-            (lane.namespace, new.operation_id, gone),
+        params["calls_gone"] = gone
+        ctes.append(
+            "calls_gone AS (DELETE FROM tool_calls t USING lane"
+            " WHERE t.namespace = %(ns)s AND t.operation_id = %(operation)s"
+            " AND t.source_index = ANY(%(calls_gone)s::integer[]))"
         )
     changed = [c for index, c in new_calls.items() if old_calls.get(index) != c]
-    if changed:
-        assert batch is not None
-        await conn.cursor().executemany(
-            "INSERT INTO tool_calls (namespace, operation_id, source_index, turn_id,"
-            " tool_call_id, tool_name, result_entry_id, status, replay, arguments_json,"
-            " progress, checkpoint, result_message, terminate)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-            " ON CONFLICT (namespace, operation_id, source_index)"
-            " DO UPDATE SET status = EXCLUDED.status,"
-            " replay = EXCLUDED.replay, arguments_json = EXCLUDED.arguments_json,"
-            " progress = EXCLUDED.progress, checkpoint = EXCLUDED.checkpoint,"
-            " result_message = EXCLUDED.result_message, terminate = EXCLUDED.terminate",
-            [
-                (
-                    lane.namespace,
-                    new.operation_id,
-                    c.source_index,
-                    batch.turn_id,
-                    c.tool_call_id,
-                    c.tool_name,
-                    c.result_entry_id,
-                    c.status.value,
-                    c.replay,
-                    c.arguments_json,
-                    _optional(c.progress),
-                    _optional(c.checkpoint),
-                    _optional(c.result_message),
-                    c.terminate,
-                )
-                for c in changed
-            ],
-        )
+    if not changed:
+        return
+    assert new is not None
+    params.update(
+        calls_turn=new.turn_id,
+        calls_index=[c.source_index for c in changed],
+        calls_id=[c.tool_call_id for c in changed],
+        calls_name=[c.tool_name for c in changed],
+        calls_result_entry=[c.result_entry_id for c in changed],
+        calls_status=[c.status.value for c in changed],
+        calls_replay=[c.replay for c in changed],
+        calls_arguments=[c.arguments_json for c in changed],
+        calls_progress=[_optional(c.progress) for c in changed],
+        calls_checkpoint=[_optional(c.checkpoint) for c in changed],
+        calls_result=[_optional(c.result_message) for c in changed],
+        calls_terminate=[c.terminate for c in changed],
+    )
+    ctes.append(
+        "calls_written AS (INSERT INTO tool_calls (namespace, operation_id, source_index,"
+        " turn_id, tool_call_id, tool_name, result_entry_id, status, replay, arguments_json,"
+        " progress, checkpoint, result_message, terminate)"
+        " SELECT %(ns)s, %(operation)s, c.source_index, %(calls_turn)s, c.tool_call_id,"
+        " c.tool_name, c.result_entry_id, c.status, c.replay, c.arguments_json, c.progress,"
+        " c.checkpoint, c.result_message, c.terminate"
+        " FROM lane, unnest(%(calls_index)s::integer[], %(calls_id)s::text[],"
+        " %(calls_name)s::text[], %(calls_result_entry)s::text[], %(calls_status)s::text[],"
+        " %(calls_replay)s::smallint[], %(calls_arguments)s::text[],"
+        " %(calls_progress)s::bytea[], %(calls_checkpoint)s::bytea[],"
+        " %(calls_result)s::bytea[], %(calls_terminate)s::boolean[])"
+        " AS c(source_index, tool_call_id, tool_name, result_entry_id, status, replay,"
+        " arguments_json, progress, checkpoint, result_message, terminate)"
+        " ON CONFLICT (namespace, operation_id, source_index)"
+        " DO UPDATE SET status = EXCLUDED.status,"
+        " replay = EXCLUDED.replay, arguments_json = EXCLUDED.arguments_json,"
+        " progress = EXCLUDED.progress, checkpoint = EXCLUDED.checkpoint,"
+        " result_message = EXCLUDED.result_message, terminate = EXCLUDED.terminate)"
+    )
 
 
-async def _insert_ended_operation(conn: Conn, lane: LaneRef, state: LaneState) -> None:
+def _ended_operation(state: LaneState, params: dict[str, Any], ctes: list[str]) -> None:
     """The row of an operation opened and ended in one commit (navigation): its record."""
     result = state.last_result
     assert result is not None
-    cur = await conn.execute(
-        "INSERT INTO operations (namespace, lane_id, operation_id, kind, started_time,"
-        " from_tip_id, settings, phase, continuation, result)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, 'ended', %s, %s)"
-        " ON CONFLICT (namespace, operation_id) DO NOTHING RETURNING operation_id",
-        (
-            *lane,
-            result.operation_id,
-            result.kind,
-            result.started_time.ToDatetime(tzinfo=UTC),
-            result.from_tip_id or None,
-            b"",
-            "may_finish",
-            encode(result),
-        ),
+    params.update(
+        record_id=result.operation_id,
+        record_kind=result.kind,
+        record_started=result.started_time.ToDatetime(tzinfo=UTC),
+        record_from_tip=result.from_tip_id or None,
+        record=encode(result),
     )
-    if await cur.fetchone() is None:
-        raise AlreadyExists(
-            "OPERATION_ID_EXISTS",
-            f"operation id {result.operation_id} was used before",
-            operationId=result.operation_id,
+    ctes.append(
+        "operation_recorded AS (INSERT INTO operations (namespace, lane_id, operation_id, kind,"
+        " started_time, from_tip_id, settings, phase, continuation, result)"
+        " SELECT %(ns)s, %(lane)s, %(record_id)s, %(record_kind)s, %(record_started)s,"
+        " %(record_from_tip)s, ''::bytea, 'ended', 'may_finish', %(record)s FROM lane)"
+    )
+
+
+def _appended(transition: Transition, params: dict[str, Any], ctes: list[str]) -> None:
+    """The append-only rows: entries, usage rows, events (one statement part each)."""
+    if transition.entries:
+        entries = transition.entries
+        params.update(
+            entry_ids=[e.id for e in entries],
+            entry_parents=[e.parent_id or None for e in entries],
+            entry_seqs=[e.seq for e in entries],
+            entry_kinds=[e.WhichOneof("payload") for e in entries],
+            entry_bodies=[encode(e) for e in entries],
         )
+        ctes.append(
+            "entries_added AS (INSERT INTO entries"
+            " (namespace, lane_id, entry_id, parent_id, seq, kind, body)"
+            " SELECT %(ns)s, %(lane)s, e.* FROM lane, unnest(%(entry_ids)s::text[],"
+            " %(entry_parents)s::text[], %(entry_seqs)s::bigint[], %(entry_kinds)s::text[],"
+            " %(entry_bodies)s::bytea[]) AS e)"
+        )
+    if transition.usage_rows:
+        rows = transition.usage_rows
+        params.update(
+            usage_ids=[row.id for row in rows],
+            usage_seqs=[row.seq for row in rows],
+            usage_bodies=[encode(row) for row in rows],
+        )
+        ctes.append(
+            "usage_added AS (INSERT INTO usage_rows (namespace, lane_id, usage_id, seq, body)"
+            " SELECT %(ns)s, %(lane)s, u.* FROM lane, unnest(%(usage_ids)s::text[],"
+            " %(usage_seqs)s::bigint[], %(usage_bodies)s::bytea[]) AS u)"
+        )
+    if transition.events:
+        events = transition.events
+        params.update(
+            group_end=events[-1].revision,
+            commit_time=events[0].commit_time.ToDatetime(tzinfo=UTC),
+            event_revisions=[e.revision for e in events],
+            event_kinds=[e.WhichOneof("kind") for e in events],
+            event_bodies=[encode(e) for e in events],
+        )
+        ctes.append(
+            "events_added AS (INSERT INTO events"
+            " (namespace, lane_id, revision, group_end, kind, body, commit_time)"
+            " SELECT %(ns)s, %(lane)s, e.revision, %(group_end)s, e.kind, e.body, %(commit_time)s"
+            " FROM lane, unnest(%(event_revisions)s::bigint[], %(event_kinds)s::text[],"
+            " %(event_bodies)s::bytea[]) AS e(revision, kind, body))"
+        )
+
+
+def _answer(n: int, recorded: RecordedAnswer, params: dict[str, Any], ctes: list[str]) -> None:
+    params.update(
+        {
+            f"request_{n}": recorded.request_id,
+            f"method_{n}": recorded.method,
+            f"digest_{n}": recorded.digest,
+            f"response_{n}": encode(recorded.answer),
+        }
+    )
+    # A request id answered before fails the statement (the primary key), unless this is a
+    # later commit of the same request, which replaces its answer.
+    conflict = (
+        " ON CONFLICT (namespace, lane_id, request_id) DO UPDATE SET response = EXCLUDED.response"
+        if recorded.replace
+        else ""
+    )
+    ctes.append(
+        f"answer_{n} AS (INSERT INTO requests"
+        " (namespace, lane_id, request_id, method, request_hash, response)"
+        f" SELECT %(ns)s, %(lane)s, %(request_{n})s, %(method_{n})s, %(digest_{n})s,"
+        f" %(response_{n})s FROM lane{conflict})"
+    )

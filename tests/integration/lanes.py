@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
+import psycopg
 from lane.client.reducer import fold
 from lane.v1 import events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 
@@ -189,3 +191,14 @@ async def leased_batch(stub: Any, probe: Probe, *calls: str, seconds: int = 30) 
     )
     await probe.check()
     return run.operation_id, token
+
+
+@contextlib.asynccontextmanager
+async def hand_edit(store: Any) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A connection to the store's database that writes rows as an operator would, not as the
+    service: every lane it touches gets a new version, so no process commands it from a stale
+    in-memory copy."""
+    async with await psycopg.AsyncConnection.connect(
+        str(store.pool.conninfo), autocommit=True
+    ) as conn:
+        yield conn

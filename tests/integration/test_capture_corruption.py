@@ -22,7 +22,7 @@ from grpc_status import rpc_status
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2
 
-from tests.integration.lanes import result, text
+from tests.integration.lanes import hand_edit, result, text
 from tests.integration.test_refusals import Ctx, build
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -36,7 +36,7 @@ async def corruptible_lane(stub: Any) -> Ctx:
 
 
 async def execute(store: Any, sql: str, *params: Any) -> None:
-    async with store.pool.connection() as conn, conn.transaction():
+    async with hand_edit(store) as conn, conn.transaction():
         cur = await conn.execute(sql, params)
         assert cur.rowcount == 1, f"{sql} changed {cur.rowcount} rows"
 

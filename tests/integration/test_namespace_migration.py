@@ -82,7 +82,9 @@ async def test_lanes_from_before_namespaces_belong_to_the_default_namespace(
                         "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
                         (version, name),
                     )
-        assert await store.migrate() == ["0004_namespaces.sql"]
+        applied = await store.migrate()
+        assert applied[0] == "0004_namespaces.sql"
+        assert all(name > "0004" for name in applied)
 
         lane = LaneRef(DEFAULT_NAMESPACE, "old-lane")
         snapshot = await store.snapshot(lane)

@@ -13,6 +13,7 @@ from lane.v1 import messages_pb2, snapshot_pb2
 
 from service.domain import results
 from tests.integration.lanes import (
+    hand_edit,
     Probe,
     error_reason,
     kinds,
@@ -380,7 +381,7 @@ async def test_a_lane_that_cannot_be_reconciled_does_not_hold_up_the_others(
         )
     )
     wrong = messages_pb2.ToolResultMessage(tool_call_id="c9", tool_name="t", content=[text("x")])
-    async with store.pool.connection() as conn:
+    async with hand_edit(store) as conn:
         cur = await conn.execute(
             "UPDATE tool_calls SET status = 'outcome_ready', result_message = %s"
             " WHERE operation_id = %s AND tool_call_id = 'c0'",
@@ -401,7 +402,7 @@ async def test_a_lane_that_cannot_be_reconciled_does_not_hold_up_the_others(
             assert (await cur.fetchone())[0] != "ended"
     finally:
         # Repair the lane so the service's reconcilers can end it and stop warning.
-        async with store.pool.connection() as conn:
+        async with hand_edit(store) as conn:
             await conn.execute(
                 "UPDATE tool_calls SET status = 'effect_pending', result_message = NULL"
                 " WHERE operation_id = %s AND tool_call_id = 'c0'",
