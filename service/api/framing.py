@@ -12,9 +12,20 @@ from collections.abc import Sequence
 
 from google.protobuf.message import Message
 
+# The frames' field numbers, from the generated descriptors: the commit rule computes these
+# frames' sizes from the same ones.
+from service.domain.wire import (
+    CHUNK_ENTRIES_FIELD,
+    EVENT_GROUP_FIELD,
+    EVENTS_FIELD,
+    HEAD_FOLLOWING_CHUNKS_FIELD,
+    HEAD_SNAPSHOT_FIELD,
+    SNAPSHOT_HEAD_FIELD,
+    TRANSCRIPT_CHUNK_FIELD,
+    TRANSCRIPT_FIELD,
+)
+
 _LENGTH_DELIMITED = 2
-_EVENT_GROUP_FIELD = 3  # WatchLaneResponse.event_group
-_EVENTS_FIELD = 1  # EventGroup.events
 
 
 def _varint(value: int) -> bytes:
@@ -35,7 +46,7 @@ def _field(number: int, payload: bytes) -> bytes:
 
 def event_group_frame(bodies: Sequence[bytes]) -> bytes:
     """An encoded WatchLaneResponse whose event_group holds the encoded events ``bodies``."""
-    return _field(_EVENT_GROUP_FIELD, b"".join(_field(_EVENTS_FIELD, body) for body in bodies))
+    return _field(EVENT_GROUP_FIELD, b"".join(_field(EVENTS_FIELD, body) for body in bodies))
 
 
 def serialize(response: Message | bytes) -> bytes:
@@ -43,26 +54,18 @@ def serialize(response: Message | bytes) -> bytes:
     return response if isinstance(response, bytes) else response.SerializeToString()
 
 
-_SNAPSHOT_HEAD_FIELD = 1  # WatchLaneResponse.snapshot
-_TRANSCRIPT_CHUNK_FIELD = 2  # WatchLaneResponse.transcript_chunk
-_HEAD_SNAPSHOT_FIELD = 1  # SnapshotHead.snapshot
-_HEAD_FOLLOWING_CHUNKS_FIELD = 2  # SnapshotHead.following_chunks (varint)
-_TRANSCRIPT_FIELD = 3  # LaneSnapshot.transcript
-_CHUNK_ENTRIES_FIELD = 1  # TranscriptChunk.entries
-
-
 def snapshot_head_frame(snapshot: Message, bodies: Sequence[bytes], following_chunks: int) -> bytes:
     """An encoded WatchLaneResponse whose SnapshotHead holds ``snapshot`` (its transcript
     empty) with the encoded entries ``bodies`` as its first transcript entries."""
-    transcript = b"".join(_field(_TRANSCRIPT_FIELD, body) for body in bodies)
-    head = _field(_HEAD_SNAPSHOT_FIELD, snapshot.SerializeToString() + transcript)
+    transcript = b"".join(_field(TRANSCRIPT_FIELD, body) for body in bodies)
+    head = _field(HEAD_SNAPSHOT_FIELD, snapshot.SerializeToString() + transcript)
     if following_chunks:
-        head += _varint(_HEAD_FOLLOWING_CHUNKS_FIELD << 3) + _varint(following_chunks)
-    return _field(_SNAPSHOT_HEAD_FIELD, head)
+        head += _varint(HEAD_FOLLOWING_CHUNKS_FIELD << 3) + _varint(following_chunks)
+    return _field(SNAPSHOT_HEAD_FIELD, head)
 
 
 def transcript_chunk_frame(bodies: Sequence[bytes]) -> bytes:
     """An encoded WatchLaneResponse whose TranscriptChunk holds the encoded entries ``bodies``."""
     return _field(
-        _TRANSCRIPT_CHUNK_FIELD, b"".join(_field(_CHUNK_ENTRIES_FIELD, body) for body in bodies)
+        TRANSCRIPT_CHUNK_FIELD, b"".join(_field(CHUNK_ENTRIES_FIELD, body) for body in bodies)
     )

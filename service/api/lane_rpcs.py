@@ -41,8 +41,8 @@ class LaneRpcs(ServicerBase):
         lane = self.lane(request.lane_id)
         outline = await self.store.snapshot_outline(lane)
         # Refused before the transcript is read: its size is known from the outline.
-        transcript_bytes = sum(limits.field_bytes(size) for _, size in outline.transcript)
-        answer_bytes = limits.field_bytes(outline.snapshot.ByteSize() + transcript_bytes)
+        transcript = sum(limits.transcript_entry_bytes(size) for _, size in outline.transcript)
+        answer_bytes = limits.snapshot_answer_bytes(outline.snapshot.ByteSize() + transcript)
         limits.check_snapshot_message(lane.lane_id, answer_bytes)
         snapshot = await self.store.complete_snapshot(lane, outline)
         return pb.GetLaneSnapshotResponse(snapshot=snapshot)

@@ -20,6 +20,7 @@ from service.api.lane_rpcs import LaneRpcs
 from service.api.ownership_rpcs import OwnershipRpcs
 from service.api.run_rpcs import RunRpcs
 from service.api.tool_rpcs import ToolRpcs
+from service.api.validation import check_counts
 from service.api.watch import WatchSettings, watch_lane
 from service.domain.errors import InvalidArgument
 from service.hub import Hub
@@ -80,6 +81,12 @@ def _decoding(
             error = InvalidArgument(
                 "MALFORMED_REQUEST", f"the request is not a valid {request_type.DESCRIPTOR.name}"
             )
+            await context.abort_with_status(lane_error_status(error))
+        try:
+            # Counted before any handler walks it: an over-numerous request is refused in
+            # time bounded by the count limits (validation.check_counts).
+            check_counts(request)
+        except InvalidArgument as error:
             await context.abort_with_status(lane_error_status(error))
         return await implementation(request, context)
 

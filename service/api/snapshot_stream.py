@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from service.api.framing import snapshot_head_frame, transcript_chunk_frame
-from service.domain.limits import MAX_MESSAGE_BYTES, field_bytes, head_frame_bytes
+from service.domain.limits import MAX_MESSAGE_BYTES, head_frame_bytes, transcript_entry_bytes
 from service.store import SnapshotOutline
 
 
@@ -33,7 +33,7 @@ def plan_messages(
     """
     in_head, size = 0, 0
     for entry_size in entry_sizes:
-        with_entry = head_bytes + field_bytes(entry_size)
+        with_entry = head_bytes + transcript_entry_bytes(entry_size)
         if size + entry_size > chunk_bytes or head_frame_bytes(with_entry) > max_message_bytes:
             break
         head_bytes, size, in_head = with_entry, size + entry_size, in_head + 1

@@ -4,11 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 
+from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 from lane.v1 import entries_pb2, events_pb2, messages_pb2
 
 from service.domain.usage import add_usage
+
+
+@lru_cache(maxsize=64)
+def _stamp(now: datetime) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(now)
+    return stamp
+
+
+def stamp(now: datetime) -> timestamp_pb2.Timestamp:
+    """``now`` as a Timestamp, converted once per commit time (a commit stamps every event,
+    entry and result with it): copy it into a field, never change it."""
+    return _stamp(now)
 
 
 @dataclass
@@ -32,7 +47,7 @@ class EventLog:
         event = events_pb2.HarnessEvent(
             lane_id=self.lane_id, revision=self.revision, recovery=recovery
         )
-        event.commit_time.FromDatetime(self.now)
+        event.commit_time.CopyFrom(stamp(self.now))
         getattr(event, kind).CopyFrom(body)
         self.events.append(event)
         return event
@@ -42,7 +57,7 @@ class EventLog:
         placed = entries_pb2.Entry()
         placed.CopyFrom(entry)
         placed.seq = self.revision + 1
-        placed.timestamp.FromDatetime(self.now)
+        placed.timestamp.CopyFrom(stamp(self.now))
         self.emit("entry_added", events_pb2.EntryAddedEvent(entry=placed), recovery=recovery)
         self.entries.append(placed)
         return placed

@@ -6,19 +6,27 @@ transcript) travels in one message too, and so does a run's durable state (GetOp
 AcquireOperation). A commit that broke any of them could never be delivered: every watcher
 would fail on it forever. So commands are refused before anything is written:
 
-- **payloads** (INVALID_ARGUMENT ``PAYLOAD_TOO_LARGE``, checked by
-  ``service/api/validation.py``): each message, tool result, argument text, entry and
-  deferred handle a request carries is at most :data:`MAX_PAYLOAD_BYTES` encoded (an
-  operation error :data:`MAX_ERROR_BYTES`). A tool batch of one call with every payload at its
-  limit always fits: its largest commit puts a result in five events (tool_end,
-  message_start, message_end, entry_added, turn_end) beside the assistant message.
+- **counts** (INVALID_ARGUMENT ``TOO_MANY_*``, checked by ``service/api/validation.py`` before
+  anything walks a request): tool calls per assistant message, content blocks, messages and
+  tool names per request. They keep every command's work small, and a whole batch at the
+  limit always ends within one message.
+- **payloads** (INVALID_ARGUMENT ``PAYLOAD_TOO_LARGE``, also ``service/api/validation.py``):
+  each message, tool result, argument text, entry and deferred handle a request carries is at
+  most :data:`MAX_PAYLOAD_BYTES` encoded (an operation error :data:`MAX_ERROR_BYTES`). A tool
+  batch of one call with every payload at its limit always fits: its largest commit puts a
+  result in five events (tool_end, message_start, message_end, entry_added, turn_end) beside
+  the assistant message.
 - **commits** (RESOURCE_EXHAUSTED ``COMMIT_TOO_LARGE``, :func:`check_commit`): payloads add up
   (many calls in one batch, a full inbox, several prompts), so every commit is measured: its
   event group, the lane's live state and the run's durable state after it, and the largest
   commits the service may later *have* to make with what the lane now holds — ending the run
   (every unfinished call of the batch settled and placed, turn and run ended, in one group) and
-  starting a run that captures the whole inbox. Those are simulated with the domain's own
-  functions at their largest encodings, so a lane never holds what it could not deliver.
+  starting a run that captures the whole inbox.
+
+Those two future commits are never built to be measured: ``service/domain/future_commits.py``
+bounds them in closed form (:func:`run_end_bytes`, :func:`run_start_bytes`), from each call's
+and inbox item's own sizes, and says what each bound counts and why it holds. This module says
+what is refused and why.
 
 The transcript is the one thing that grows past a message over many commits: WatchLane sends
 it in chunks (``service/api/watch.py``), each entry having fit its own event group, and
@@ -30,15 +38,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 
-from lane.v1 import events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
+from lane.v1 import events_pb2, lane_service_pb2, snapshot_pb2
 
 from service.domain.capture import capture
 from service.domain.errors import LaneError, ResourceExhausted
-from service.domain.runs import end_run, start_run
+from service.domain.future_commits import inbox_bytes, run_end_bytes, run_start_bytes
 from service.domain.state import LaneState, Operation
 from service.domain.transition import Transition
+from service.domain.wire import (
+    HEAD_FOLLOWING_CHUNKS_FIELD,
+    HEAD_SNAPSHOT_FIELD,
+    MAX_LENGTH_VARINT_BYTES,
+    SNAPSHOT_HEAD_FIELD,
+    TRANSCRIPT_FIELD,
+    delimited,
+    event_field_bytes,
+    event_group_bytes,
+    number_tag_bytes,
+    tag_bytes,
+)
 
 #: The largest message sent or received: gRPC's default receive limit, so any client with
 #: default settings receives everything (service/app/server.py MAX_*_MESSAGE_BYTES).
@@ -51,49 +70,56 @@ MAX_ERROR_BYTES = 64 * 1024
 #: The lane's live state: its snapshot without transcript and last result, as the WatchLane
 #: head message. The rest of a message is kept for the last result (at most an error and ids).
 MAX_LIVE_STATE_BYTES = MAX_MESSAGE_BYTES - 512 * 1024
-#: A commit the service may have to make later is simulated now; the real one may differ by
-#: ids and timestamps of other lengths. This much of a message is kept for that.
+#: A commit the service may have to make later is bounded now; this much of a message is kept
+#: besides, for what the bound does not see (a later lease's ids, a longer clock).
 FUTURE_MARGIN_BYTES = 4 * 1024
 
-# Simulated commits use the largest encodings of what varies: a timestamp with 5-byte seconds
-# and 5-byte nanos, revisions of 9-byte varints, 36-character ids, 128-byte operation ids.
-_SIM_NOW = datetime(2999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
-_SIM_REVISION = 1 << 56
-_SIM_OPERATION_ID = "o" * 128
-_SIM_PROMPT = messages_pb2.AgentMessage(
-    user=messages_pb2.UserMessage(
-        content=[messages_pb2.ContentBlock(text=messages_pb2.TextContent(text="."))]
-    )
-)
-_SIM_SETTINGS = lane_service_pb2.RunSettings(
-    steering_mode=lane_service_pb2.DELIVERY_MODE_ALL,
-    follow_up_mode=lane_service_pb2.DELIVERY_MODE_ALL,
-)
+#: Tool calls in one assistant message (INVALID_ARGUMENT ``TOO_MANY_TOOL_CALLS``). Models emit
+#: at most tens of parallel calls; 256 leaves an order of magnitude beyond that, keeps every
+#: per-command step over a batch (each command loads, checks and writes the whole batch)
+#: around a millisecond, and a whole batch at the limit with 128-byte ids and names, ended
+#: unfinished, is about 1 MiB of events: well within one message.
+MAX_TOOL_CALLS = 256
+#: Content blocks in one request, all the messages it carries together
+#: (INVALID_ARGUMENT ``TOO_MANY_CONTENT_BLOCKS``). Real messages hold tens of blocks; 4,096
+#: bounds the per-block work a request causes (validation, settlement) to a few milliseconds.
+MAX_CONTENT_BLOCKS = 4096
+#: Messages in one request: StartRun prompts, AppendAssistantStream partials, a compaction's
+#: retained tail (INVALID_ARGUMENT ``TOO_MANY_MESSAGES``). Each one placed or streamed is up to
+#: three events.
+MAX_REQUEST_MESSAGES = 256
+#: Tool names in one request (a configuration's active tools, a result's added tools)
+#: (INVALID_ARGUMENT ``TOO_MANY_TOOL_NAMES``).
+MAX_TOOL_NAMES = 4096
 
-
-def _sim_id() -> str:
-    return "0" * 36  # a UUID's length
-
-
-def varint_bytes(value: int) -> int:
-    """The length of ``value`` as a protobuf varint."""
-    return max(1, (value.bit_length() + 6) // 7)
-
-
-def field_bytes(payload: int) -> int:
-    """The length of a length-delimited field (number below 16) with ``payload`` bytes."""
-    return 1 + varint_bytes(payload) + payload
+# The snapshot frames' tag sizes, from the field numbers service/api/framing.py writes.
+_HEAD = number_tag_bytes(SNAPSHOT_HEAD_FIELD)
+_HEAD_SNAPSHOT = number_tag_bytes(HEAD_SNAPSHOT_FIELD)
+_HEAD_FOLLOWING = number_tag_bytes(HEAD_FOLLOWING_CHUNKS_FIELD)
+_TRANSCRIPT = number_tag_bytes(TRANSCRIPT_FIELD)
+_ANSWER_SNAPSHOT = tag_bytes(lane_service_pb2.GetLaneSnapshotResponse, "snapshot")
 
 
 def group_frame_bytes(events: Sequence[events_pb2.HarnessEvent]) -> int:
     """The length of the WatchLaneResponse carrying ``events`` as one event group."""
-    return field_bytes(sum(field_bytes(event.ByteSize()) for event in events))
+    return event_group_bytes(sum(event_field_bytes(event.ByteSize()) for event in events))
 
 
 def head_frame_bytes(snapshot_bytes: int) -> int:
     """The length of the WatchLaneResponse whose SnapshotHead holds a ``snapshot_bytes``-byte
     snapshot (following_chunks counted at its largest)."""
-    return field_bytes(field_bytes(snapshot_bytes) + 6)
+    head = delimited(_HEAD_SNAPSHOT, snapshot_bytes) + _HEAD_FOLLOWING + 5  # int32 ≥ 0: 5 bytes
+    return delimited(_HEAD, head)
+
+
+def transcript_entry_bytes(entry_bytes: int) -> int:
+    """The length of one ``entry_bytes``-byte entry in a snapshot's transcript."""
+    return delimited(_TRANSCRIPT, entry_bytes)
+
+
+def snapshot_answer_bytes(snapshot_bytes: int) -> int:
+    """The length of the GetLaneSnapshotResponse holding a ``snapshot_bytes``-byte snapshot."""
+    return delimited(_ANSWER_SNAPSHOT, snapshot_bytes)
 
 
 def check_snapshot_message(lane_id: str, size: int) -> None:
@@ -148,7 +174,7 @@ def operation_state_bytes(operation: Operation) -> int:
     size = 1024 + operation.settings.ByteSize()
     batch = operation.batch
     if batch is not None:
-        size += field_bytes(batch.assistant.ByteSize())
+        size += batch.assistant.ByteSize() + 2 * MAX_LENGTH_VARINT_BYTES  # its tag, length
         for call in batch.calls:
             size += 512
             if call.arguments_json is not None:
@@ -158,48 +184,18 @@ def operation_state_bytes(operation: Operation) -> int:
     return size
 
 
-def run_end_bytes(state: LaneState) -> int:
-    """The event group of ending ``state``'s open run now, at its largest encoding."""
-    operation = state.operation
-    assert operation is not None
-    simulated = replace(state, revision=max(state.revision, _SIM_REVISION))
-    transition = end_run(
-        simulated,
-        operation.operation_id,
-        snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED,
-        None,
-        _SIM_NOW,
-        _sim_id,
-        recovery=True,
-        lease_token=None,
-    )
-    return group_frame_bytes(transition.events)
-
-
-def run_start_bytes(state: LaneState) -> int:
-    """The event group of a run started now that captures the whole inbox (a one-character
-    prompt, a 128-byte operation id), at its largest encoding."""
-    simulated = replace(state, operation=None, revision=max(state.revision, _SIM_REVISION))
-    transition = start_run(
-        simulated, _SIM_OPERATION_ID, [_SIM_PROMPT], _SIM_SETTINGS, _SIM_NOW, _sim_id
-    )
-    return group_frame_bytes(transition.events)
-
-
 def content_bound(state: LaneState) -> int:
-    """An upper bound of every message derived from ``state`` (its live state, its run's
-    durable state, ending its run, a run capturing its inbox), computed without building any.
+    """An upper bound of the lane's live state and its run's durable state, computed without
+    building either (the shortcut of :func:`check_commit`).
 
-    Each of those holds a payload of the lane at most five times (a result: tool_end,
-    message_start, message_end, entry_added, turn_end; an inbox item: three times and in a
-    queue_update; the assistant message: tool_start arguments and turn_end) besides envelopes:
-    at most 11 KiB per call (six events of at most 1 KiB with ids of 128 bytes, and the 1 KiB a
-    synthetic result adds, five times), three events per inbox item (of at most 512 bytes each
-    besides the lane id), and 16 KiB for the rest.
+    Each holds a payload of the lane at most twice (a running call's arguments and progress;
+    a settled one's arguments and result; an inbox item; the assistant message) besides
+    envelopes: counted five times here, with at most 11 KiB per call and 1.5 KiB per inbox
+    item (ids of 128 bytes) and 16 KiB for the rest.
     """
     lane_id = len(state.lane_id.encode())
     size = state.configuration.ByteSize() + state.usage_totals.ByteSize()
-    size += sum(item.ByteSize() for item in state.inbox)
+    size += inbox_bytes(state)
     overhead = len(state.inbox) * (3 * lane_id + 1536) + 16 * 1024 + 8 * lane_id
     operation = state.operation
     if operation is not None:
@@ -222,24 +218,31 @@ def check_commit(before: LaneState | None, transition: Transition) -> None:
     new lane) when anything it leaves to deliver would not fit one message. A commit without
     events changes nothing anyone is sent.
 
-    The event group is measured exactly; the rest only when :func:`content_bound` says the lane
-    holds enough to come near a limit (the simulations cost about a commit's own CPU time).
+    The event group is measured exactly. The live state is captured and measured only when
+    :func:`content_bound` says the lane holds enough to come near its limit; the run's durable
+    state, ending the run and a run capturing the inbox are bounded in closed form (the latter
+    two in ``future_commits.py``). All of it is linear in the lane's batch and inbox, with a
+    few ``ByteSize`` calls per call or item.
     """
     if not transition.events:
         return
     after = transition.state
     lane_id = after.lane_id
     _require("eventGroup", group_frame_bytes(transition.events), MAX_MESSAGE_BYTES, lane_id)
-    if content_bound(after) <= MAX_LIVE_STATE_BYTES:
-        return
     future_limit = MAX_MESSAGE_BYTES - FUTURE_MARGIN_BYTES
+    operation = after.operation
     try:
-        _require("liveState", live_state_bytes(after), MAX_LIVE_STATE_BYTES, lane_id)
-        operation = after.operation
-        if operation is not None:
-            _require("operationState", operation_state_bytes(operation), MAX_MESSAGE_BYTES, lane_id)
-            if operation.batch is not None and operation.kind == snapshot_pb2.OPERATION_KIND_RUN:
-                _require("runEnd", run_end_bytes(after), future_limit, lane_id)
+        if content_bound(after) > MAX_LIVE_STATE_BYTES:
+            _require("liveState", live_state_bytes(after), MAX_LIVE_STATE_BYTES, lane_id)
+            if operation is not None:
+                size = operation_state_bytes(operation)
+                _require("operationState", size, MAX_MESSAGE_BYTES, lane_id)
+        if (
+            operation is not None
+            and operation.batch is not None
+            and operation.kind == snapshot_pb2.OPERATION_KIND_RUN
+        ):
+            _require("runEnd", run_end_bytes(after), future_limit, lane_id)
         if after.inbox and (before is None or len(after.inbox) > len(before.inbox)):
             _require("runStart", run_start_bytes(after), future_limit, lane_id)
     except ResourceExhausted:

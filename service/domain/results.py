@@ -12,6 +12,7 @@ from datetime import datetime
 from lane.v1 import lane_service_pb2, messages_pb2
 
 from service.domain.errors import InvalidArgument
+from service.domain.event_log import stamp
 
 SyntheticCause = lane_service_pb2.SyntheticCause
 
@@ -51,7 +52,7 @@ def message_from_result(
         message.details_json = result.details_json
     if result.HasField("usage"):
         message.usage.CopyFrom(result.usage)
-    message.timestamp.FromDatetime(now)
+    message.timestamp.CopyFrom(stamp(now))
     return message
 
 

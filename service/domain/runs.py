@@ -13,7 +13,7 @@ from service.domain.assistant import open_turn
 from service.domain.errors import FailedPrecondition, InvalidArgument
 from service.domain.event_log import EventLog
 from service.domain.leases import granted
-from service.domain.placement import place
+from service.domain.placement import Placer
 from service.domain.results import synthetic_result
 from service.domain.state import (
     CallStatus,
@@ -24,7 +24,7 @@ from service.domain.state import (
     ToolBatch,
     ToolCall,
 )
-from service.domain.tools import stage
+from service.domain.tools import stage_call
 from service.domain.transition import Transition
 
 QueueKind = snapshot_pb2.QueueKind
@@ -316,29 +316,40 @@ def settle_unfinished_calls(
     planned → cancelled synthetic (tool_start + tool_end); effect_pending → interruption result
     from its checkpoint (tool_end only; the running row already exists); outcome_ready → placed.
     No tool runs.
+
+    The events are those of placing the ready prefix, then, for each unfinished call in source
+    order, staging it and placing the ready prefix again (that call and the outcome_ready calls
+    after it). One pass over the batch produces them: linear in the batch.
     """
     operation = state.operation
     if operation is None or operation.batch is None:
         return state
-    state = place(state, log, new_id, recovery=recovery)
-    for source_index in range(len(operation.batch.assistant.content)):
-        operation = state.operation
-        if operation is None or operation.batch is None:
-            break
-        call = next((c for c in operation.batch.calls if c.source_index == source_index), None)
-        if call is None or call.status in (CallStatus.COMPLETED, CallStatus.OUTCOME_READY):
+    batch = operation.batch
+    calls = sorted(batch.calls, key=lambda c: c.source_index)
+    placer = Placer(state, log, new_id, recovery=recovery)
+    step: list[ToolCall] = []
+    for index, call in enumerate(calls):
+        if call.status == CallStatus.COMPLETED:
             continue
-        cause = (
-            lane_service_pb2.SYNTHETIC_CAUSE_CANCELLED
-            if call.status == CallStatus.PLANNED
-            else lane_service_pb2.SYNTHETIC_CAUSE_INTERRUPTED
-        )
-        result = synthetic_result(
-            lane_service_pb2.SyntheticOutcome(cause=cause), call.tool_name, call.checkpoint
-        )
-        state = stage(state, log, call, result, is_error=True, recovery=recovery)
-        state = place(state, log, new_id, recovery=recovery)
-    return state
+        if call.status != CallStatus.OUTCOME_READY:
+            if step:
+                placer.place(step)
+            cause = (
+                lane_service_pb2.SYNTHETIC_CAUSE_CANCELLED
+                if call.status == CallStatus.PLANNED
+                else lane_service_pb2.SYNTHETIC_CAUSE_INTERRUPTED
+            )
+            result = synthetic_result(
+                lane_service_pb2.SyntheticOutcome(cause=cause), call.tool_name, call.checkpoint
+            )
+            call = stage_call(log, operation, batch, call, result, is_error=True, recovery=recovery)
+            calls[index] = call
+            step = []
+        step.append(call)
+    if not step:
+        return state  # nothing unfinished: nothing to place (as placing an empty prefix)
+    placer.place(step)
+    return placer.finish(calls)
 
 
 def end_run(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from functools import cached_property
 
 from lane.v1 import lane_service_pb2, messages_pb2, snapshot_pb2
 
@@ -68,8 +69,19 @@ class ToolBatch:
     calls: tuple[ToolCall, ...]
 
     def call(self, tool_call_id: str) -> ToolCall | None:
-        """The call with this batch-local id, if any."""
-        return next((c for c in self.calls if c.tool_call_id == tool_call_id), None)
+        """The call with this batch-local id, if any (a dictionary lookup: commands that look
+        calls up in a loop stay linear in the batch)."""
+        return self._by_id.get(tool_call_id)
+
+    @cached_property
+    def _by_id(self) -> dict[str, ToolCall]:
+        # Built once per batch value (batches are immutable). Ids are unique within a batch
+        # (validation refuses duplicates); should a corrupt one repeat, the first wins, as the
+        # linear search this replaces did.
+        index: dict[str, ToolCall] = {}
+        for call in self.calls:
+            index.setdefault(call.tool_call_id, call)
+        return index
 
 
 @dataclass(frozen=True)

@@ -161,23 +161,22 @@ def update_tool_call(
     return Transition.of(replace(with_call(state, operation, updated), revision=log.revision), log)
 
 
-def stage(
-    state: LaneState,
+def stage_call(
     log: EventLog,
+    operation: Operation,
+    batch: ToolBatch,
     call: ToolCall,
     result: messages_pb2.ToolResult,
     *,
     is_error: bool,
     recovery: bool = False,
-) -> LaneState:
-    """Stage ``call``'s final result into ``log``: [tool_start if planned], tool_end.
+) -> ToolCall:
+    """Emit ``call``'s staging events into ``log`` ([tool_start if planned], tool_end) and
+    return the staged call (the batch is left to the caller: constant work per call).
 
     Terminate is forced false once the operation's abort was requested: event data describes
     the state actually committed.
     """
-    operation = state.operation
-    assert operation is not None and operation.batch is not None
-    batch = operation.batch
     terminate = result.terminate and not operation.cancel_requested
     message = message_from_result(
         call.tool_call_id, call.tool_name, result, is_error=is_error, now=log.now
@@ -197,13 +196,30 @@ def stage(
         ),
         recovery=recovery,
     )
-    staged = replace(
+    return replace(
         call,
         status=CallStatus.OUTCOME_READY,
         result_message=message,
         terminate=terminate,
         progress=None,
         checkpoint=None,
+    )
+
+
+def stage(
+    state: LaneState,
+    log: EventLog,
+    call: ToolCall,
+    result: messages_pb2.ToolResult,
+    *,
+    is_error: bool,
+    recovery: bool = False,
+) -> LaneState:
+    """Stage ``call``'s final result into ``log``: [tool_start if planned], tool_end."""
+    operation = state.operation
+    assert operation is not None and operation.batch is not None
+    staged = stage_call(
+        log, operation, operation.batch, call, result, is_error=is_error, recovery=recovery
     )
     return replace(with_call(state, operation, staged), revision=log.revision)
 

@@ -6,6 +6,9 @@ revision included. Everything accepted stays deliverable: a Probe folds every ac
 events (read back through WatchLane) into the previous capture and compares with a fresh one.
 
 - request size: 4 MiB, gRPC's own RESOURCE_EXHAUSTED past it;
+- counts (INVALID_ARGUMENT ``TOO_MANY_*``): tool calls per assistant message, content blocks,
+  messages and tool names per request, counted before anything walks the request; a batch at
+  the call limit runs to its end, call by call or ended at once;
 - payloads: 512 KiB per message, argument text or result, 64 KiB per operation error
   (INVALID_ARGUMENT ``PAYLOAD_TOO_LARGE``), a one-call run with every payload at its limit;
 - commits: a batch whose results add up past what ending the run could carry is refused
@@ -35,10 +38,14 @@ from service.api import WatchSettings
 from service.app.config import ConfigError, Settings
 from service.app.server import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES, start_server
 from service.domain.limits import (
+    MAX_CONTENT_BLOCKS,
     MAX_ERROR_BYTES,
     MAX_LIVE_STATE_BYTES,
     MAX_MESSAGE_BYTES,
     MAX_PAYLOAD_BYTES,
+    MAX_REQUEST_MESSAGES,
+    MAX_TOOL_CALLS,
+    MAX_TOOL_NAMES,
 )
 from service.store import DEFAULT_NAMESPACE, LaneRef
 from tests.integration.lanes import (
@@ -172,6 +179,165 @@ async def test_a_request_of_4_mib_is_accepted_one_byte_more_is_refused_by_grpc(
     assert answer.revision == before.revision + 1
     after = await snapshot_of(lane_stub, lane_id)
     assert [item.message for item in after.queues] == [user("padded")]
+
+
+# -- counts ----------------------------------------------------------------------------------
+
+
+async def open_turn(stub: Any, lane_id: str) -> tuple[str, str]:
+    """A run on ``lane_id`` with an open turn: (operation id, turn id)."""
+    run = await stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
+    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run.operation_id))
+    return run.operation_id, turn.turn_id
+
+
+def calls(count: int, width: int = 0) -> list[messages_pb2.ContentBlock]:
+    """``count`` tool-call blocks with distinct ids (padded to ``width`` bytes)."""
+    return [tool_call(f"{i:0{width}d}" if width else f"c{i}", "t", {"i": i}) for i in range(count)]
+
+
+async def test_too_many_tool_calls_or_content_blocks_are_refused_and_change_nothing(
+    lane_stub,
+) -> None:
+    stub = lane_stub
+    lane_id = await new_lane(stub)
+    run_id, turn_id = await open_turn(stub, lane_id)
+
+    def settle(message: messages_pb2.AssistantMessage) -> Any:
+        return stub.SettleAssistantMessage(
+            pb.SettleAssistantMessageRequest(
+                lane_id=lane_id, operation_id=run_id, turn_id=turn_id, message=message
+            )
+        )
+
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    for count in (MAX_TOOL_CALLS + 1, 3000):
+        await refused(
+            stub, lane_id, settle(assistant(*calls(count))), invalid, "TOO_MANY_TOOL_CALLS",
+            field="message.content", count=count, limit=MAX_TOOL_CALLS,
+        )  # fmt: skip
+    blocks = [text("") for _ in range(MAX_CONTENT_BLOCKS + 1)]
+    await refused(
+        stub, lane_id, settle(assistant(*blocks, stop=messages_pb2.STOP_REASON_STOP)), invalid,
+        "TOO_MANY_CONTENT_BLOCKS", field="message.content", count=MAX_CONTENT_BLOCKS + 1,
+        limit=MAX_CONTENT_BLOCKS,
+    )  # fmt: skip
+    # A message of 4 MiB made of a million empty text blocks: counted, never walked.
+    huge = pb.SettleAssistantMessageRequest(lane_id=lane_id, operation_id=run_id, turn_id=turn_id)
+    huge.message.stop_reason = messages_pb2.STOP_REASON_STOP
+    huge.message.content.extend([text("")] * 1_000_000)
+    assert huge.ByteSize() <= MAX_RECEIVE_MESSAGE_BYTES
+    error = await refused(
+        stub, lane_id, stub.SettleAssistantMessage(huge), invalid, "TOO_MANY_CONTENT_BLOCKS"
+    )
+    assert error_info(error).metadata["count"] == "1000000"
+    # Blocks add up over the messages of one request, and messages are counted too.
+    prompt = [
+        messages_pb2.AgentMessage(user=messages_pb2.UserMessage(content=[text("")] * 64))
+        for _ in range(MAX_CONTENT_BLOCKS // 64 + 1)
+    ]
+    other = await new_lane(stub)
+    await refused(
+        stub, other, stub.StartRun(pb.StartRunRequest(lane_id=other, prompt=prompt)), invalid,
+        "TOO_MANY_CONTENT_BLOCKS", limit=MAX_CONTENT_BLOCKS,
+    )  # fmt: skip
+    prompt = [user(str(i)) for i in range(MAX_REQUEST_MESSAGES + 1)]
+    await refused(
+        stub, other, stub.StartRun(pb.StartRunRequest(lane_id=other, prompt=prompt)), invalid,
+        "TOO_MANY_MESSAGES", field="prompt", count=MAX_REQUEST_MESSAGES + 1,
+        limit=MAX_REQUEST_MESSAGES,
+    )  # fmt: skip
+    names = pb.UpdateLaneConfigRequest(lane_id=other)
+    names.active_tool_names.names.extend(f"t{i}" for i in range(MAX_TOOL_NAMES + 1))
+    await refused(
+        stub, other, stub.UpdateLaneConfig(names), invalid, "TOO_MANY_TOOL_NAMES",
+        field="active_tool_names.names", count=MAX_TOOL_NAMES + 1, limit=MAX_TOOL_NAMES,
+    )  # fmt: skip
+    # At the limits, accepted.
+    at_limit = [text("") for _ in range(MAX_CONTENT_BLOCKS - MAX_TOOL_CALLS)]
+    answer = await settle(assistant(*at_limit, *calls(MAX_TOOL_CALLS)))
+    assert len(answer.tool_calls) == MAX_TOOL_CALLS
+    prompt = [user(str(i)) for i in range(MAX_REQUEST_MESSAGES)]
+    await stub.StartRun(pb.StartRunRequest(lane_id=other, prompt=prompt))
+
+
+async def test_a_batch_at_the_call_limit_runs_to_its_end(lane_stub) -> None:
+    stub = lane_stub
+    lane_id = await new_lane(stub)
+    run_id, turn_id = await open_turn(stub, lane_id)
+    probe = Probe(stub, lane_id)
+    await probe.start()
+    ids = [f"c{i}" for i in range(MAX_TOOL_CALLS)]
+    settled = await stub.SettleAssistantMessage(
+        pb.SettleAssistantMessageRequest(
+            lane_id=lane_id,
+            operation_id=run_id,
+            turn_id=turn_id,
+            message=assistant(text("many"), *calls(MAX_TOOL_CALLS)),
+        )
+    )
+    assert [c.tool_call_id for c in settled.tool_calls] == ids
+    await probe.check()
+    placed: list[str] = []
+    for call_id in ids:
+        await stub.StartToolCall(
+            pb.StartToolCallRequest(
+                lane_id=lane_id, operation_id=run_id, tool_call_id=call_id, arguments_json="{}"
+            )
+        )
+        staged = await stub.StageToolOutcome(
+            pb.StageToolOutcomeRequest(
+                lane_id=lane_id,
+                operation_id=run_id,
+                tool_call_id=call_id,
+                executed=pb.ExecutedOutcome(result=result(f"done {call_id}")),
+            )
+        )
+        placed.extend(staged.placed_tool_call_ids)
+    assert placed == ids and staged.batch_complete
+    await probe.check()
+    failed = snapshot_pb2.OPERATION_RESULT_STATUS_FAILED
+    await stub.EndRun(
+        pb.EndRunRequest(
+            lane_id=lane_id, operation_id=run_id, status=failed,
+            error=snapshot_pb2.OperationError(code="E", message="needs an answer"),
+        )
+    )  # fmt: skip
+    await probe.check()
+
+
+async def test_a_batch_at_the_call_limit_with_the_longest_ids_ends_at_once(lane_stub) -> None:
+    # Every id and name at 128 bytes, nothing started: EndRun settles and places all of them
+    # in one event group, which WatchLane delivers.
+    stub = lane_stub
+    lane_id = new_lane_id("L" * 115)
+    assert len(lane_id) == 128
+    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    run_id = new_lane_id("R" * 115)
+    run = await stub.StartRun(
+        pb.StartRunRequest(lane_id=lane_id, operation_id=run_id, prompt=[user("go")])
+    )
+    turn = await stub.StartTurn(
+        pb.StartTurnRequest(lane_id=lane_id, operation_id=run.operation_id, turn_id="T" * 128)
+    )
+    blocks = [tool_call(f"{i:0128d}", "n" * 128, {}) for i in range(MAX_TOOL_CALLS)]
+    await stub.SettleAssistantMessage(
+        pb.SettleAssistantMessageRequest(
+            lane_id=lane_id, operation_id=run.operation_id, turn_id=turn.turn_id,
+            message=assistant(*blocks),
+        )
+    )  # fmt: skip
+    probe = Probe(stub, lane_id)
+    await probe.start()
+    ended = await stub.EndRun(
+        pb.EndRunRequest(
+            lane_id=lane_id, operation_id=run.operation_id,
+            status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED,
+        )
+    )  # fmt: skip
+    events = await probe.check()
+    assert ended.result.status == snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED
+    assert sum(1 for e in events if e.WhichOneof("kind") == "entry_added") == MAX_TOOL_CALLS
 
 
 # -- payloads --------------------------------------------------------------------------------

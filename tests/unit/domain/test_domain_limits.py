@@ -3,8 +3,10 @@
 With a fixed clock every size is deterministic, so each limit is tested at the last accepted
 size and the first refused one: RESOURCE_EXHAUSTED ``COMMIT_TOO_LARGE`` naming the part, the
 size and the limit. The sizes the rule computes are checked against the real encodings (the
-wire frames of service/api/framing.py and watch.py), and the simulated future commits against
-the real ones: they are upper bounds, and :func:`content_bound` bounds them all.
+wire frames of service/api/framing.py and watch.py), and the closed-form bounds of the future
+commits (service/domain/future_commits.py) against the real ones: they are upper bounds
+(randomized in test_domain_limit_bounds.py). :func:`content_bound`, the rule's shortcut for the
+live state and the run's durable state, bounds both.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from service.api.snapshot_stream import snapshot_frames
 from service.domain import lane_values, lanes, leases, runs, tools
 from service.domain.capture import capture
 from service.domain.errors import Code, ResourceExhausted
+from service.domain.future_commits import run_end_bytes, run_start_bytes
 from service.domain.limits import (
     FUTURE_MARGIN_BYTES,
     MAX_LIVE_STATE_BYTES,
@@ -34,11 +37,10 @@ from service.domain.limits import (
     group_frame_bytes,
     live_state_bytes,
     operation_state_bytes,
-    run_end_bytes,
-    run_start_bytes,
 )
 from service.domain.state import CallStatus, LaneState
 from service.domain.transition import Transition
+from service.domain.wire import MAX_TIMESTAMP
 from service.store import SnapshotOutline
 from tests.unit.domain.support import (
     Ids,
@@ -299,7 +301,7 @@ def _big_payload_lane() -> LaneState:
 
 
 @pytest.mark.parametrize("build", [_long_ids_lane, _big_payload_lane])
-def test_content_bound_bounds_every_message_derived_from_the_lane(
+def test_content_bound_bounds_the_live_and_durable_state_the_others_bound_the_real_commits(
     build: Callable[[], LaneState],
 ) -> None:
     state = build()
@@ -310,14 +312,20 @@ def test_content_bound_bounds_every_message_derived_from_the_lane(
         state=operation_state(leased), revision=1 << 62
     )
     answer.lease.CopyFrom(answer.state.lease)
-    sizes = {
-        "live": live_state_bytes(state),
-        "operation": operation_state_bytes(leased),
-        "end": run_end_bytes(state),
-        "start": run_start_bytes(state),
-    }
-    assert answer.ByteSize() <= sizes["operation"]
+    assert answer.ByteSize() <= operation_state_bytes(leased)
+    sizes = {"live": live_state_bytes(state), "operation": operation_state_bytes(leased)}
     assert max(sizes.values()) <= content_bound(state), sizes
+    # Ending the run and a run capturing the inbox are bounded in closed form (the shortcut
+    # does not cover them: config_update events grow with each step that adds tools).
+    late = replace(state, revision=1 << 62)
+    ended = runs.end_run(
+        late, operation.operation_id, 3, None, MAX_TIMESTAMP, Ids("e" * 32), lease_token=None
+    )
+    assert group_frame_bytes(ended.events) <= run_end_bytes(state)
+    started = runs.start_run(
+        replace(late, operation=None), "R" * 128, [user(".")], run_settings(), NOW, Ids("s" * 32)
+    )
+    assert group_frame_bytes(started.events) <= run_start_bytes(state)
 
 
 def test_a_commit_without_events_is_never_measured() -> None:
