@@ -110,6 +110,11 @@ DELIVERY_SECONDS = Histogram(
     buckets=_DELIVERY_BUCKETS,
     registry=REGISTRY,
 )
+DOORBELLS_SENT = Counter(
+    "lane_doorbells_sent",
+    "NOTIFY doorbells sent for commits to lanes another process watches.",
+    registry=REGISTRY,
+)
 LISTENER_RECONNECTS = Counter(
     "lane_listener_reconnects",
     "Times the hub's LISTEN connection was lost or could not be opened.",

@@ -9,12 +9,9 @@ last revision, and the hub only tells it *when* to look. Three things ring:
   its watchers have seen — the fallback when NOTIFY is off, lost, or the listener is down.
 
 Doorbells are sent after commit, outside the writer's transaction (NOTIFY takes a cluster-wide
-lock through commit), coalesced per lane, from one task — and only while another process
-listens: the sender looks for other hubs' LISTEN connections (by their application name) at
-most once every :data:`PEER_CHECK_SECONDS`. A lone process sends none, so a commit costs one
-PostgreSQL transaction; a process that starts listening is rung within that time, and polling
-covers the gap. A hub that starts listening says hello (an empty doorbell), and every hub that
-hears it rings again at once.
+lock through commit), coalesced per lane, from one task — and only for lanes another process
+watches (``interest.py``): a lone process, or lanes nobody elsewhere follows, cost no NOTIFY, so
+a commit is one PostgreSQL transaction.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +26,7 @@ from typing import Any
 import psycopg
 
 from service import metrics
+from service.hub import interest
 from service.store import LaneRef, Store
 
 log = logging.getLogger(__name__)
@@ -37,14 +34,11 @@ log = logging.getLogger(__name__)
 CHANNEL = "lane_events"
 #: How long the doorbell sender gathers commits before one NOTIFY transaction.
 DOORBELL_COALESCE_SECONDS = 0.002
-#: How often the doorbell sender checks whether any other process listens.
-PEER_CHECK_SECONDS = 1.0
-#: The application name of every hub's LISTEN connection: how hubs find each other.
+#: The application name of every hub's LISTEN connection (to find them in pg_stat_activity).
 LISTENER_NAME = "lane-hub"
-_PEERS = (
-    "SELECT count(*) FROM pg_stat_activity"
-    " WHERE datname = current_database() AND application_name = %s AND pid <> %s"
-)
+#: After announcing a lane, its local watchers are rung again this much later: a commit made
+#: elsewhere before the announcement arrived got no doorbell.
+ANNOUNCE_SETTLE_SECONDS = 0.2
 
 
 class Subscription:
@@ -82,11 +76,10 @@ class Hub:
         self._dirty_event = asyncio.Event()
         #: The backend pid of the doorbell connection: its NOTIFYs are this process's own.
         self._doorbell_pid = 0
-        #: The backend pid of our LISTEN connection, which is not a peer.
-        self._listener_pid = 0
-        #: Whether another process's hub listens, and when that was last checked.
-        self._peers = True
-        self._peers_checked = -math.inf
+        #: The lanes other processes watch; our watched lanes still to announce.
+        self._remote = interest.RemoteInterest()
+        self._announce: set[LaneRef] = set()
+        self._announce_all = True
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
         #: Set on shutdown: watchers end their streams (UNAVAILABLE) so clients resume elsewhere.
@@ -122,7 +115,11 @@ class Hub:
     def subscribe(self, lane: LaneRef) -> Iterator[Subscription]:
         """Register a watcher of ``lane`` for the duration of the block."""
         subscription = Subscription(lane)
-        self._subscriptions.setdefault(lane, set()).add(subscription)
+        watching = self._subscriptions.setdefault(lane, set())
+        if not watching and self.notify:
+            self._announce.add(lane)  # the lane's first watcher here: tell the others
+            self._dirty_event.set()
+        watching.add(subscription)
         try:
             yield subscription
         finally:
@@ -138,6 +135,10 @@ class Hub:
             return len(self._subscriptions.get(lane, ()))
         return sum(len(s) for s in self._subscriptions.values())
 
+    def watched_elsewhere(self, lane: LaneRef) -> bool:
+        """Whether another process announced watchers of ``lane`` (its commits ring them)."""
+        return self._remote.watched(lane)
+
     def ring(self, lane: LaneRef) -> None:
         """Wake every local watcher of ``lane``."""
         for subscription in self._subscriptions.get(lane, ()):
@@ -152,7 +153,7 @@ class Hub:
     def committed(self, lane: LaneRef, revision: int) -> None:
         """A commit in this process: wake local watchers now, ring other processes soon."""
         self.ring(lane)
-        if self.notify:
+        if self.notify and self._remote.watched(lane):
             self._dirty.add(lane)
             self._dirty_event.set()
 
@@ -162,45 +163,58 @@ class Hub:
         # One dedicated connection: a pooled one would cost a checkout per doorbell and compete
         # with commands. Each flush is one small transaction of its own, after the commits.
         conn: psycopg.AsyncConnection[Any] | None = None
+        refresh_at = time.monotonic() + interest.REFRESH_SECONDS
         try:
             while True:
-                await self._dirty_event.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._dirty_event.wait(), max(0.0, refresh_at - time.monotonic())
+                    )
                 # Coalesce: commits landing within this window share one NOTIFY transaction.
                 await asyncio.sleep(DOORBELL_COALESCE_SECONDS)
                 self._dirty_event.clear()
-                lanes, self._dirty = sorted(self._dirty), set()
+                if time.monotonic() >= refresh_at:
+                    self._announce_all = True
+                    refresh_at = time.monotonic() + interest.REFRESH_SECONDS
+                announced = self._to_announce()
+                doorbells = [interest.doorbell(lane) for lane in sorted(self._dirty)]
+                payloads = doorbells + interest.announcements(announced)
+                self._dirty = set()
+                if not payloads:
+                    continue
+                metrics.DOORBELLS_SENT.inc(len(doorbells))
                 try:
                     if conn is None or conn.closed:
                         conn = await psycopg.AsyncConnection.connect(
                             str(self.store.pool.conninfo), autocommit=True
                         )
                         self._doorbell_pid = conn.info.backend_pid
-                    if not await self._peers_listen(conn):
-                        continue
                     await conn.execute(
-                        "SELECT pg_notify(%s, lane) FROM unnest(%s::text[]) AS lane",
-                        (CHANNEL, [_doorbell(lane) for lane in lanes]),
+                        "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
+                        (CHANNEL, payloads),
                     )
                 except (psycopg.Error, OSError) as exc:
                     # Lost doorbells are covered by polling; never let them fail a commit.
-                    log.warning("could not send %d doorbells: %s", len(lanes), exc)
+                    log.warning("could not send %d doorbells: %s", len(payloads), exc)
+                    self._announce.update(announced)
                     conn = None
+                    continue
+                loop = asyncio.get_running_loop()
+                for lane in announced:
+                    loop.call_later(ANNOUNCE_SETTLE_SECONDS, self.ring, lane)
         finally:
             if conn is not None:
                 await conn.close()
 
-    async def _peers_listen(self, conn: psycopg.AsyncConnection[Any]) -> bool:
-        """Whether another process's hub listens (checked at most every PEER_CHECK_SECONDS)."""
-        now = time.monotonic()
-        if now - self._peers_checked >= PEER_CHECK_SECONDS:
-            self._peers_checked = now
-            try:
-                cur = await conn.execute(_PEERS, (LISTENER_NAME, self._listener_pid))
-                row = await cur.fetchone()
-                self._peers = row is None or row[0] > 0
-            except psycopg.errors.InsufficientPrivilege:
-                self._peers = True  # cannot tell: ring as if someone listened
-        return self._peers
+    def _to_announce(self) -> list[LaneRef]:
+        """The watched lanes to announce now (all of them when a refresh or hello is due)."""
+        if self._announce_all:
+            self._announce_all = False
+            self._announce = set()
+            return sorted(self._subscriptions)
+        lanes = sorted(lane for lane in self._announce if lane in self._subscriptions)
+        self._announce = set()
+        return lanes
 
     async def _listen_forever(self) -> None:
         backoff = 0.1
@@ -209,27 +223,36 @@ class Hub:
                 async with await psycopg.AsyncConnection.connect(
                     str(self.store.pool.conninfo), autocommit=True, application_name=LISTENER_NAME
                 ) as conn:
-                    self._listener_pid = conn.info.backend_pid
-                    # Hello (an empty doorbell): hubs that rang no one start ringing now. What
-                    # they commit before LISTEN takes effect is caught up by ring_all below.
+                    # Hello (an empty payload): the other hubs announce what they watch.
                     await conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
                     await conn.execute(f"LISTEN {CHANNEL}")
+                    # Ours are announced at the next flush (again: they may have been missed).
+                    self._announce_all = True
+                    self._dirty_event.set()
                     self.listening.set()
                     backoff = 0.1
                     # Anything committed while we were not listening is caught up now.
                     self.ring_all()
                     async for notification in conn.notifies():
                         # Our own doorbells rang our watchers at commit already.
-                        if not notification.payload:
-                            self._peers, self._peers_checked = True, time.monotonic()
-                        elif notification.pid != self._doorbell_pid:
-                            self.ring(_rung_lane(notification.payload))
+                        if notification.pid == self._doorbell_pid:
+                            continue
+                        self._heard(notification.payload)
             except (psycopg.Error, OSError) as exc:
                 self.listening.clear()
                 metrics.LISTENER_RECONNECTS.inc()
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+    def _heard(self, payload: str) -> None:
+        if not payload:  # another hub said hello: tell it what we watch
+            self._announce_all = True
+            self._dirty_event.set()
+        elif payload.startswith(interest.ANNOUNCE):
+            self._remote.heard(payload)
+        else:
+            self.ring(interest.rung_lane(payload))
 
     async def _poll_forever(self) -> None:
         while True:
@@ -254,13 +277,3 @@ class Hub:
                 for subscription in watchers:
                     if head is None or head > subscription.revision:
                         subscription.ring()
-
-
-def _doorbell(lane: LaneRef) -> str:
-    # Namespace names never contain "/", so the first one separates the two.
-    return f"{lane.namespace}/{lane.lane_id}"
-
-
-def _rung_lane(payload: str) -> LaneRef:
-    namespace, _, lane_id = payload.partition("/")
-    return LaneRef(namespace, lane_id)

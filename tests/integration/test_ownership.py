@@ -13,9 +13,9 @@ from lane.v1 import messages_pb2, snapshot_pb2
 
 from service.domain import results
 from tests.integration.lanes import (
-    hand_edit,
     Probe,
     error_reason,
+    hand_edit,
     kinds,
     leased_batch,
     new_lane_id,

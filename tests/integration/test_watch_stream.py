@@ -15,6 +15,7 @@ from lane.client.reducer import fold
 from lane.v1 import events_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
+from service import metrics
 from service.api import WatchSettings
 from service.store import DEFAULT_NAMESPACE, LaneRef
 from service.store.retention import enforce_retention
@@ -181,6 +182,47 @@ async def test_watcher_on_one_process_sees_commits_of_another(session_database_u
             await watcher.reach(1)
             head = await enqueue(writer, lane_id, 5)
             await watcher.reach(head)
+            assert watcher.snapshot == await snapshot_of(writer, lane_id)
+        finally:
+            await watcher.close()
+
+
+def doorbells_sent() -> float:
+    return metrics.REGISTRY.get_sample_value("lane_doorbells_sent_total") or 0.0
+
+
+async def until(condition, within: float = 10.0) -> None:
+    """Poll ``condition`` (state of another component, which signals nothing) until it holds."""
+    async with asyncio.timeout(within):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+async def test_doorbells_ring_only_lanes_watched_in_another_process(session_database_url) -> None:
+    # Polling slowed to a minute: only a doorbell delivers in time.
+    async with (
+        extra_server(session_database_url, poll_interval=60.0) as (watched_server, watched),
+        extra_server(session_database_url, poll_interval=60.0) as (writer_server, writer),
+    ):
+        for running in (watched_server, writer_server):
+            await asyncio.wait_for(running.hub.listening.wait(), 10)
+        lane_id, unwatched = await new_lane(writer), await new_lane(writer)
+        watcher = Watcher(watched, lane_id)
+        try:
+            await watcher.reach(1)
+            # The watching process announces the lane; the writer hears it.
+            await until(
+                lambda: writer_server.hub.watched_elsewhere(LaneRef(DEFAULT_NAMESPACE, lane_id))
+            )
+            assert not writer_server.hub.watched_elsewhere(LaneRef(DEFAULT_NAMESPACE, unwatched))
+            before = doorbells_sent()
+            await enqueue(writer, unwatched, 3)
+            head = await enqueue(writer, lane_id, 1)
+            await watcher.reach(head)
+            # Doorbells go out in commit order: once the watched lane's is counted, any of the
+            # unwatched lane's would have been too. Nobody watches that one: it rang no one.
+            await until(lambda: doorbells_sent() > before)
+            assert doorbells_sent() - before == 1
             assert watcher.snapshot == await snapshot_of(writer, lane_id)
         finally:
             await watcher.close()
