@@ -2,11 +2,11 @@
 
 Run from the repository root (virtualenv active)::
 
-    python -m bench.commit_throughput [--drivers N] [--seconds S] [--database-url URL]
+    python -m bench.commit_throughput [--drivers N] [--seconds S] [--workers K] [--compare REF]
 
-DESIGN.md §8: "lifecycle commits/s through gRPC >= 0.5 x PostgreSQL's own single-row commit
-rate (pgbench) at the same concurrency on the same machine". One run measures both, one after
-the other, on the same PostgreSQL:
+The target: "lifecycle commits/s through gRPC >= 0.5 x PostgreSQL's own single-row commit rate
+(pgbench) at the same concurrency on the same machine". One run measures both, one after the
+other, on the same PostgreSQL:
 
 1. **Baseline.** ``pgbench -n -c N -j N -T S -f script`` where the script is one single-row
    ``INSERT`` (or, with ``--baseline update``, an ``UPDATE`` of the client's own row) per
@@ -15,34 +15,46 @@ the other, on the same PostgreSQL:
    after it (``--single-baseline``: before only); the ratio uses their mean, since the load
    of a shared machine drifts.
 2. **Service.** The real service runs as a **subprocess** (``python -m service.app`` with
-   ``LANE_DATABASE_URL`` and ``LANE_LISTEN``), so the load generator does not share its event
-   loop or GIL; the measured figure is the service's, not the service's minus the driver's
-   Python time. N drivers (``grpc.aio`` tasks in this process on one channel), each on its own
-   lane, repeat a run: StartRun, then ``--turns`` turns of StartTurn, SettleAssistantMessage
-   with ``--calls`` tool calls, and for each call StartToolCall, UpdateToolCall x 2,
-   StageToolOutcome; then a final turn with a text-only answer and EndRun. Every RPC is one
-   commit, StageToolOutcome two (staging, then placement in a second transaction). After a
-   warm-up the counters are read at the start and end of an S-second window. Before the
-   drivers start, a short burst of Health.Check RPCs at the same concurrency gives the gRPC
-   ceiling: what one service process answers with no database work at all.
+   ``LANE_DATABASE_URL``, ``LANE_LISTEN`` and ``LANE_WORKERS=K``, ``--workers``: with K > 1 a
+   supervisor and K worker processes on one port), so the load generator does not share its
+   event loop or GIL; the measured figure is the service's, not the service's minus the
+   driver's Python time. N drivers (``grpc.aio`` tasks in this process, on one channel, or
+   with K > 1 one channel each so the kernel spreads their connections over the workers), each
+   on its own lane, repeat a run: StartRun, then ``--turns`` turns of StartTurn,
+   SettleAssistantMessage with ``--calls`` tool calls, and for each call StartToolCall,
+   UpdateToolCall x 2, StageToolOutcome; then a final turn with a text-only answer and EndRun.
+   Every RPC is one commit, StageToolOutcome two (staging, then placement in a second
+   transaction). After a warm-up the counters are read at the start and end of an S-second
+   window. Before the drivers start, a short burst of Health.Check RPCs at the same
+   concurrency gives the gRPC ceiling: what the service answers with no database work at all.
 
 Cross-checks printed with the result: the lane revisions advanced (from the RPC answers, and
 at the end from GetLaneSnapshot of every lane: they must agree, else the exit status is 1),
 and PostgreSQL's own count of committed transactions in the bench database over each whole
 phase (``pg_stat_database.xact_commit``), which also shows the transactions the service runs
-besides the lifecycle commits (the pool's check query on every checkout, NOTIFY doorbells, hub
-polls). CPU use (server, drivers or pgbench, the PostgreSQL cluster, the rest of the machine)
-is read from /proc over each window, also as CPU time per commit, which varies less than the
-rates when other work shares the machine. ``--py-spy FILE`` profiles the server during the
-window.
+besides the lifecycle commits (doorbells when another process listens, upkeep, the final
+snapshots). Over the window itself: PostgreSQL transactions and rows written per lifecycle
+commit (``pg_stat_database``) and, when the server has ``pg_stat_statements`` (preloaded for
+an embedded server whose build ships it), statements per lifecycle commit. CPU use (the
+server's whole process tree, drivers or pgbench, the PostgreSQL cluster, the rest of the
+machine) is read from /proc over each window, also as CPU time per commit, which varies less
+than the rates when other work shares the machine. ``--py-spy FILE`` profiles the server
+during the window.
 
-``--watchers W`` (DESIGN.md §8: "with 1,000 watchers attached it drops by <= 10 %") adds a
-second service phase, on a fresh service process, with W WatchLane streams attached before the
+``--compare REF`` measures the service of a git ref too, in the same run, before the working
+tree's: ``git archive REF`` into a temporary directory and ``python -m service.app`` started
+there (its own ``service`` package wins: ``-m`` puts the working directory first on
+``sys.path``; the ``lane`` client package is the working tree's), on a scratch database of its
+own on the same server, given only the ``LANE_*`` settings its code knows. Both phases are
+printed side by side with the ratio current / ref.
+
+``--watchers W`` (target: "with 1,000 watchers attached it drops by <= 10 %") adds a further
+service phase, on a fresh service process, with W WatchLane streams attached before the
 drivers start: spread evenly over the drivers' lanes (``--watch-lanes driven``, the default),
 or one each on W lanes nobody commits to (``idle``). The watchers run in a process of their own
 (:mod:`bench.watchers`) and read everything; each must end at its lane's last revision (else
-the exit status is 1). The report without the option is unchanged; with it, a second block
-shows both phases side by side and the drop of commits/s.
+the exit status is 1). A second block shows both phases side by side and the drop of
+commits/s.
 
 PostgreSQL is the one at ``--database-url`` (its role needs CREATEDB: a scratch database is
 created and dropped), else an embedded pgserver in a temporary directory that is removed after.
@@ -53,10 +65,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import math
 import os
+import random
 import re
 import shutil
 import sys
@@ -72,6 +86,7 @@ from typing import Any, TypeVar
 import grpc
 import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from lane.client.errors import lane_error
 from lane.v1 import (
     lane_service_pb2 as pb,
 )
@@ -87,8 +102,8 @@ from bench.entry import add_database_url, run_benchmark, stop_process
 from bench.watchers import Fleet, FleetResult, start_fleet
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TARGET_RATIO = 0.5  # DESIGN.md §8
-TARGET_WATCHERS = 1000  # DESIGN.md §8: "with 1,000 watchers attached it drops by <= 10 %"
+TARGET_RATIO = 0.5  # the target: service commits/s >= 0.5 x pgbench's
+TARGET_WATCHERS = 1000  # the target: "with 1,000 watchers attached it drops by <= 10 %"
 TARGET_WATCHER_DROP = 0.10
 RPC_TIMEOUT_SECONDS = 30.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -96,6 +111,15 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _LISTENING = re.compile(r"lane service listening on (\S+?)(?:;| \()")
 
 Response = TypeVar("Response")
+#: Codes :class:`Retries` retries: the server or its database was busy or restarting (with a
+#: request id, a retry of a command that did commit returns its first answer).
+RETRY_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+)
 
 
 # -- CPU accounting from /proc ----------------------------------------------------------------
@@ -170,11 +194,52 @@ async def settle_cluster(postmaster: int | None, children_before: set[int]) -> N
         await asyncio.sleep(0.02)
 
 
-def cpu_sample(processes: dict[str, int], postmaster: int | None = None) -> CpuSample:
-    """Sample system ticks, the ticks of each named pid and of the cluster of ``postmaster``
-    (reported as "PostgreSQL")."""
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every live process's children, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    return children
+
+
+def process_tree(root: int, children: Mapping[int, list[int]] | None = None) -> list[int]:
+    """``root`` and its live descendants (a supervisor and its workers)."""
+    children = _children_by_parent() if children is None else children
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def _tree_ticks(root: int, children: Mapping[int, list[int]]) -> int:
+    """CPU ticks of ``root`` and every descendant: the live ones' own, and through each one's
+    cutime/cstime those it has reaped (a worker replaced during the window still counts)."""
+    ticks = 0
+    for pid in process_tree(root, children):
+        fields = _stat_fields(pid)
+        if fields is not None:
+            ticks += sum(int(v) for v in fields[11:15])
+    return ticks
+
+
+def cpu_sample(
+    processes: Mapping[str, int],
+    postmaster: int | None = None,
+    trees: Mapping[str, int] | None = None,
+) -> CpuSample:
+    """Sample system ticks, the ticks of each named pid, of each named process tree (``trees``:
+    the root and all its descendants) and of the cluster of ``postmaster`` (reported as
+    "PostgreSQL")."""
     busy, total = _system_ticks()
     ticks = {name: _process_ticks(pid) for name, pid in processes.items()}
+    if trees:
+        children = _children_by_parent()
+        ticks.update({name: _tree_ticks(pid, children) for name, pid in trees.items()})
     if postmaster is not None:
         ticks["PostgreSQL"] = _cluster_ticks(postmaster)
     return CpuSample(busy=busy, total=total, processes=ticks, wall=time.monotonic())
@@ -240,6 +305,14 @@ class Database:
     synchronous_commit: str
     #: The local postmaster's pid (for CPU accounting); None when the server is not local.
     postmaster: int | None
+    #: The server's URL (another scratch database can be made there: :func:`scratch_database`).
+    server_url: str = ""
+    #: None when ``pg_stat_statements`` counts this database's statements, else why it cannot.
+    no_statements: str | None = None
+
+
+#: The extension that counts statements; it must be in ``shared_preload_libraries``.
+STATEMENTS_EXTENSION = "pg_stat_statements"
 
 
 @contextlib.asynccontextmanager
@@ -255,36 +328,96 @@ async def provision_database(server_url: str | None) -> AsyncIterator[Database]:
             stack.callback(shutil.rmtree, temp_dir, ignore_errors=True)
             embedded = await asyncio.to_thread(start_embedded, temp_dir)
             stack.push_async_callback(asyncio.to_thread, embedded.stop)
+            if await _preload_statements(embedded.uri):
+                # shared_preload_libraries takes effect on a restart only. stop() is
+                # idempotent: the callback above then does nothing.
+                await asyncio.to_thread(embedded.stop)
+                embedded = await asyncio.to_thread(start_embedded, temp_dir)
+                stack.push_async_callback(asyncio.to_thread, embedded.stop)
             server_url, description = embedded.uri, "embedded pgserver in a temp dir"
         else:
             description = "--database-url"
-        name = f"lane_bench_{uuid.uuid4().hex[:12]}"
-        async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as conn:
-            await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            settings = {}
-            for setting in ("server_version", "fsync", "synchronous_commit"):
-                cur = await conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting)))
-                row = await cur.fetchone()
-                settings[setting] = str(row[0]) if row else "?"
-            cur = await conn.execute("SELECT pg_backend_pid()")
+        yield await stack.enter_async_context(scratch_database(server_url, description))
+
+
+@contextlib.asynccontextmanager
+async def scratch_database(server_url: str, description: str) -> AsyncIterator[Database]:
+    """A database ``lane_bench_<hex>`` created on ``server_url``, dropped on exit."""
+    name = f"lane_bench_{uuid.uuid4().hex[:12]}"
+    async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        settings = {}
+        for setting in ("server_version", "fsync", "synchronous_commit"):
+            cur = await conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting)))
             row = await cur.fetchone()
-            postmaster = _local_postmaster(int(row[0])) if row else None
-
-        async def drop() -> None:
-            async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as conn:
-                await conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-                )
-
-        stack.push_async_callback(drop)
+            settings[setting] = str(row[0]) if row else "?"
+        cur = await conn.execute("SELECT pg_backend_pid()")
+        row = await cur.fetchone()
+        postmaster = _local_postmaster(int(row[0])) if row else None
+    try:
+        url = make_conninfo(server_url, dbname=name)
         yield Database(
-            url=make_conninfo(server_url, dbname=name),
+            url=url,
             description=description,
             version=settings["server_version"],
             fsync=settings["fsync"],
             synchronous_commit=settings["synchronous_commit"],
             postmaster=postmaster,
+            server_url=server_url,
+            no_statements=await _statements_extension(url),
         )
+    finally:
+        async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as conn:
+            await conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+async def _preload_statements(server_url: str) -> bool:
+    """Add pg_stat_statements to ``shared_preload_libraries`` (ALTER SYSTEM) if the server
+    ships it and does not load it yet; True when the server must restart for it."""
+    async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT 1 FROM pg_available_extensions WHERE name = %s", (STATEMENTS_EXTENSION,)
+        )
+        if await cur.fetchone() is None:
+            return False
+        cur = await conn.execute("SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'")
+        row = await cur.fetchone()
+        if row is None or not (Path(row[0]) / f"{STATEMENTS_EXTENSION}.so").exists():
+            return False
+        cur = await conn.execute("SELECT current_setting('shared_preload_libraries')")
+        row = await cur.fetchone()
+        loaded = [lib.strip() for lib in str(row[0] if row else "").split(",") if lib.strip()]
+        if STATEMENTS_EXTENSION in loaded:
+            return False
+        await conn.execute(
+            sql.SQL("ALTER SYSTEM SET shared_preload_libraries = {}").format(
+                sql.Literal(", ".join([*loaded, STATEMENTS_EXTENSION]))
+            )
+        )
+    return True
+
+
+async def _statements_extension(url: str) -> str | None:
+    """Create pg_stat_statements in the database ``url`` names; None when it counts there,
+    else why not."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT 1 FROM pg_available_extensions WHERE name = %s", (STATEMENTS_EXTENSION,)
+        )
+        if await cur.fetchone() is None:
+            return f"{STATEMENTS_EXTENSION} is not installed in this PostgreSQL"
+        try:
+            await conn.execute(
+                sql.SQL("CREATE EXTENSION IF NOT EXISTS {}").format(
+                    sql.Identifier(STATEMENTS_EXTENSION)
+                )
+            )
+            await conn.execute("SELECT count(*) FROM pg_stat_statements")
+        except psycopg.Error as err:
+            return f"{STATEMENTS_EXTENSION} unusable: {str(err).strip().splitlines()[0]}"
+    return None
 
 
 def _local_postmaster(backend_pid: int) -> int | None:
@@ -314,6 +447,51 @@ async def counted_commits(url: str, before: int) -> int:
     await asyncio.sleep(1.5)
     # This query's own transaction is counted after it, so it does not inflate the figure.
     return await committed_transactions(url) - before
+
+
+@dataclass(frozen=True)
+class DbCounters:
+    """Cumulative counters of the bench database (read at the window's start and end)."""
+
+    #: ``pg_stat_database.xact_commit``.
+    transactions: int
+    #: ``tup_inserted + tup_updated + tup_deleted``: rows written.
+    rows_written: int
+    #: Statements executed (``pg_stat_statements`` calls, this database), None without it.
+    statements: int | None
+
+    def __sub__(self, other: DbCounters) -> DbCounters:
+        statements = (
+            None
+            if self.statements is None or other.statements is None
+            else self.statements - other.statements
+        )
+        return DbCounters(
+            self.transactions - other.transactions,
+            self.rows_written - other.rows_written,
+            statements,
+        )
+
+
+async def read_db_counters(conn: psycopg.AsyncConnection[Any], statements: bool) -> DbCounters:
+    """The bench database's counters. pg_stat_database lags by up to about a second (backends
+    flush their counts at most once a second); over a steady window the lag at either end
+    cancels out. pg_stat_statements does not lag."""
+    cur = await conn.execute(
+        "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted"
+        " FROM pg_stat_database WHERE datname = current_database()"
+    )
+    row = await cur.fetchone()
+    transactions, rows = (int(row[0]), int(row[1])) if row else (0, 0)
+    calls: int | None = None
+    if statements:
+        cur = await conn.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        row = await cur.fetchone()
+        calls = int(row[0]) if row else 0
+    return DbCounters(transactions, rows, calls)
 
 
 # -- baseline -------------------------------------------------------------------------------------
@@ -448,31 +626,85 @@ class ServiceProcess:
     address: str
     log_tail: list[str]
     reader: asyncio.Task[None]
+    #: The directory it runs in (the working tree, or a ref's archive).
+    root: Path
+    #: Server processes: K workers under a supervisor, or 1 (a single process).
+    workers: int
+    #: Settings this service's code does not know, so they were not passed.
+    not_passed: list[str]
 
     @property
     def pid(self) -> int:
+        """The process started: the single server process, or the supervisor."""
         return self.process.pid
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+    def worker_pids(self) -> list[int]:
+        """The server processes that serve: the workers (the supervisor's children), or the
+        single process."""
+        if self.workers == 1:
+            return [self.pid]
+        return sorted(_children_by_parent().get(self.pid, []))
+
+
+_SETTING = re.compile(r"\bLANE_[A-Z][A-Z0-9_]*")
+#: "[worker K pid P]", the tag of a worker's log lines (text format).
+_WORKER_TAG = re.compile(r"\[worker (\d+) pid (\d+)\]")
+
+
+def known_settings(root: Path) -> frozenset[str]:
+    """The ``LANE_*`` names the service code under ``root`` mentions (the settings it knows)."""
+    names: set[str] = set()
+    for path in (root / "service").rglob("*.py"):
+        names.update(_SETTING.findall(path.read_text(errors="replace")))
+    return frozenset(names)
 
 
 @contextlib.asynccontextmanager
 async def run_service(
-    database_url: str, notify: bool, extra_env: Mapping[str, str] | None = None
+    database_url: str,
+    notify: bool,
+    extra_env: Mapping[str, str] | None = None,
+    *,
+    workers: int = 1,
+    root: Path = REPO_ROOT,
 ) -> AsyncIterator[ServiceProcess]:
-    """``python -m service.app`` on a free port of 127.0.0.1; SIGTERM (then SIGKILL) on exit.
-    ``extra_env``: more ``LANE_*`` settings."""
+    """``python -m service.app`` in ``root`` on a free port of 127.0.0.1; SIGTERM (then
+    SIGKILL) on exit. ``extra_env``: more ``LANE_*`` settings; ``workers``: ``LANE_WORKERS``.
+    Only the settings the code in ``root`` knows are passed (an older ref's service does not
+    know the newer ones); yields once every server process listens."""
+    settings = {
+        "LANE_DATABASE_URL": database_url,
+        "LANE_LISTEN": "127.0.0.1:0",
+        "LANE_NOTIFY": "on" if notify else "off",
+        "LANE_GRACE_SECONDS": "1",
+        "LANE_LOG_FORMAT": "text",  # the start-up lines are read below
+        "LANE_WORKERS": str(workers),
+        **(extra_env or {}),
+    }
+    known = known_settings(root)
     env = dict(os.environ)
-    env.update(
-        LANE_DATABASE_URL=database_url,
-        LANE_LISTEN="127.0.0.1:0",
-        LANE_NOTIFY="on" if notify else "off",
-        LANE_GRACE_SECONDS="1",
-    )
-    env.update(extra_env or {})
+    not_passed = []
+    for name, value in settings.items():
+        if name in known:
+            env[name] = value
+        else:
+            not_passed.append(name)
+            env.pop(name, None)
+    if root != REPO_ROOT:
+        # Let the ref's service write bytecode into its (temporary) tree: the proof that its
+        # modules came from there (verify_ref_service).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    # LANE_WORKERS defaults to the number of CPUs where it is known: always pass it there.
+    servers = workers if "LANE_WORKERS" in known else 1
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "service.app",
-        cwd=REPO_ROOT,
+        cwd=root,
         env=env,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
@@ -483,14 +715,20 @@ async def run_service(
 
     async def read_log() -> None:
         # Keep draining stderr for the process's whole life so it never blocks on a full pipe.
+        # A single process logs "lane service listening on ADDRESS"; a supervisor logs that it
+        # starts K workers, then each worker logs the same line tagged [worker K pid P].
         assert process.stderr is not None
+        serving: set[str] = set()
         async for raw in process.stderr:
             line = raw.decode(errors="replace").rstrip()
             tail.append(line)
             del tail[:-40]
             found = _LISTENING.search(line)
             if found and not listening.done():
-                listening.set_result(found.group(1))
+                tag = _WORKER_TAG.search(line)
+                serving.add(tag.group(1) if tag else "")
+                if len(serving) >= servers:
+                    listening.set_result(found.group(1))
         if not listening.done():
             listening.set_exception(
                 RuntimeError("the service exited before listening:\n" + "\n".join(tail))
@@ -500,12 +738,132 @@ async def run_service(
     try:
         async with asyncio.timeout(60):
             address = await listening
-        yield ServiceProcess(process, address, tail, reader)
+        yield ServiceProcess(process, address, tail, reader, root, servers, not_passed)
     finally:
         await stop_process(process)
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
+
+
+def connections_per_worker(service: ServiceProcess) -> list[int]:
+    """Established TCP connections to the service's port held by each server process (how
+    the kernel spread the clients' connections over the workers)."""
+    sockets: dict[int, int] = {}  # socket inode -> worker index
+    pids = service.worker_pids()
+    for index, pid in enumerate(pids):
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd.path)
+                    if target.startswith("socket:["):
+                        sockets[int(target[8:-1])] = index
+    counts = [0] * len(pids)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as lines:
+            next(lines, None)
+            for line in lines:
+                fields = line.split()
+                # local_address is HEXIP:HEXPORT; state 01 is ESTABLISHED; inode is field 9.
+                if fields[3] != "01" or int(fields[1].rpartition(":")[2], 16) != service.port:
+                    continue
+                index = sockets.get(int(fields[9]), -1)
+                if index >= 0:
+                    counts[index] += 1
+    return counts
+
+
+# -- a git ref's service ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RefTree:
+    """A ref's tree, unpacked from ``git archive``."""
+
+    ref: str
+    commit: str
+    subject: str
+    root: Path
+
+    @property
+    def label(self) -> str:
+        return f"ref {self.commit[:7]}"
+
+
+async def _git(*args: str) -> bytes:
+    process = await asyncio.create_subprocess_exec(
+        "git",
+        *args,
+        cwd=REPO_ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)}: {err.decode(errors='replace').strip()}")
+    return out
+
+
+async def unpack_ref(ref: str, work_dir: Path) -> RefTree:
+    """``git archive REF`` unpacked under ``work_dir`` (read-only git commands only)."""
+    commit = (await _git("rev-parse", "--verify", "--end-of-options", f"{ref}^{{commit}}")).decode()
+    commit = commit.strip()
+    subject = (await _git("log", "-1", "--format=%s", commit)).decode().strip()
+    root = work_dir / f"ref-{commit[:12]}"
+    root.mkdir()
+    archive = await _git("archive", "--format=tar", commit)
+    tar = await asyncio.create_subprocess_exec(
+        "tar",
+        "-x",
+        "-C",
+        str(root),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await tar.communicate(archive)
+    if tar.returncode != 0:
+        raise RuntimeError(f"unpacking {ref}: {err.decode(errors='replace').strip()}")
+    if not (root / "service" / "app" / "__main__.py").is_file():
+        raise RuntimeError(f"{ref} ({commit[:7]}) has no service/app/__main__.py")
+    return RefTree(ref, commit, subject, root)
+
+
+async def ref_package_path(tree: RefTree) -> str:
+    """Where ``import service`` resolves with the ref's tree as the working directory, as it
+    does for ``python -m service.app`` started there; it must be the ref's tree."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "import service, sys; sys.stdout.write(service.__file__ or '')",
+        cwd=tree.root,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await process.communicate()
+    path = out.decode().strip()
+    if not _inside(path, tree.root):
+        raise RuntimeError(f"{tree.label}: `import service` there finds {path!r}, not the ref's")
+    return path
+
+
+def _inside(path: str, root: Path) -> bool:
+    return bool(path) and Path(path).resolve().is_relative_to(root.resolve())
+
+
+def verify_ref_service(tree: RefTree, service: ServiceProcess) -> str:
+    """Check that the running ref service is the ref's code; describe it for the log."""
+    cwd = os.readlink(f"/proc/{service.pid}/cwd")
+    if Path(cwd).resolve() != tree.root.resolve():
+        raise RuntimeError(f"{tree.label}: the service runs in {cwd}, not in {tree.root}")
+    # Nothing but that process imports service.app.* from the ref's tree (run_service lets it
+    # write bytecode): bytecode written there means its modules came from there.
+    compiled = list((tree.root / "service" / "app" / "__pycache__").glob("*.pyc"))
+    if not compiled:
+        raise RuntimeError(f"{tree.label}: the service compiled nothing under {tree.root}")
+    modules = len(list((tree.root / "service").rglob("*.pyc")))
+    return f"runs in {cwd}, on its own code: it imported {modules} modules from there"
 
 
 # -- drivers ----------------------------------------------------------------------------------
@@ -546,6 +904,35 @@ def _result(value: str) -> messages_pb2.ToolResult:
 
 
 @dataclass
+class Retries:
+    """Retrying the commands refused with one of :data:`RETRY_CODES`, with capped exponential
+    backoff, for at most ``give_up_seconds`` per command. Safe only with request ids: a retry
+    of a command that did commit returns its first answer. Counts the retries and the codes."""
+
+    give_up_seconds: float = 30.0
+    attempt_timeout: float = RPC_TIMEOUT_SECONDS
+    count: int = 0
+    #: "CODE REASON" (the ErrorInfo reason, if any) of every failed attempt -> how many.
+    codes: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    async def call(self, call: Callable[..., Awaitable[Response]], request: Any) -> Response:
+        deadline = time.monotonic() + self.give_up_seconds
+        attempt = 0
+        while True:
+            try:
+                return await call(request, timeout=self.attempt_timeout)
+            except grpc.aio.AioRpcError as err:
+                error = lane_error(err)
+                self.codes[f"{error.code.name} {error.reason}".strip()] += 1
+                if error.code not in RETRY_CODES or time.monotonic() >= deadline:
+                    raise
+            attempt += 1
+            self.count += 1
+            delay = min(1.0, 0.02 * 2 ** min(attempt - 1, 8)) * (0.5 + random.random() / 2)
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+
+
+@dataclass
 class Driver:
     """One driver on its own lane, walking runs, turns and tool calls until told to stop."""
 
@@ -556,6 +943,9 @@ class Driver:
     calls_per_turn: int
     turns_per_run: int
     request_ids: bool
+    #: Retry refused commands (same request, same request id): see :class:`Retries`.
+    retries: Retries | None = None
+    #: The lane revision of the last acknowledged command.
     revision: int = 0
     seq: int = 0
 
@@ -573,7 +963,10 @@ class Driver:
         commits: int = 1,
     ) -> Response:
         started = time.perf_counter()
-        response = await call(request, timeout=RPC_TIMEOUT_SECONDS)
+        if self.retries is None:
+            response = await call(request, timeout=RPC_TIMEOUT_SECONDS)
+        else:
+            response = await self.retries.call(call, request)
         self.stats.done(method, commits, time.perf_counter() - started)
         revision = int(getattr(response, "revision"))  # noqa: B009 - every answer here has one
         self.stats.counters.revisions += revision - self.revision
@@ -710,6 +1103,14 @@ class ServiceResult:
     cpu: CpuUse
     latencies: dict[str, list[float]]
     grpc_ceiling: float
+    #: The bench database's counters over the window.
+    db_window: DbCounters
+    #: Why statements are not counted (None: they are, in ``db_window``).
+    no_statements: str | None
+    #: Server processes, and each one's established connections from the clients at the
+    #: window's end (with workers: how the kernel spread them).
+    workers: int
+    connections: list[int]
     #: With ``--watchers``: what the watchers saw, and how long they took to attach.
     fleet: FleetResult | None = None
     fleet_ready_seconds: float = 0.0
@@ -718,9 +1119,15 @@ class ServiceResult:
     def commits_per_second(self) -> float:
         return self.window.commits / self.seconds
 
+    def per_commit(self, value: int | None) -> float | None:
+        """``value`` (counted over the window) per lifecycle commit of the window."""
+        if value is None or not self.window.commits:
+            return None
+        return value / self.window.commits
+
 
 async def start_profiler(
-    output: Path, pid: int, seconds: float
+    output: Path, pid: int, seconds: float, subprocesses: bool = False
 ) -> asyncio.subprocess.Process | None:
     """``py-spy record`` of the server for the window (flame graph for .svg, speedscope for
     .json, else collapsed stacks); None when py-spy is not installed."""
@@ -738,6 +1145,7 @@ async def start_profiler(
         str(max(1, math.floor(seconds))),
         "--rate",
         "100",
+        *(["--subprocesses"] if subprocesses else []),
         "--format",
         formats.get(output.suffix, "raw"),
         "--output",
@@ -763,30 +1171,55 @@ async def finish_profiler(profiler: asyncio.subprocess.Process | None) -> None:
         print(f"py-spy failed: {err.decode(errors='replace').strip()}", flush=True)
 
 
-async def grpc_ceiling(channel: grpc.aio.Channel, concurrency: int, seconds: float) -> float:
+async def grpc_ceiling(
+    channels: Sequence[grpc.aio.Channel], concurrency: int, seconds: float
+) -> float:
     """Trivial RPCs/s the server answers (Health.Check: no database, no lane) at the drivers'
-    concurrency: what the gRPC layer alone allows on this machine, client included."""
-    stub = health_pb2_grpc.HealthStub(channel)
+    concurrency, caller i on channel i: what the gRPC layer alone allows on this machine,
+    client included."""
+    stubs = [health_pb2_grpc.HealthStub(channel) for channel in channels]
     request = health_pb2.HealthCheckRequest(service="")
     done = 0
     deadline = time.monotonic() + seconds
 
-    async def caller() -> None:
+    async def caller(stub: health_pb2_grpc.HealthStub) -> None:
         nonlocal done
         while time.monotonic() < deadline:
             await stub.Check(request, timeout=RPC_TIMEOUT_SECONDS)
             done += 1
 
     started = time.monotonic()
-    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    await asyncio.gather(*(caller(stubs[i % len(stubs)]) for i in range(concurrency)))
     return done / (time.monotonic() - started)
+
+
+@contextlib.asynccontextmanager
+async def open_channels(address: str, count: int) -> AsyncIterator[list[grpc.aio.Channel]]:
+    """``count`` channels to ``address``, each its own TCP connection (a local subchannel
+    pool: otherwise channels with equal arguments share one), so that with workers the
+    kernel can hand them to different processes."""
+    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 4 * 1024 * 1024)]
+    if count > 1:
+        options.append(("grpc.use_local_subchannel_pool", 1))
+    async with contextlib.AsyncExitStack() as stack:
+        channels = [
+            await stack.enter_async_context(grpc.aio.insecure_channel(address, options=options))
+            for _ in range(count)
+        ]
+        yield channels
+
+
+def channel_count(args: argparse.Namespace) -> int:
+    """``--channels``, else one with a single server process and one per driver with workers."""
+    if args.channels:
+        return int(args.channels)
+    return 1 if args.workers == 1 else int(args.drivers)
 
 
 async def run_service_load(
     db: Database,
     args: argparse.Namespace,
-    cpu_processes: dict[str, int],
-    address: str,
+    service: ServiceProcess,
     watchers: int = 0,
 ) -> ServiceResult:
     """N drivers against the running service: warm up, then count over the window.
@@ -799,17 +1232,19 @@ async def run_service_load(
     stop = asyncio.Event()
     profiler: asyncio.subprocess.Process | None = None
     fleet: Fleet | None = None
+    processes = {"drivers": os.getpid()}
+    trees = {"server": service.pid}  # a supervisor and its workers, or the single process
     before_commits = await committed_transactions(db.url)
-    options = [("grpc.max_receive_message_length", 4 * 1024 * 1024)]
     async with (
-        grpc.aio.insecure_channel(address, options=options) as channel,
+        open_channels(service.address, channel_count(args)) as channels,
+        await psycopg.AsyncConnection.connect(db.url, autocommit=True) as stats_conn,
         contextlib.AsyncExitStack() as watching,
     ):
-        stub = lane_service_pb2_grpc.LaneServiceStub(channel)
-        ceiling = await grpc_ceiling(channel, args.drivers, min(args.seconds, 3.0))
+        stubs = [lane_service_pb2_grpc.LaneServiceStub(channel) for channel in channels]
+        ceiling = await grpc_ceiling(channels, args.drivers, min(args.seconds, 3.0))
         drivers = [
             Driver(
-                stub=stub,
+                stub=stubs[i % len(stubs)],
                 lane_id=f"bench-{uuid.uuid4().hex[:12]}",
                 stats=stats,
                 stop=stop,
@@ -817,27 +1252,35 @@ async def run_service_load(
                 turns_per_run=args.turns,
                 request_ids=args.request_ids,
             )
-            for _ in range(args.drivers)
+            for i in range(args.drivers)
         ]
         if watchers:
-            fleet = await _attach_watchers(watching, stub, address, args, drivers, watchers)
-            cpu_processes = {**cpu_processes, "watchers": fleet.pid}
+            fleet = await _attach_watchers(
+                watching, stubs[0], service.address, args, drivers, watchers
+            )
+            processes["watchers"] = fleet.pid
         tasks = [asyncio.create_task(d.run(), name=d.lane_id) for d in drivers]
         watcher = asyncio.gather(*tasks)
+        statements = db.no_statements is None
         try:
             # A failing driver must end the benchmark at once, not after the window.
             await _sleep_unless_failed(watcher, args.warmup)
             first, t0 = stats.counters.copy(), time.monotonic()
-            cpu_before = cpu_sample(cpu_processes, db.postmaster)
+            cpu_before = cpu_sample(processes, db.postmaster, trees)
+            db_before = await read_db_counters(stats_conn, statements)
             stats.recording = True
             if fleet is not None:
                 await fleet.window_start()
             if args.py_spy is not None:
-                profiler = await start_profiler(args.py_spy, cpu_processes["server"], args.seconds)
+                profiler = await start_profiler(
+                    args.py_spy, service.pid, args.seconds, subprocesses=service.workers > 1
+                )
             await _sleep_unless_failed(watcher, args.seconds)
             last, t1 = stats.counters.copy(), time.monotonic()
-            cpu_after = cpu_sample(cpu_processes, db.postmaster)
+            cpu_after = cpu_sample(processes, db.postmaster, trees)
+            db_after = await read_db_counters(stats_conn, statements)
             stats.recording = False
+            connections = connections_per_worker(service)
             if fleet is not None:
                 await fleet.window_end()
             stop.set()
@@ -856,7 +1299,7 @@ async def run_service_load(
         mismatches = []
         snapshot_revisions = 0
         for driver in drivers:
-            response = await stub.GetLaneSnapshot(
+            response = await driver.stub.GetLaneSnapshot(
                 pb.GetLaneSnapshotRequest(lane_id=driver.lane_id), timeout=RPC_TIMEOUT_SECONDS
             )
             snapshot_revisions += response.snapshot.revision
@@ -888,6 +1331,10 @@ async def run_service_load(
         cpu=cpu_use(cpu_before, cpu_after),
         latencies=stats.latencies,
         grpc_ceiling=ceiling,
+        db_window=db_after - db_before,
+        no_statements=db.no_statements,
+        workers=service.workers,
+        connections=connections,
         fleet=watched,
         fleet_ready_seconds=fleet.ready_seconds if fleet is not None else 0.0,
     )
@@ -937,10 +1384,59 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
 
 
+def _cpu_per_commit(result: ServiceResult, name: str) -> float | None:
+    """CPU seconds of ``name`` per lifecycle commit in the window."""
+    cores = result.cpu.processes.get(name)
+    if cores is None or not result.commits_per_second:
+        return None
+    return cores / result.commits_per_second
+
+
+def _micros(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e6:,.0f} µs"
+
+
+def _ratio(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def describe_service(service: ServiceProcess) -> str:
+    """``service pid P (subprocess)`` or the supervisor and its workers."""
+    if service.workers == 1:
+        return f"service pid {service.pid} (subprocess, one server process)"
+    return (
+        f"service: supervisor pid {service.pid} and {service.workers} worker processes"
+        " (LANE_WORKERS; CPU counted over the whole process tree)"
+    )
+
+
+def window_lines(result: ServiceResult) -> list[str]:
+    """What PostgreSQL counted over the window, per lifecycle commit, and the connections."""
+    db = result.db_window
+    statements = (
+        f"statements {_ratio(result.per_commit(db.statements))} (pg_stat_statements calls,"
+        " BEGIN and COMMIT included)"
+        if result.no_statements is None
+        else f"statements: unavailable ({result.no_statements})"
+    )
+    lines = [
+        f"  in the window, per lifecycle commit: PostgreSQL transactions"
+        f" {_ratio(result.per_commit(db.transactions))}, rows written"
+        f" {_ratio(result.per_commit(db.rows_written))}; {statements}"
+    ]
+    if result.workers > 1:
+        spread = ", ".join(str(n) for n in result.connections)
+        lines.append(
+            f"  client connections per worker at the window's end: {spread}"
+            " (the kernel spreads connections, not calls)"
+        )
+    return lines
+
+
 def report(
     args: argparse.Namespace,
     db: Database,
-    service_pid: int,
+    service_process: ServiceProcess,
     baselines: Sequence[Baseline],
     service: ServiceResult,
 ) -> str:
@@ -958,16 +1454,18 @@ def report(
         ("service: lane revisions (events)/s", f"{window.revisions / service.seconds:,.0f}"),
         ("gRPC ceiling: Health.Check RPCs/s (no database)", f"{service.grpc_ceiling:,.0f}"),
         ("ratio service / baseline", f"{ratio:.3f}"),
-        (f"DESIGN.md §8 target: ratio >= {TARGET_RATIO}", met),
+        (f"target: ratio >= {TARGET_RATIO}", met),
     ]
     width = max(len(label) for label, _ in rows)
+    channels = channel_count(args)
     lines = [
-        f"commit throughput: N={args.drivers} drivers, window {service.seconds:.1f} s"
+        f"commit throughput: N={args.drivers} drivers on {channels} channel"
+        f"{'s' if channels > 1 else ''}, window {service.seconds:.1f} s"
         f" after {args.warmup:g} s warm-up; {args.turns} turns x {args.calls} tool calls per run;"
         f" request ids {'on' if args.request_ids else 'off'}; NOTIFY {args.notify}",
         f"PostgreSQL {db.version} ({db.description}); fsync={db.fsync},"
         f" synchronous_commit={db.synchronous_commit}; {os.cpu_count()} CPUs;"
-        f" service pid {service_pid} (subprocess)",
+        f" {describe_service(service_process)}",
         "",
         f"  {'':<{width}}  value",
     ]
@@ -990,22 +1488,111 @@ def report(
         f"  {service.cpu.describe()}",
         "  "
         + service.cpu.per_commit(service.commits_per_second, "server", "PostgreSQL", "drivers"),
+        *window_lines(service),
         f"  whole phase: drivers counted {service.total.commits:,} lifecycle commits,"
         f" PostgreSQL counted {service.postgres_counted:,} commits in the bench database"
-        f" (+{service.postgres_counted - service.total.commits:,}: the pool's check query per"
-        f" checkout, NOTIFY doorbells, hub polls, the final snapshots)",
+        f" (+{service.postgres_counted - service.total.commits:,}: the service's other"
+        " transactions (doorbells when another process listens, the hub's check for listeners,"
+        " upkeep) and the final snapshots)",
         f"  cross-check: {service.lanes_checked} lanes, sum of snapshot revisions"
         f" {service.snapshot_revisions:,}, sum of revisions seen by drivers"
         f" {service.total.revisions:,}: "
         + ("OK" if not service.mismatches else "MISMATCH\n    " + mismatches),
         "",
-        "  RPC latency in the window (ms):        count     p50     p90     p99",
+        *latency_table(service.latencies),
     ]
-    for method, values in sorted(service.latencies.items()):
+    return "\n".join(lines)
+
+
+def latency_table(latencies: Mapping[str, list[float]]) -> list[str]:
+    lines = ["  RPC latency in the window (ms):        count     p50     p90     p99"]
+    for method, values in sorted(latencies.items()):
         lines.append(
             f"    {method:<32} {len(values):>9,} {_percentile(values, 0.5) * 1e3:>7.2f}"
             f" {_percentile(values, 0.9) * 1e3:>7.2f} {_percentile(values, 0.99) * 1e3:>7.2f}"
         )
+    return lines
+
+
+def compare_report(
+    tree: RefTree,
+    ref_service: ServiceProcess,
+    ref: ServiceResult,
+    current_service: ServiceProcess,
+    current: ServiceResult,
+    ref_note: str,
+) -> str:
+    """The ref's service phase beside the working tree's, with the ratios current / ref."""
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return "-" if a is None or b is None or not b else f"{a / b:.2f}"
+
+    def statements(result: ServiceResult) -> float | None:
+        return result.per_commit(result.db_window.statements)
+
+    rows: list[tuple[str, str, str, str]] = [
+        (
+            "lifecycle commits/s",
+            f"{ref.commits_per_second:,.0f}",
+            f"{current.commits_per_second:,.0f}",
+            ratio(current.commits_per_second, ref.commits_per_second),
+        ),
+        (
+            "gRPC ceiling: Health.Check RPCs/s",
+            f"{ref.grpc_ceiling:,.0f}",
+            f"{current.grpc_ceiling:,.0f}",
+            ratio(current.grpc_ceiling, ref.grpc_ceiling),
+        ),
+    ]
+    for label, name in (
+        ("server CPU per commit", "server"),
+        ("PostgreSQL CPU per commit", "PostgreSQL"),
+        ("drivers CPU per commit", "drivers"),
+    ):
+        a, b = _cpu_per_commit(ref, name), _cpu_per_commit(current, name)
+        rows.append((label, _micros(a), _micros(b), ratio(b, a)))
+    for label, counter in (
+        ("PostgreSQL transactions per lifecycle commit", "transactions"),
+        ("rows written per lifecycle commit", "rows_written"),
+    ):
+        a = ref.per_commit(getattr(ref.db_window, counter))
+        b = current.per_commit(getattr(current.db_window, counter))
+        rows.append((label, _ratio(a), _ratio(b), ratio(b, a)))
+    a, b = statements(ref), statements(current)
+    rows.append(("statements per lifecycle commit", _ratio(a), _ratio(b), ratio(b, a)))
+    rows.append(("server processes", str(ref.workers), str(current.workers), ""))
+    rows.append(
+        (
+            "revision cross-check",
+            "OK" if not ref.mismatches else "MISMATCH",
+            "OK" if not current.mismatches else "MISMATCH",
+            "",
+        )
+    )
+    width = max(len(row[0]) for row in rows)
+    ref_label = tree.label
+    lines = [
+        f"compare: {ref_label} ({tree.ref}: {tree.subject[:60]}) against the working tree,"
+        " in this run, the ref first, each on a fresh scratch database of the same server",
+        f"  {ref_label}: {ref_note}",
+        f"  {ref_label}: {describe_service(ref_service)}",
+    ]
+    if ref_service.not_passed:
+        unknown = ", ".join(ref_service.not_passed)
+        lines.append(f"  {ref_label}: its code does not know {unknown}: not passed")
+    lines += [
+        "",
+        f"  {'':<{width}} {ref_label:>12} {'current':>12} {'current/ref':>12}",
+        *(f"  {label:<{width}} {a:>12} {b:>12} {r:>12}" for label, a, b, r in rows),
+    ]
+    if ref.no_statements is not None:
+        lines.append(f"  statements: unavailable ({ref.no_statements})")
+    lines += [
+        "",
+        f"  {ref_label}:",
+        *(f"  {line}" for line in window_lines(ref)),
+        f"    {ref.cpu.describe()}",
+    ]
     return "\n".join(lines)
 
 
@@ -1032,10 +1619,7 @@ def watchers_report(
     width = 46
 
     def per_commit(result: ServiceResult, name: str) -> str:
-        cores = result.cpu.processes.get(name)
-        if cores is None or not result.commits_per_second:
-            return "-"
-        return f"{cores / result.commits_per_second * 1e6:,.0f} µs"
+        return _micros(_cpu_per_commit(result, name))
 
     rows = [
         (
@@ -1072,7 +1656,7 @@ def watchers_report(
         f"  {'':<{width}} {'0 watchers':>14} {f'{args.watchers:,} watchers':>16}",
         *(f"  {label:<{width}} {a:>14} {b:>16}" for label, a, b in rows),
         f"  {'drop of commits/s':<{width}} {'':>14} {drop * 100:>15.1f}%",
-        f"  DESIGN.md §8 target: drop <= {TARGET_WATCHER_DROP * 100:.0f} %: {met}",
+        f"  target: drop <= {TARGET_WATCHER_DROP * 100:.0f} %: {met}",
         "",
         f"  watchers attached in {watched.fleet_ready_seconds:.1f} s; in the window they received"
         f" {fleet.window_groups:,} event groups ({fleet.window_events:,} events),"
@@ -1106,14 +1690,10 @@ def watchers_report(
         f" ({watched.postgres_counted / max(watched.total.commits, 1):.1f} per lifecycle commit;"
         f" without watchers {without.postgres_counted / max(without.total.commits, 1):.1f};"
         " this includes creating the watched lanes and the watchers' snapshots)",
+        *window_lines(watched),
         "",
-        "  RPC latency in the window (ms):        count     p50     p90     p99",
+        *latency_table(watched.latencies),
     ]
-    for method, values in sorted(watched.latencies.items()):
-        lines.append(
-            f"    {method:<32} {len(values):>9,} {_percentile(values, 0.5) * 1e3:>7.2f}"
-            f" {_percentile(values, 0.9) * 1e3:>7.2f} {_percentile(values, 0.99) * 1e3:>7.2f}"
-        )
     return "\n".join(lines)
 
 
@@ -1146,7 +1726,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--request-ids",
         action="store_true",
-        help="send a request_id with every command (idempotent retries cost a read and a write)",
+        help="send a request_id with every command (the answer is stored for retries)",
     )
     parser.add_argument(
         "--notify", choices=("on", "off"), default="on", help="the service's LANE_NOTIFY"
@@ -1157,6 +1737,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="FILE",
         help="profile the server with py-spy during the window (FILE.svg: flame graph,"
         " FILE.json: speedscope, else collapsed stacks); profiling slows the server",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="K",
+        help="server processes: LANE_WORKERS=K (K > 1: a supervisor and K workers on one port;"
+        " the server CPU is the whole process tree's) (default 1)",
+    )
+    parser.add_argument(
+        "--channels",
+        type=int,
+        default=0,
+        metavar="C",
+        help="channels (TCP connections) the drivers are spread over (default: 1 with one server"
+        " process, one per driver with --workers above 1)",
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="REF",
+        help="also measure the service of git ref REF (git archive into a temp dir), before the"
+        " working tree's, and print both side by side",
     )
     parser.add_argument(
         "--single-baseline",
@@ -1193,6 +1795,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.drivers < 1 or args.calls < 1 or args.turns < 1:
         parser.error("--drivers, --calls and --turns must be at least 1")
+    if args.workers < 1 or args.channels < 0:
+        parser.error("--workers must be at least 1 and --channels at least 0")
     if args.watchers < 0 or args.watcher_channels < 1:
         parser.error("--watchers must be >= 0 and --watcher-channels >= 1")
     if args.seconds <= 0 or args.warmup < 0:
@@ -1204,14 +1808,41 @@ async def run(args: argparse.Namespace) -> int:
     async with contextlib.AsyncExitStack() as stack:
         work_dir = Path(tempfile.mkdtemp(prefix="lane-bench-"))
         stack.callback(shutil.rmtree, work_dir, ignore_errors=True)
+        tree: RefTree | None = None
+        if args.compare:
+            tree = await unpack_ref(args.compare, work_dir)
+            package = await ref_package_path(tree)
+            print(
+                f"{tree.label} ({args.compare}): {tree.subject[:72]}; its service package:"
+                f" {package}",
+                flush=True,
+            )
         db = await stack.enter_async_context(provision_database(args.database_url))
         print(f"PostgreSQL {db.version} ready ({db.description}); baseline first ...", flush=True)
+        if db.no_statements is not None:
+            print(f"statements per commit: unavailable ({db.no_statements})", flush=True)
         baselines = [await run_baseline(db, args.drivers, args.seconds, args.baseline, work_dir)]
         rate = baselines[0].commits_per_second
-        print(f"baseline: {rate:,.0f} commits/s; service ...", flush=True)
-        async with run_service(db.url, args.notify == "on") as service:
-            cpu_processes = {"server": service.pid, "drivers": os.getpid()}
-            result = await run_service_load(db, args, cpu_processes, service.address)
+        print(f"baseline: {rate:,.0f} commits/s", flush=True)
+        compared: tuple[ServiceProcess, ServiceResult, str] | None = None
+        if tree is not None:
+            # Its own scratch database: the ref's schema may be older (or newer) than ours.
+            print(f"{tree.label}'s service ...", flush=True)
+            async with (
+                scratch_database(db.server_url, db.description) as ref_db,
+                run_service(
+                    ref_db.url, args.notify == "on", workers=args.workers, root=tree.root
+                ) as ref_service,
+            ):
+                ref_note = verify_ref_service(tree, ref_service)
+                print(f"{tree.label}'s service {ref_note}", flush=True)
+                ref_result = await run_service_load(ref_db, args, ref_service)
+                rate = ref_result.commits_per_second
+                print(f"{tree.label}: {rate:,.0f} commits/s; stopping it ...", flush=True)
+            compared = (ref_service, ref_result, ref_note)
+        print("service ...", flush=True)
+        async with run_service(db.url, args.notify == "on", workers=args.workers) as service:
+            result = await run_service_load(db, args, service)
             rate = result.commits_per_second
             print(f"service: {rate:,.0f} commits/s; stopping it ...", flush=True)
         watched: ServiceResult | None = None
@@ -1219,12 +1850,12 @@ async def run(args: argparse.Namespace) -> int:
             # A fresh service process, so the second phase inherits nothing from the first.
             print(f"service again, with {args.watchers:,} watchers ...", flush=True)
             async with run_service(
-                db.url, args.notify == "on", _watcher_limits(args.watchers, args.drivers)
+                db.url,
+                args.notify == "on",
+                watcher_limits(args.watchers, args.drivers),
+                workers=args.workers,
             ) as watched_service:
-                cpu_processes = {"server": watched_service.pid, "drivers": os.getpid()}
-                watched = await run_service_load(
-                    db, args, cpu_processes, watched_service.address, watchers=args.watchers
-                )
+                watched = await run_service_load(db, args, watched_service, watchers=args.watchers)
                 rate = watched.commits_per_second
                 print(f"service with watchers: {rate:,.0f} commits/s; stopping it ...", flush=True)
         if not args.single_baseline:
@@ -1235,17 +1866,22 @@ async def run(args: argparse.Namespace) -> int:
                 await run_baseline(db, args.drivers, args.seconds, args.baseline, work_dir)
             )
         print()
-        print(report(args, db, service.pid, baselines, result))
+        print(report(args, db, service, baselines, result))
+        if tree is not None and compared is not None:
+            print()
+            print(compare_report(tree, compared[0], compared[1], service, result, compared[2]))
         if watched is not None:
             print()
             print(watchers_report(args, result, watched))
     failed = bool(result.mismatches)
+    if compared is not None:
+        failed = failed or bool(compared[1].mismatches)
     if watched is not None:
         failed = failed or bool(watched.mismatches) or not _watchers_ok(watched)
     return 1 if failed else 0
 
 
-def _watcher_limits(watchers: int, drivers: int) -> dict[str, str]:
+def watcher_limits(watchers: int, drivers: int) -> dict[str, str]:
     """The service's watcher limits, raised when the run needs more than the defaults."""
     return {
         "LANE_MAX_WATCHERS": str(max(10_000, watchers)),

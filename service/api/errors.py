@@ -20,6 +20,7 @@ from psycopg import OperationalError
 from psycopg_pool import PoolTimeout
 
 from service.domain.errors import Code, LaneError
+from service.store.pool import DatabaseBusy
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,17 @@ def unavailable_status(message: str) -> grpc.Status:
     return status_of(code_pb2.UNAVAILABLE, "UNAVAILABLE", message, {})
 
 
+def database_busy_status(busy: DatabaseBusy) -> grpc.Status:
+    """The status for a command that found every database connection busy: the database is
+    reachable, this server has more work than connections (see service/store/pool.py)."""
+    return status_of(
+        code_pb2.RESOURCE_EXHAUSTED,
+        "DATABASE_BUSY",
+        f"{busy}; nothing was written, retry after a backoff",
+        {"poolSize": str(busy.pool_size), "waitedSeconds": f"{busy.waited:g}"},
+    )
+
+
 T = TypeVar("T")
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[T]]
 
@@ -68,6 +80,9 @@ Handler = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[T]]
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
     if isinstance(exc, LaneError):
         await context.abort_with_status(lane_error_status(exc))
+    if isinstance(exc, DatabaseBusy):
+        log.warning("database busy: %s", exc)
+        await context.abort_with_status(database_busy_status(exc))
     if isinstance(exc, OperationalError | PoolTimeout):
         log.warning("database unavailable: %s", exc)
         await context.abort_with_status(unavailable_status("database unavailable; retry"))

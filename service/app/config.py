@@ -12,6 +12,12 @@ Every variable is optional; an empty value counts as unset.
 ``LANE_LISTEN``
     ``host:port`` the gRPC server binds (``[::1]:50051`` for IPv6; port 0 picks a free port).
     Default ``127.0.0.1:50051``.
+``LANE_WORKERS``
+    How many server processes serve ``LANE_LISTEN`` (``lane serve --workers N`` overrides it); a
+    whole number >= 1. Default: the number of CPUs (``os.cpu_count()``). 1 is a single process;
+    more starts a supervisor that runs that many worker processes on the one port (Linux
+    ``SO_REUSEPORT``), each with its own pool and hub, all on one database. See
+    ``service/app/supervisor.py`` and docs/deploying.md.
 ``LANE_GRACE_SECONDS``
     On SIGTERM/SIGINT, how long in-flight calls may run before they are cancelled; a number
     of seconds >= 0. Default ``5``.
@@ -31,6 +37,27 @@ Every variable is optional; an empty value counts as unset.
     How many WatchLane streams this process serves at once of one lane, and of all lanes; a
     stream over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``. Whole numbers
     >= 1. Defaults ``1000`` and ``10000``.
+``LANE_DB_POOL_SIZE``
+    How many PostgreSQL connections this process opens at most for commands, reads and upkeep
+    (the hub's LISTEN and doorbell connections come on top); a whole number >= 1. Default
+    ``10``: a command holds its connection for one short transaction (a millisecond or two),
+    so 10 carry more commands a second than one Python process can answer, and each of the
+    ``LANE_WORKERS`` processes has a pool of its own: the service may open up to
+    workers x (size + 2) connections, which must stay below the server's ``max_connections``
+    (100 by default). Raise it when commands answer ``DATABASE_BUSY`` while the database
+    itself is not the bottleneck (many commands waiting on one lane's lock hold connections).
+``LANE_DB_CHECKOUT_TIMEOUT_SECONDS``
+    How long a command waits for a free connection while every one is busy with other
+    commands; ``0 < seconds <= 300``. Past it the command is refused with RESOURCE_EXHAUSTED
+    ``DATABASE_BUSY`` (nothing written; retry after a backoff). Default ``10``: a burst queues
+    instead of failing, and the refusal still comes before a client's usual 30 s deadline (a
+    command never waits past its caller's deadline anyway). A database that cannot be reached
+    is answered UNAVAILABLE within a second, whatever this says (``service/store/pool.py``).
+``LANE_REQUEST_RETENTION_SECONDS``
+    How long the answer to a request id is kept, so a retry with that id returns it; seconds
+    >= 60. Default ``86400`` (24 h). Older answers are deleted (checked every 10 minutes),
+    except those of a lane's open operation, kept until it ends. A retry whose answer was
+    deleted is a new request: retry within the retention.
 ``LANE_TLS_CERT_FILE``, ``LANE_TLS_KEY_FILE``
     PEM certificate chain and private key: serve gRPC over TLS. Both or neither.
 ``LANE_TLS_CLIENT_CA_FILE``
@@ -38,7 +65,9 @@ Every variable is optional; an empty value counts as unset.
 ``LANE_METRICS_LISTEN``
     ``host:port`` to serve Prometheus metrics on over plain HTTP (any path; port 0 picks a free
     port), e.g. ``127.0.0.1:9464``. Unset: no metrics endpoint. It has no auth and names no
-    lane; bind it where only the scraper reaches. See ``service/metrics.py``.
+    lane; bind it where only the scraper reaches. See ``service/metrics.py``. With N workers,
+    worker k serves its own metrics on port + k - 1 (port 0: each picks a free port), so the
+    ports up to port + N - 1 must exist.
 ``LANE_LOG_FORMAT``
     ``text`` (one ``time level logger: message [rpc=... lane_id=...]`` line per record) or
     ``json`` (one JSON object per line, with ``rpc``, ``namespace``, ``lane_id`` and
@@ -67,11 +96,16 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from service.api.auth import TokenError, parse_tokens
 from service.logs import LOG_FORMATS
+from service.store.pool import DEFAULT_CHECKOUT_TIMEOUT_SECONDS, DEFAULT_POOL_SIZE
+from service.store.retention import KEEP_ANSWERS
 
 _TRUE = frozenset({"on", "true", "1", "yes"})
 _FALSE = frozenset({"off", "false", "0", "no"})
 # An upper bound on the poll interval, only to catch typos such as milliseconds given as seconds.
 _MAX_POLL_INTERVAL_SECONDS = 60.0
+# The same for the checkout timeout; and answers are kept at least a minute (retries need them).
+_MAX_CHECKOUT_TIMEOUT_SECONDS = 300.0
+_MIN_REQUEST_RETENTION_SECONDS = 60.0
 
 
 class ConfigError(ValueError):
@@ -91,12 +125,16 @@ class Settings:
     database_url: str | None = field(default=None, repr=False)
     data_dir: Path = field(default_factory=lambda: Path.cwd() / ".lane-data")
     listen: str = "127.0.0.1:50051"
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     grace_seconds: float = 5.0
     notify: bool = True
     poll_interval_seconds: float = 1.0
     orphan_seconds: float = 600.0
     max_watchers_per_lane: int = 1000
     max_watchers: int = 10_000
+    db_pool_size: int = DEFAULT_POOL_SIZE
+    db_checkout_timeout_seconds: float = DEFAULT_CHECKOUT_TIMEOUT_SECONDS
+    request_retention_seconds: float = KEEP_ANSWERS.total_seconds()
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None
@@ -123,12 +161,16 @@ class Settings:
             _check_database_url(database_url)
         data_dir = get("LANE_DATA_DIR")
         listen = get("LANE_LISTEN")
+        workers = get("LANE_WORKERS")
         grace = get("LANE_GRACE_SECONDS")
         notify = get("LANE_NOTIFY")
         poll = get("LANE_POLL_INTERVAL_SECONDS")
         orphan = get("LANE_ORPHAN_SECONDS")
         watchers_per_lane = get("LANE_MAX_WATCHERS_PER_LANE")
         watchers = get("LANE_MAX_WATCHERS")
+        pool_size = get("LANE_DB_POOL_SIZE")
+        checkout_timeout = get("LANE_DB_CHECKOUT_TIMEOUT_SECONDS")
+        request_retention = get("LANE_REQUEST_RETENTION_SECONDS")
         metrics_listen = get("LANE_METRICS_LISTEN")
         log_format = get("LANE_LOG_FORMAT")
         cert, key, client_ca = (
@@ -162,6 +204,7 @@ class Settings:
                 defaults.data_dir if data_dir is None else Path(data_dir).expanduser().absolute()
             ),
             listen=defaults.listen if listen is None else parse_listen("LANE_LISTEN", listen),
+            workers=defaults.workers if workers is None else _count("LANE_WORKERS", workers),
             grace_seconds=(
                 defaults.grace_seconds
                 if grace is None
@@ -191,6 +234,26 @@ class Settings:
             max_watchers=(
                 defaults.max_watchers if watchers is None else _count("LANE_MAX_WATCHERS", watchers)
             ),
+            db_pool_size=(
+                defaults.db_pool_size
+                if pool_size is None
+                else _count("LANE_DB_POOL_SIZE", pool_size)
+            ),
+            db_checkout_timeout_seconds=(
+                defaults.db_checkout_timeout_seconds
+                if checkout_timeout is None
+                else _seconds(
+                    "LANE_DB_CHECKOUT_TIMEOUT_SECONDS",
+                    checkout_timeout,
+                    allow_zero=False,
+                    maximum=_MAX_CHECKOUT_TIMEOUT_SECONDS,
+                )
+            ),
+            request_retention_seconds=(
+                defaults.request_retention_seconds
+                if request_retention is None
+                else _retention_seconds("LANE_REQUEST_RETENTION_SECONDS", request_retention)
+            ),
             tls_cert_file=cert,
             tls_key_file=key,
             tls_client_ca_file=client_ca,
@@ -207,6 +270,7 @@ class Settings:
             auth_tokens=tokens,
         )
         require_auth_or_loopback(settings)
+        _check_metrics_ports(settings)
         return settings
 
 
@@ -218,6 +282,21 @@ def require_auth_or_loopback(settings: Settings) -> None:
             settings.listen,
             "without auth the service listens on a loopback address only; set LANE_AUTH_TOKENS "
             "or LANE_AUTH_TOKENS_FILE to serve other hosts",
+        )
+
+
+def _check_metrics_ports(settings: Settings) -> None:
+    """With N workers on a fixed metrics port P, worker k serves metrics on P + k - 1."""
+    if settings.metrics_listen is None:
+        return
+    port = int(settings.metrics_listen.rpartition(":")[2])
+    last = port + settings.workers - 1
+    if port != 0 and last > 65535:
+        raise ConfigError(
+            "LANE_METRICS_LISTEN",
+            settings.metrics_listen,
+            f"with {settings.workers} workers the metrics ports run from {port} to {last},"
+            " past 65535",
         )
 
 
@@ -284,6 +363,15 @@ def _seconds(variable: str, value: str, *, allow_zero: bool, maximum: float = ma
         if math.isfinite(maximum):
             bound += f" and <= {maximum:g}"
         raise ConfigError(variable, value, f"the number of seconds must be {bound}")
+    return seconds
+
+
+def _retention_seconds(variable: str, value: str) -> float:
+    seconds = _seconds(variable, value, allow_zero=False)
+    if seconds < _MIN_REQUEST_RETENTION_SECONDS:
+        raise ConfigError(
+            variable, value, f"the number of seconds must be >= {_MIN_REQUEST_RETENTION_SECONDS:g}"
+        )
     return seconds
 
 

@@ -1,6 +1,10 @@
 """The lane service as a process: read the environment, configure logging, serve until
 SIGTERM or SIGINT, then shut down gracefully. :func:`main` is the entry point behind
 ``python -m service.app`` and ``lane serve``.
+
+With ``LANE_WORKERS`` (``lane serve --workers N``) above 1 the process is a supervisor of that
+many worker processes instead (``service/app/supervisor.py``); each worker is this same entry
+point, told by its environment that it is one.
 """
 
 from __future__ import annotations
@@ -8,18 +12,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
+from service.app import event_loop
 from service.app.config import ConfigError, Settings
 from service.app.server import StartupError, start_server
+from service.app.supervisor import WorkerRole, supervise
 from service.logs import configure as configure_log_format
 
 _log = logging.getLogger(__name__)
 
 
-async def serve(settings: Settings) -> None:
-    """Run the service until SIGTERM or SIGINT, then shut down within the grace period."""
+async def serve(
+    settings: Settings,
+    *,
+    reuse_port: bool = False,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Run the service until SIGTERM or SIGINT, then shut down within the grace period.
+
+    A worker passes ``reuse_port`` (share the port with its siblings) and ``on_ready`` (called
+    once it serves)."""
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     signals = (signal.SIGTERM, signal.SIGINT)
@@ -27,7 +44,7 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, _request_stop, sig, stop_requested)
     try:
         # A signal during a slow start (initdb, an unreachable database) must not wait for it.
-        starting = asyncio.ensure_future(start_server(settings))
+        starting = asyncio.ensure_future(start_server(settings, reuse_port=reuse_port))
         stop_waiter = asyncio.ensure_future(stop_requested.wait())
         try:
             await asyncio.wait({starting, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -38,6 +55,8 @@ async def serve(settings: Settings) -> None:
                 _log.info("start-up abandoned")
                 return
             running = starting.result()
+            if on_ready is not None:
+                on_ready()
             try:
                 await stop_waiter
             finally:
@@ -49,19 +68,34 @@ async def serve(settings: Settings) -> None:
             loop.remove_signal_handler(sig)
 
 
-def main() -> int:
+def main(workers: int | None = None) -> int:
     """Process entry point: read the environment, serve, return the exit status.
 
-    0 after a graceful shutdown, 2 for a bad configuration, 1 when start-up fails.
+    ``workers`` overrides ``LANE_WORKERS`` (``lane serve --workers N``). 0 after a graceful
+    shutdown, 2 for a bad configuration, 1 when start-up fails (with workers: also when they
+    keep failing to start).
     """
+    environ: Mapping[str, str] = os.environ
+    if workers is not None:
+        environ = {**os.environ, "LANE_WORKERS": str(workers)}
     try:
-        settings = Settings.from_env()
+        settings = Settings.from_env(environ)
+        role = WorkerRole.from_env(environ)
     except ConfigError as err:
         print(f"lane: configuration error: {err}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format)
+    if role is not None:
+        role.attach(settings.log_format)
+        return _run(serve(settings, reuse_port=True, on_ready=role.report_ready))
+    if settings.workers > 1:
+        return supervise(settings)
+    return _run(serve(settings))
+
+
+def _run(serving: Coroutine[Any, Any, None]) -> int:
     try:
-        asyncio.run(serve(settings))
+        event_loop.run(serving)
     except StartupError as err:
         _log.error("lane service failed to start: %s", err)
         return 1

@@ -1,6 +1,6 @@
-"""Background upkeep of a service process: event-log retention and reconciling runs that no
-driver holds any more. Every process runs both; each step is an idempotent transaction. With
-the metrics endpoint on, also the NOTIFY queue gauge."""
+"""Background upkeep of a service process: retention (of the event log and of stored answers)
+and reconciling runs that no driver holds any more. Every process runs both; each step is an
+idempotent transaction. With the metrics endpoint on, also the NOTIFY queue gauge."""
 
 from __future__ import annotations
 
@@ -12,23 +12,39 @@ import psycopg
 
 from service import metrics
 from service.store import Store
-from service.store.retention import enforce_retention
+from service.store.retention import KEEP_ANSWERS, enforce_retention, prune_answers
 
 log = logging.getLogger(__name__)
 
 RETENTION_INTERVAL_SECONDS = 600.0
 
 
-async def retention_forever(store: Store, interval: float = RETENTION_INTERVAL_SECONDS) -> None:
+async def retention_forever(
+    store: Store,
+    interval: float = RETENTION_INTERVAL_SECONDS,
+    keep_answers: timedelta = KEEP_ANSWERS,
+) -> None:
     """Enforce retention every ``interval`` seconds (every process may: it is idempotent)."""
     while True:
-        try:
-            floors = await enforce_retention(store.pool)
-            if floors:
-                log.info("retention advanced the floor of %d lanes", len(floors))
-        except (psycopg.Error, OSError) as exc:
-            log.warning("retention failed: %s", exc)
+        await retention_pass(store, keep_answers)
         await asyncio.sleep(interval)
+
+
+async def retention_pass(store: Store, keep_answers: timedelta = KEEP_ANSWERS) -> None:
+    """One pass: event-log retention, then answers older than ``keep_answers`` (each step
+    logged and survived when it fails)."""
+    try:
+        floors = await enforce_retention(store.pool)
+        if floors:
+            log.info("retention advanced the floor of %d lanes", len(floors))
+    except (psycopg.Error, OSError) as exc:
+        log.warning("retention failed: %s", exc)
+    try:
+        pruned = await prune_answers(store.pool, keep_answers)
+        if pruned:
+            log.info("retention deleted %d stored answers", pruned)
+    except (psycopg.Error, OSError) as exc:
+        log.warning("pruning stored answers failed: %s", exc)
 
 
 RECONCILE_INTERVAL_SECONDS = 1.0

@@ -5,7 +5,8 @@ embedded PostgreSQL), the store with its migrations applied, the watch hub (NOTI
 per ``LANE_NOTIFY`` / ``LANE_POLL_INTERVAL_SECONDS``), and a ``grpc.aio`` server carrying
 LaneService, health checking and server reflection, plus the Prometheus endpoint when
 ``LANE_METRICS_LISTEN`` is set. Tests use it directly; ``service/app/main.py`` runs it as a
-process until SIGTERM or SIGINT.
+process until SIGTERM or SIGINT, once per process: alone, or as one of the workers of
+``lane serve --workers N`` (``service/app/supervisor.py``), which share the port.
 
 Shutdown order: health flips every service to NOT_SERVING (load balancers and watchers of the
 health stream see it first), in-flight calls get the grace period, then the background tasks
@@ -47,6 +48,7 @@ from service.app.maintenance import (
 from service.hub import Hub
 from service.metrics import MetricsEndpoint, serve_metrics
 from service.store import DEFAULT_NAMESPACE, Store
+from service.store.pool import MIN_IDLE_CONNECTIONS
 
 _log = logging.getLogger(__name__)
 
@@ -85,11 +87,19 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     # Deployments behind a load balancer that need rebalancing can add it.
 )
 
+# The options of a worker under ``lane serve --workers N`` (service/app/supervisor.py): the
+# same, but sharing the port with its sibling workers on purpose. The supervisor checked that
+# nothing else listens there before it started them.
+WORKER_SERVER_OPTIONS: tuple[tuple[str, int], ...] = tuple(
+    (name, 1 if name == "grpc.so_reuseport" else value) for name, value in SERVER_OPTIONS
+)
+
 # How long start-up waits for the database to accept a connection before giving up.
 _CONNECT_TIMEOUT_SECONDS = 10
 
 
-def _transport(settings: Settings) -> str:
+def transport_description(settings: Settings) -> str:
+    """``plaintext``, ``TLS`` or ``TLS, client certificates required``."""
     if settings.tls_cert_file is None:
         return "plaintext"
     return "TLS, client certificates required" if settings.tls_client_ca_file else "TLS"
@@ -167,6 +177,7 @@ async def start_server(
     *,
     listen: str | None = None,
     watch: WatchSettings | None = None,
+    reuse_port: bool = False,
 ) -> RunningServer:
     """Start the service and return it running.
 
@@ -174,7 +185,8 @@ async def start_server(
     on ``127.0.0.1:0``, a free port). ``listen`` overrides the address in either case, and
     ``watch`` the watch settings (default: the published ones, with the watcher limits of
     ``target``). Opens the store, applies pending migrations, and serves LaneService, health
-    and reflection. Raises
+    and reflection. ``reuse_port`` binds with ``SO_REUSEPORT`` (:data:`WORKER_SERVER_OPTIONS`):
+    only for the workers of ``lane serve --workers N``, which share one port. Raises
     :class:`StartupError` when the database is unreachable or the address cannot be bound;
     whatever was started by then is stopped again.
     """
@@ -196,13 +208,18 @@ async def start_server(
             dsn, database = embedded.uri, f"embedded PostgreSQL at {embedded.cluster_dir}"
         else:
             dsn, database = settings.database_url, mask_password(settings.database_url)
-        await _check_database(dsn, database)
-        store = await Store.open(dsn)
+        await check_database(dsn, database)
+        store = await Store.open(
+            dsn,
+            min_size=min(MIN_IDLE_CONNECTIONS, settings.db_pool_size),
+            max_size=settings.db_pool_size,
+            checkout_timeout=settings.db_checkout_timeout_seconds,
+        )
         applied = await store.migrate()
         hub = Hub(store, notify=settings.notify, poll_interval=settings.poll_interval_seconds)
         await hub.start()
 
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server = grpc.aio.server(options=WORKER_SERVER_OPTIONS if reuse_port else SERVER_OPTIONS)
         watch = watch or WatchSettings(
             max_watchers_per_lane=settings.max_watchers_per_lane,
             max_watchers_per_process=settings.max_watchers,
@@ -242,7 +259,12 @@ async def start_server(
         applied_migrations=applied,
         embedded=embedded,
         maintenance=[
-            asyncio.create_task(retention_forever(store), name="retention"),
+            asyncio.create_task(
+                retention_forever(
+                    store, keep_answers=timedelta(seconds=settings.request_retention_seconds)
+                ),
+                name="retention",
+            ),
             asyncio.create_task(
                 reconcile_forever(store, timedelta(seconds=settings.orphan_seconds)),
                 name="reconcile",
@@ -257,11 +279,13 @@ async def start_server(
         metrics=metrics,
     )
     _log.info(
-        "lane service listening on %s (%s); database: %s; migrations applied now: %s",
+        "lane service listening on %s (%s); database: %s; migrations applied now: %s;"
+        " event loop: %s",
         running.address,
-        _transport(settings),
+        transport_description(settings),
         database,
         ", ".join(applied) if applied else "none (schema up to date)",
+        type(asyncio.get_running_loop()).__module__.partition(".")[0],
     )
     if metrics is not None:
         _log.info("Prometheus metrics on http://%s/metrics", metrics.address)
@@ -307,7 +331,9 @@ async def _release(hub: Hub | None, store: Store | None, embedded: EmbeddedPostg
             cleanup.push_async_callback(hub.stop)
 
 
-async def _check_database(dsn: str, database: str) -> None:
+async def check_database(dsn: str, database: str) -> None:
+    """Connect once to ``dsn``; raise :class:`StartupError` naming ``database`` (never a
+    password) and the server's reason when that fails."""
     # The pool retries silently for 30 s on a bad host or password and then reports only a
     # timeout; one direct connection fails fast with the server's own reason.
     try:

@@ -231,6 +231,8 @@ async def test_process_without_database_url_runs_embedded_postgres(tmp_path: Pat
                 output = log.read_text()
                 assert f"database: embedded PostgreSQL at {cluster}" in output
                 assert f"migrations applied now: {expected_migrations}" in output
+                # The process runs on uvloop (a dependency wherever it builds).
+                assert "event loop: uvloop" in output
                 assert (cluster / "PG_VERSION").exists()
 
                 process.send_signal(signal.SIGTERM)

@@ -523,6 +523,7 @@ def test_recovery_table_and_backoff() -> None:
     assert recovery_for(LaneError(code.CANCELLED)) is Recovery.RESUME
     too_slow = LaneError(code.RESOURCE_EXHAUSTED, "WATCHER_TOO_SLOW", "", {"lastRevision": "3"})
     assert recovery_for(too_slow) is Recovery.RESUME
+    assert recovery_for(LaneError(code.RESOURCE_EXHAUSTED, "DATABASE_BUSY")) is Recovery.RESUME
     assert recovery_for(LaneError(code.RESOURCE_EXHAUSTED)) is Recovery.RAISE
     out = LaneError(code.OUT_OF_RANGE, "REVISION_OUT_OF_RANGE")
     assert recovery_for(out) is Recovery.RESNAPSHOT

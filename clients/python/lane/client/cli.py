@@ -1,6 +1,6 @@
 """The ``lane`` command line.
 
-    lane serve                          run the service (configured by LANE_* variables)
+    lane serve [--workers N]            run the service (configured by LANE_* variables)
     lane watch LANE                     live terminal view; Escape aborts, q quits
     lane snapshot LANE [--json]         the lane now (protobuf JSON with --json)
     lane lanes                          every lane, its revision and open operation
@@ -63,11 +63,30 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "LANE_DATABASE_URL (unset: embedded PostgreSQL in LANE_DATA_DIR, default "
             "./.lane-data), LANE_LISTEN (default 127.0.0.1:50051), LANE_GRACE_SECONDS "
             "(default 5), LANE_NOTIFY (on|off, default on), LANE_POLL_INTERVAL_SECONDS "
-            "(default 1.0). Exit status: 0 after a graceful shutdown, 1 if start-up failed, "
-            "2 for a bad configuration value."
+            "(default 1.0), LANE_WORKERS (default: the number of CPUs). Exit status: 0 after "
+            "a graceful shutdown, 1 if start-up failed, 2 for a bad configuration value."
+        ),
+    )
+    command.add_argument(
+        "--workers",
+        type=_whole_number_at_least_1,
+        metavar="N",
+        help=(
+            "server processes sharing the port, under one supervisor (default: $LANE_WORKERS, "
+            "else the number of CPUs; 1: a single process)"
         ),
     )
     command.set_defaults(handler=_serve)
+
+
+def _whole_number_at_least_1(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -77,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
     from service.app.main import main as serve_main
 
-    return serve_main()
+    return serve_main(workers=args.workers)
 
 
 # -- client commands ---------------------------------------------------------------------------

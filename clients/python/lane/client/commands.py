@@ -3,9 +3,10 @@
 :func:`call` sends one unary request. A mutating request (one with a ``request_id`` field)
 gets a fresh request id when it has none, and every retry reuses it, so a command whose answer
 was lost commits once and the retry returns the first answer (DESIGN.md §6). Retried: the
-transport failures UNAVAILABLE and DEADLINE_EXCEEDED (a restarting or overloaded server), with
-capped exponential backoff, until ``retry_seconds`` have passed; each attempt may take
-``attempt_timeout`` seconds. Every other failure raises
+transport failures UNAVAILABLE and DEADLINE_EXCEEDED (a restarting or overloaded server) and
+RESOURCE_EXHAUSTED ``DATABASE_BUSY`` (every database connection of the server was busy; nothing
+was written), with capped exponential backoff, until ``retry_seconds`` have passed; each
+attempt may take ``attempt_timeout`` seconds. Every other failure raises
 :class:`~lane.client.errors.LaneError` at once.
 """
 
@@ -28,6 +29,9 @@ Resp = TypeVar("Resp")
 
 #: Codes :func:`call` retries (with the same request id).
 RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+#: The ErrorInfo reason of a refusal :func:`call` also retries: RESOURCE_EXHAUSTED, the server's
+#: database connections were all busy.
+DATABASE_BUSY = "DATABASE_BUSY"
 
 
 def new_request_id() -> str:
@@ -54,10 +58,16 @@ async def call(
         except grpc.aio.AioRpcError as err:
             error = lane_error(err)
         attempt += 1
-        if error.code not in RETRYABLE_CODES or time.monotonic() >= deadline:
+        if not _retryable(error) or time.monotonic() >= deadline:
             raise error
         delay = min(2.0, 0.1 * 2 ** min(attempt - 1, 8)) * (0.5 + random.random() / 2)
         await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+
+
+def _retryable(error: LaneError) -> bool:
+    if error.code in RETRYABLE_CODES:
+        return True
+    return error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason == DATABASE_BUSY
 
 
 def is_reason(error: BaseException, code: grpc.StatusCode, *reasons: str) -> bool:

@@ -42,9 +42,10 @@ starts nothing new: planned calls get CANCELLED results, running tools see
 ``abort_grace_seconds``, are cancelled and get an INTERRUPTED result), after_tool hooks are
 skipped, and the run ends ABORTED.
 
-Every mutating command carries a request id and is retried with the same id on UNAVAILABLE or
-DEADLINE_EXCEEDED (:mod:`lane.client.commands`). A refusal with ABORTED ``STALE_LEASE`` means
-another driver took the run over: :class:`LeaseLost` is raised and nothing more is committed.
+Every mutating command carries a request id and is retried with the same id on UNAVAILABLE,
+DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED ``DATABASE_BUSY`` (:mod:`lane.client.commands`). A
+refusal with ABORTED ``STALE_LEASE`` means another driver took the run over: :class:`LeaseLost`
+is raised and nothing more is committed.
 
 Recovery (:meth:`Driver.recover`): ``AcquireOperation`` (waiting for a live lease of a dead
 driver to lapse), then the open batch is finished: effect_pending calls of tools declared

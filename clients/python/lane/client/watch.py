@@ -19,8 +19,10 @@ Recovery, without the caller noticing:
   UNKNOWN, INTERNAL or ABORTED without a lane.v1 ErrorInfo (the transport's, not the
   service's), or sends nothing for ``idle_timeout`` (the server heartbeats at least every
   10 s); or when it is cut off with RESOURCE_EXHAUSTED ``WATCHER_TOO_SLOW`` (the client read
-  too slowly). The resume point is always the client's own last folded revision, never the
-  server's ``lastRevision``: a write the server gave up on may still have been delivered.
+  too slowly) or refused with RESOURCE_EXHAUSTED ``DATABASE_BUSY`` (every database connection
+  of the server was busy). The resume point is always the client's own last folded revision,
+  never the server's ``lastRevision``: a write the server gave up on may still have been
+  delivered.
 * **Re-snapshot** (a new watch without ``after_revision``, at once) on OUT_OF_RANGE
   ``REVISION_OUT_OF_RANGE`` (the revision fell below the retention floor, on resume or while
   the watcher lagged behind retention) and when a folded group holds ``navigation_end`` (the
@@ -76,6 +78,7 @@ HarnessEvent = events_pb2.HarnessEvent
 
 #: ErrorInfo reasons the watch recovers from.
 WATCHER_TOO_SLOW = "WATCHER_TOO_SLOW"
+DATABASE_BUSY = "DATABASE_BUSY"
 REVISION_OUT_OF_RANGE = "REVISION_OUT_OF_RANGE"
 
 
@@ -165,7 +168,10 @@ def recovery_for(error: LaneError) -> Recovery:
     if code in _TRANSPORT_CODES and not error.reason:
         # CANCELLED reaches the watch only when it did not cancel: the connection went away.
         return Recovery.RESUME
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason == WATCHER_TOO_SLOW:
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason in (
+        WATCHER_TOO_SLOW,
+        DATABASE_BUSY,
+    ):
         return Recovery.RESUME
     if code == grpc.StatusCode.OUT_OF_RANGE and error.reason == REVISION_OUT_OF_RANGE:
         # On resume, or mid-stream when retention removed events the watcher had not read.

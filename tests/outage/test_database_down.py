@@ -1,0 +1,133 @@
+"""A database that cannot be reached answers UNAVAILABLE, never the busy pool's
+RESOURCE_EXHAUSTED ``DATABASE_BUSY`` (service/store/pool.py), and does so without waiting for
+the checkout timeout: here 120 s, longer than every call's deadline, so a command that waited
+for it would end DEADLINE_EXCEEDED instead.
+
+A dedicated PostgreSQL (tests/outage/restartable_postgres.py) is stopped while the service's
+pool has a single connection, lent out, and a command is waiting for it. The command is
+answered UNAVAILABLE as soon as the pool fails to replace the connection, and so are the
+commands after it; once PostgreSQL is back, commands commit again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+import pytest_asyncio
+from lane.client.errors import lane_error
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
+
+from service.app.config import Settings
+from service.app.server import RunningServer, start_server
+from service.store.pool import LanePool
+from tests.integration.lanes import new_lane_id, user
+from tests.outage.restartable_postgres import RestartablePostgres
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+Stub = Any  # lane_service_pb2_grpc.LaneServiceAsyncStub (exists only in the type stubs)
+
+#: A call's deadline: far below the checkout timeout the service is configured with.
+DEADLINE = 30.0
+CHECKOUT_TIMEOUT = 120.0
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def postgres(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RestartablePostgres]:
+    pg = await asyncio.to_thread(RestartablePostgres.create, tmp_path_factory.mktemp("down"))
+    try:
+        yield pg
+    finally:
+        await asyncio.to_thread(pg.destroy)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def service(postgres: RestartablePostgres) -> AsyncIterator[tuple[RunningServer, Stub]]:
+    settings = Settings(
+        database_url=postgres.uri, db_pool_size=1, db_checkout_timeout_seconds=CHECKOUT_TIMEOUT
+    )
+    running = await start_server(settings, listen="127.0.0.1:0")
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+    try:
+        yield running, lane_service_pb2_grpc.LaneServiceStub(channel)
+    finally:
+        await channel.close()
+        await running.stop(grace=0.5)
+
+
+def _enqueue(lane_id: str, request_id: str) -> pb.EnqueueMessageRequest:
+    return pb.EnqueueMessageRequest(
+        lane_id=lane_id,
+        kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN,
+        message=user(request_id),
+        request_id=request_id,
+    )
+
+
+async def _refusal(call: Any) -> tuple[str, str]:
+    """The (code name, ErrorInfo reason) a call ended with; ("OK", "") when it succeeded."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as err:
+        error = lane_error(err)
+        return error.code.name, error.reason
+    return "OK", ""
+
+
+async def test_an_unreachable_database_answers_unavailable_at_once(
+    postgres: RestartablePostgres, service: tuple[RunningServer, Stub]
+) -> None:
+    running, stub = service
+    lane_id = new_lane_id("down")
+    configuration = snapshot_pb2.LaneConfiguration(
+        model=snapshot_pb2.ModelRef(provider="p", model_id="m")
+    )
+    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id, configuration=configuration))
+    pool = running.store.pool
+    assert isinstance(pool, LanePool)
+
+    # The pool's only connection is lent (to this test), another command waits for it.
+    conn = await pool.getconn()
+    waiting_before = pool.get_stats().get("requests_waiting", 0)
+    waiting = asyncio.ensure_future(
+        _refusal(stub.EnqueueMessage(_enqueue(lane_id, "waiting"), timeout=DEADLINE))
+    )
+    await _until(lambda: pool.get_stats().get("requests_waiting", 0) > waiting_before)
+
+    await asyncio.to_thread(postgres.stop, "fast")
+    try:
+        # The lent connection comes back broken, as a command's would: the pool replaces it,
+        # cannot connect, and the waiting command is answered at once.
+        with pytest.raises(psycopg.OperationalError):
+            await conn.execute("SELECT 1")
+        await pool.putconn(conn)
+        assert await waiting == ("UNAVAILABLE", "UNAVAILABLE")
+        for n in range(3):
+            request = _enqueue(lane_id, f"later-{n}")
+            answer = await _refusal(stub.EnqueueMessage(request, timeout=DEADLINE))
+            assert answer == ("UNAVAILABLE", "UNAVAILABLE")
+        assert not pool.reachable
+    finally:
+        await asyncio.to_thread(postgres.start)
+
+    # Back: the pool reconnects on its own and commands commit again.
+    give_up = time.monotonic() + 60
+    while (answer := await _refusal(stub.EnqueueMessage(_enqueue(lane_id, "back")))) != ("OK", ""):
+        assert answer == ("UNAVAILABLE", "UNAVAILABLE")
+        assert time.monotonic() < give_up, "no commit within 60 s of PostgreSQL's restart"
+        await asyncio.sleep(0.2)
+    assert pool.reachable
+
+
+async def _until(condition: Any) -> None:
+    give_up = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < give_up, "condition never met"
+        await asyncio.sleep(0.02)
