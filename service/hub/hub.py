@@ -27,7 +27,7 @@ import psycopg
 
 from service import metrics
 from service.hub import interest
-from service.store import LaneRef, Store
+from service.store import LANE_SCAN, LaneRef, Store
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ class Hub:
                 async with self.store.pool.connection() as conn:
                     watched = list(self._subscriptions)
                     cur = await conn.execute(
-                        "SELECT l.namespace, l.lane_id, l.revision"
+                        LANE_SCAN + "SELECT l.namespace, l.lane_id, l.revision"
                         " FROM unnest(%s::text[], %s::text[]) AS w(namespace, lane_id)"
                         " JOIN lanes l USING (namespace, lane_id)",
                         ([lane.namespace for lane in watched], [lane.lane_id for lane in watched]),

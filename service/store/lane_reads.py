@@ -41,7 +41,8 @@ _OPERATION = (
     " o.lease_token, o.lease_holder, o.lease_expires, o.recovering,"
     " o.streaming, o.retry, o.deferred, o.attempt, o.reason"
     " FROM lanes l"
-    " JOIN operations o ON o.namespace = l.namespace AND o.operation_id = l.current_operation_id"
+    " JOIN operations o ON o.namespace = l.namespace AND o.lane_id = l.lane_id"
+    "  AND o.operation_id = l.current_operation_id"
     " LEFT JOIN entries e"
     "  ON e.namespace = l.namespace AND e.lane_id = l.lane_id AND e.entry_id = o.batch_entry_id"
     " WHERE l.namespace = %(ns)s AND l.lane_id = %(lane)s"
@@ -50,12 +51,14 @@ _CALLS = (
     "SELECT t.source_index, t.tool_call_id, t.tool_name, t.result_entry_id, t.status,"
     " t.replay, t.arguments_json, t.progress, t.checkpoint, t.result_message, t.terminate"
     " FROM lanes l"
-    " JOIN tool_calls t ON t.namespace = l.namespace AND t.operation_id = l.current_operation_id"
+    " JOIN tool_calls t ON t.namespace = l.namespace AND t.lane_id = l.lane_id"
+    "  AND t.operation_id = l.current_operation_id"
     " WHERE l.namespace = %(ns)s AND l.lane_id = %(lane)s ORDER BY t.source_index"
 )
 _LAST_RESULT = (
     "SELECT o.result FROM lanes l"
-    " JOIN operations o ON o.namespace = l.namespace AND o.operation_id = l.last_operation_id"
+    " JOIN operations o ON o.namespace = l.namespace AND o.lane_id = l.lane_id"
+    "  AND o.operation_id = l.last_operation_id"
     " WHERE l.namespace = %(ns)s AND l.lane_id = %(lane)s"
 )
 

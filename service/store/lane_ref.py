@@ -7,6 +7,12 @@ from typing import NamedTuple
 #: The namespace of every caller when the service runs without auth.
 DEFAULT_NAMESPACE = "default"
 
+#: The prefix of the few statements that span lanes: maintenance scans (retention, pruning,
+#: the reconciler's search, the hub's poll) and ListLanes. Every other statement names one
+#: lane by its key (namespace, lane id), and a transaction never touches two lanes, so the
+#: tables can be distributed by that key (docs/deploying.md); tests hold every statement to it.
+LANE_SCAN = "/* lane scan */ "
+
 
 class LaneRef(NamedTuple):
     """Names one lane. Lane ids are unique within a namespace only, so every query about a

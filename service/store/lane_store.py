@@ -32,7 +32,7 @@ from service.store.lane_reads import (
     load_transcript_index,
     load_versioned,
 )
-from service.store.lane_ref import LaneRef
+from service.store.lane_ref import LANE_SCAN, LaneRef
 from service.store.lane_writes import RecordedAnswer, commit_statement, insert_lane, run_commit
 from service.store.pool import migrate_pool, open_pool
 from service.store.requests import RequestKey, replayed_answer
@@ -350,10 +350,10 @@ class Store:
         ('' at the end)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT l.lane_id, l.revision, l.tip_id, l.current_operation_id,"
+                LANE_SCAN + "SELECT l.lane_id, l.revision, l.tip_id, l.current_operation_id,"
                 " o.cancel_requested FROM lanes l"
-                " LEFT JOIN operations o"
-                "  ON o.namespace = l.namespace AND o.operation_id = l.current_operation_id"
+                " LEFT JOIN operations o ON o.namespace = l.namespace AND o.lane_id = l.lane_id"
+                "  AND o.operation_id = l.current_operation_id"
                 # Code-point order whatever the database's collation, so pages are stable.
                 ' WHERE l.namespace = %s AND l.lane_id > %s COLLATE "C"'
                 ' ORDER BY l.lane_id COLLATE "C" LIMIT %s',
@@ -411,7 +411,7 @@ class Store:
         ``orphan_after``); return their operation ids. Safe to run from every process."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT namespace, lane_id, operation_id FROM operations"
+                LANE_SCAN + "SELECT namespace, lane_id, operation_id FROM operations"
                 " WHERE lease_token > 0 AND phase <> 'ended'"
                 " AND (lease_holder IS NULL OR lease_expires <= now())"
                 " ORDER BY lease_expires LIMIT %s",

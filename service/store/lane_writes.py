@@ -57,8 +57,13 @@ async def insert_lane(conn: Conn, lane: LaneRef, state: LaneState) -> bool:
     """Insert a new lane row (revision 0); False when the lane already exists."""
     cur = await conn.execute(
         "INSERT INTO lanes (namespace, lane_id, configuration, usage_totals)"
-        " VALUES (%s, %s, %s, %s) ON CONFLICT (namespace, lane_id) DO NOTHING",
-        (*lane, encode(state.configuration), encode(state.usage_totals)),
+        " VALUES (%(ns)s, %(lane)s, %(configuration)s, %(usage_totals)s)"
+        " ON CONFLICT (namespace, lane_id) DO NOTHING",
+        {
+            **lane.params,
+            "configuration": encode(state.configuration),
+            "usage_totals": encode(state.usage_totals),
+        },
     )
     return cur.rowcount == 1
 
@@ -216,13 +221,15 @@ def _operation(
         params["result"] = _optional(after.last_result)
         ctes.append(
             "calls_ended AS (DELETE FROM tool_calls t USING lane"
-            " WHERE t.namespace = %(ns)s AND t.operation_id = %(ended_operation)s)"
+            " WHERE t.namespace = %(ns)s AND t.lane_id = %(lane)s"
+            " AND t.operation_id = %(ended_operation)s)"
         )
         ctes.append(
             "operation_ended AS (UPDATE operations o SET result = %(result)s, phase = 'ended',"
             " turn_id = NULL, batch_entry_id = NULL, lease_holder = NULL, lease_expires = NULL,"
             " recovering = false, streaming = NULL, retry = NULL, deferred = NULL FROM lane"
-            " WHERE o.namespace = %(ns)s AND o.operation_id = %(ended_operation)s)"
+            " WHERE o.namespace = %(ns)s AND o.lane_id = %(lane)s"
+            " AND o.operation_id = %(ended_operation)s)"
         )
         return
     params["operation"] = new.operation_id
@@ -256,7 +263,8 @@ def _operation(
         )
         ctes.append(
             f"operation_changed AS (UPDATE operations o SET {assignments} FROM lane"
-            " WHERE o.namespace = %(ns)s AND o.operation_id = %(operation)s)"
+            " WHERE o.namespace = %(ns)s AND o.lane_id = %(lane)s"
+            " AND o.operation_id = %(operation)s)"
         )
     old_batch = old.batch if old is not None else None
     _tool_calls(old_batch, new.batch, params, ctes)
@@ -272,7 +280,8 @@ def _tool_calls(
         params["calls_gone"] = gone
         ctes.append(
             "calls_gone AS (DELETE FROM tool_calls t USING lane"
-            " WHERE t.namespace = %(ns)s AND t.operation_id = %(operation)s"
+            " WHERE t.namespace = %(ns)s AND t.lane_id = %(lane)s"
+            " AND t.operation_id = %(operation)s"
             " AND t.source_index = ANY(%(calls_gone)s::integer[]))"
         )
     changed = [c for index, c in new_calls.items() if old_calls.get(index) != c]
@@ -294,10 +303,10 @@ def _tool_calls(
         calls_terminate=[c.terminate for c in changed],
     )
     ctes.append(
-        "calls_written AS (INSERT INTO tool_calls (namespace, operation_id, source_index,"
-        " turn_id, tool_call_id, tool_name, result_entry_id, status, replay, arguments_json,"
-        " progress, checkpoint, result_message, terminate)"
-        " SELECT %(ns)s, %(operation)s, c.source_index, %(calls_turn)s, c.tool_call_id,"
+        "calls_written AS (INSERT INTO tool_calls (namespace, lane_id, operation_id,"
+        " source_index, turn_id, tool_call_id, tool_name, result_entry_id, status, replay,"
+        " arguments_json, progress, checkpoint, result_message, terminate)"
+        " SELECT %(ns)s, %(lane)s, %(operation)s, c.source_index, %(calls_turn)s, c.tool_call_id,"
         " c.tool_name, c.result_entry_id, c.status, c.replay, c.arguments_json, c.progress,"
         " c.checkpoint, c.result_message, c.terminate"
         " FROM lane, unnest(%(calls_index)s::integer[], %(calls_id)s::text[],"

@@ -46,8 +46,8 @@ async def replayed_answer(
     """The stored answer for ``key``, None when the id is new; refuses a reused id."""
     cur = await conn.execute(
         "SELECT method, request_hash, response FROM requests"
-        " WHERE namespace = %s AND lane_id = %s AND request_id = %s",
-        (*lane, key.request_id),
+        " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND request_id = %(request)s",
+        {**lane.params, "request": key.request_id},
     )
     row = await cur.fetchone()
     if row is None:
@@ -61,15 +61,3 @@ async def replayed_answer(
             method=method,
         )
     return decode(answer_type, response)
-
-
-async def save_answer(
-    conn: AsyncConnection[Any], lane: LaneRef, key: RequestKey, answer: Message
-) -> None:
-    """Record ``answer`` for ``key`` (replacing an earlier partial answer of the same request)."""
-    await conn.execute(
-        "INSERT INTO requests (namespace, lane_id, request_id, method, request_hash, response)"
-        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (namespace, lane_id, request_id)"
-        " DO UPDATE SET response = EXCLUDED.response",
-        (*lane, key.request_id, key.method, key.digest, encode(answer)),
-    )

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from psycopg_pool import AsyncConnectionPool
 
-from service.store.lane_ref import LaneRef
+from service.store.lane_ref import LANE_SCAN, LaneRef
 
 KEEP_EVENTS = 10_000
 KEEP_AGE = timedelta(hours=24)
@@ -40,7 +40,7 @@ async def enforce_retention(
     """Delete events outside the retention window; return the new floor of each lane changed."""
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
-            "WITH doomed AS ("
+            LANE_SCAN + "WITH doomed AS ("
             "  DELETE FROM events e USING lanes l"
             "  WHERE e.namespace = l.namespace AND e.lane_id = l.lane_id"
             "    AND e.group_end <= l.revision - %(keep)s AND e.commit_time < now() - %(age)s"
@@ -70,10 +70,10 @@ async def prune_answers(
     while True:
         async with pool.connection() as conn:
             cur = await conn.execute(
-                "DELETE FROM requests WHERE ctid = ANY(ARRAY("
+                LANE_SCAN + "DELETE FROM requests WHERE ctid = ANY(ARRAY("
                 "  SELECT r.ctid FROM requests r"
                 "  LEFT JOIN lanes l ON l.namespace = r.namespace AND l.lane_id = r.lane_id"
-                "  LEFT JOIN operations o ON o.namespace = l.namespace"
+                "  LEFT JOIN operations o ON o.namespace = l.namespace AND o.lane_id = l.lane_id"
                 "    AND o.operation_id = l.current_operation_id"
                 "  WHERE r.created_time < now() - %(keep)s"
                 "    AND (o.started_time IS NULL OR o.started_time > r.created_time + %(margin)s)"

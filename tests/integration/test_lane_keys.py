@@ -1,0 +1,176 @@
+"""Every statement the service sends about a lane names the lane by its key, and no transaction
+touches two lanes: so the tables can be distributed by (namespace, lane id), each command on
+one shard (docs/deploying.md).
+
+The test records every statement the store and the hub send (psycopg is wrapped in this
+process, where the server runs) while the fuzzer drives every RPC through many lane states,
+then holds each one to the rule. The only exceptions are the statements marked as lane scans
+(maintenance, ListLanes, the hub's poll).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+
+from service.store import LANE_SCAN
+from tests.integration.servers import extra_server
+from tests.outage.fuzzing import Fuzzer, World, drive, populate
+
+LANE_TABLES = ("lanes", "entries", "inbox", "operations", "tool_calls", "usage_rows", "events",
+               "requests")  # fmt: skip
+_TABLE = re.compile(r"\b(" + "|".join(LANE_TABLES) + r")\b")
+_DDL = re.compile(r"^\s*(CREATE|ALTER|DROP|LISTEN|SET|INSERT INTO schema_migrations)\b", re.I)
+
+
+@dataclass
+class Statement:
+    sql: str
+    params: Any
+    #: The transaction it ran in (per connection), or None for a statement of its own.
+    transaction: int | None
+
+
+@dataclass
+class Recorder:
+    statements: list[Statement] = field(default_factory=list)
+    transactions: dict[int, int] = field(default_factory=dict)
+    next_transaction: int = 0
+
+    def record(self, conn: Any, query: Any, params: Any) -> None:
+        sql = query.decode() if isinstance(query, bytes) else str(query)
+        self.statements.append(Statement(sql, params, self.transactions.get(id(conn))))
+
+
+@contextlib.asynccontextmanager
+async def recording(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Recorder]:
+    recorder = Recorder()
+    execute = psycopg.AsyncCursor.execute
+    executemany = psycopg.AsyncCursor.executemany
+    transaction = psycopg.AsyncConnection.transaction
+
+    async def recorded_execute(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        recorder.record(self.connection, query, params)
+        return await execute(self, query, params, **kw)
+
+    async def recorded_executemany(self: Any, query: Any, params_seq: Any, **kw: Any) -> Any:
+        params_seq = list(params_seq)
+        for params in params_seq:
+            recorder.record(self.connection, query, params)
+        return await executemany(self, query, params_seq, **kw)
+
+    @contextlib.asynccontextmanager
+    async def recorded_transaction(self: Any, *args: Any, **kw: Any) -> AsyncIterator[Any]:
+        outer = id(self) not in recorder.transactions
+        if outer:
+            recorder.next_transaction += 1
+            recorder.transactions[id(self)] = recorder.next_transaction
+        try:
+            async with transaction(self, *args, **kw) as tx:
+                yield tx
+        finally:
+            if outer:
+                del recorder.transactions[id(self)]
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", recorded_execute)
+    monkeypatch.setattr(psycopg.AsyncCursor, "executemany", recorded_executemany)
+    monkeypatch.setattr(psycopg.AsyncConnection, "transaction", recorded_transaction)
+    yield recorder
+
+
+def lane_key(statement: Statement) -> tuple[str, str] | None:
+    """The lane a statement names through its ``%(ns)s`` / ``%(lane)s`` parameters."""
+    params = statement.params
+    if isinstance(params, dict) and "ns" in params and "lane" in params:
+        return params["ns"], params["lane"]
+    return None
+
+
+def problems(statements: list[Statement]) -> list[str]:
+    found: list[str] = []
+    lanes_of: dict[int, set[tuple[str, str]]] = {}
+    for statement in statements:
+        sql = statement.sql
+        if sql.startswith(LANE_SCAN) or _DDL.match(sql) or not _TABLE.search(sql):
+            continue
+        key = lane_key(statement)
+        if key is None:
+            found.append(f"names no lane: {sql[:160]}")
+            continue
+        # Every reference to a lane table is constrained by the lane id (a join on namespace
+        # and operation id alone would reach other lanes' rows, on other shards).
+        if sql.count("lane_id") < len(_TABLE.findall(sql)):
+            found.append(f"a table without its lane id: {sql[:200]}")
+        if statement.transaction is not None:
+            lanes_of.setdefault(statement.transaction, set()).add(key)
+    found += [
+        f"transaction {tx} spans lanes {sorted(lanes)}"
+        for tx, lanes in lanes_of.items()
+        if len(lanes) > 1
+    ]
+    return found
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_every_statement_names_one_lane(
+    fresh_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Recording starts once the server is up (its migrations are not lane statements).
+    async with (
+        extra_server(fresh_database_url) as (running, stub),
+        recording(monkeypatch) as recorder,
+    ):
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+        try:
+            world = World()
+            await populate(stub, world)
+            fuzzer = Fuzzer(channel, stub, world)
+            await fuzzer.baseline()
+            loop = asyncio.get_running_loop()
+            await asyncio.to_thread(
+                drive, fuzzer, loop, requests=1500, batch_size=50, seed_value=1306
+            )
+            await fuzzer.check_all()
+            # The maintenance scans and the reconciler's commands, once more while recording.
+            await running.store.reconcile_orphans(orphan_after=timedelta(0))
+        finally:
+            await channel.close()
+    # The run reached the commands it should have (else the rule was checked on nothing).
+    assert sum(1 for s in recorder.statements if "events_added AS" in s.sql) > 300
+    assert any("tool_calls" in s.sql and "INSERT" in s.sql for s in recorder.statements)
+    assert any(s.sql.startswith(LANE_SCAN) for s in recorder.statements)
+    found = problems(recorder.statements)
+    assert not found, f"{len(found)} statements break the lane-key rule:\n" + "\n".join(
+        sorted(set(found))[:30]
+    )
+
+
+def test_the_rule_catches_a_statement_without_its_lane() -> None:
+    # The checker itself: statements that reach past their lane are reported.
+    statements = [
+        Statement("SELECT * FROM tool_calls WHERE namespace = %s AND operation_id = %s", ("n", "o"),
+                  None),
+        Statement("SELECT * FROM lanes l JOIN operations o"
+                  " ON o.operation_id = l.current_operation_id"
+                  " WHERE l.namespace = %(ns)s AND l.lane_id = %(lane)s",
+                  {"ns": "n", "lane": "a"}, None),
+        Statement("UPDATE lanes SET revision = 1 WHERE namespace = %(ns)s AND lane_id = %(lane)s",
+                  {"ns": "n", "lane": "a"}, 7),
+        Statement("UPDATE lanes SET revision = 1 WHERE namespace = %(ns)s AND lane_id = %(lane)s",
+                  {"ns": "n", "lane": "b"}, 7),
+        Statement(LANE_SCAN + "SELECT lane_id FROM lanes", None, None),
+    ]  # fmt: skip
+    found = problems(statements)
+    assert len(found) == 3
+    assert found[0].startswith("names no lane")
+    assert found[1].startswith("a table without its lane id")
+    assert found[2] == "transaction 7 spans lanes [('n', 'a'), ('n', 'b')]"
