@@ -1,35 +1,21 @@
-"""What every RPC group shares: the store and hub, and running one command."""
+"""What every RPC group shares: the store and hub, and a request's lane and request key."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime
-from typing import Any, TypeVar
-
-import grpc
-from google.protobuf.message import Message
-from lane.v1 import lane_service_pb2_grpc
+from typing import Any
 
 from service.api import validation as v
 from service.api.auth import Authenticator, caller_namespace
+from service.api.call import Call
 from service.api.watch import WatchSettings
-from service.domain.state import LaneState
-from service.domain.transition import Transition
 from service.hub import Hub
 from service.store import LaneRef, Store
 from service.store.requests import RequestKey
 
-Context = grpc.aio.ServicerContext[Any, Any]
-R = TypeVar("R", bound=Message)
 
-
-def cancel_requested(state: LaneState) -> bool:
-    """Whether the lane's open operation was asked to abort (drivers learn it from answers)."""
-    return state.operation is not None and state.operation.cancel_requested
-
-
-class ServicerBase(lane_service_pb2_grpc.LaneServiceServicer):
-    """The servicer's state; the RPC groups are mixins over it."""
+class ServicerBase:
+    """The servicer's state; the RPC groups are mixins over it. Each RPC is one method named
+    as in the service descriptor, taking the decoded request and its :class:`Call`."""
 
     def __init__(
         self,
@@ -49,17 +35,11 @@ class ServicerBase(lane_service_pb2_grpc.LaneServiceServicer):
         v.require_id(lane_id, "lane_id")
         return LaneRef(caller_namespace(), lane_id)
 
-    async def command(
-        self,
-        method: str,
-        request: Any,
-        decide: Callable[[LaneState, datetime], tuple[Transition, R]],
-        answer_type: type[R],
-    ) -> R:
-        """Validate the lane and request ids, then run ``decide`` as one command (idempotent
-        under the request's ``request_id``)."""
-        lane = self.lane(request.lane_id)
+    @classmethod
+    def addressed(cls, call: Call, request: Any) -> tuple[LaneRef, RequestKey | None]:
+        """A command request's lane and request key (None without a request id), its lane id
+        then its request id validated; the key names the call's method."""
+        lane = cls.lane(request.lane_id)
         request_id = getattr(request, "request_id", "")  # lease renewal/release have none
         v.require_id(request_id, "request_id", optional=True)
-        key = RequestKey.of(method, request, request_id)
-        return await self.store.command(lane, decide, answer_type, key)
+        return lane, RequestKey.of(call.method, request, request_id)

@@ -19,6 +19,7 @@ from grpc_status import rpc_status
 from psycopg import OperationalError
 from psycopg_pool import PoolTimeout
 
+from service.api.call import Call, Context
 from service.domain.errors import Code, LaneError
 from service.store.pool import DatabaseBusy
 
@@ -74,10 +75,10 @@ def database_busy_status(busy: DatabaseBusy) -> grpc.Status:
 
 
 T = TypeVar("T")
-Handler = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[T]]
+Handler = Callable[[Any, Any, Call], Awaitable[T]]
 
 
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
+async def _abort(context: Context, exc: BaseException) -> None:
     if isinstance(exc, LaneError):
         await context.abort_with_status(lane_error_status(exc))
     if isinstance(exc, DatabaseBusy):
@@ -91,16 +92,16 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException
 
 
 def unary(handler: Handler[T]) -> Handler[T]:
-    """Map a unary handler's exceptions to statuses."""
+    """Map a handler's exceptions to statuses."""
 
     @functools.wraps(handler)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> T:
+    async def wrapper(self: Any, request: Any, call: Call) -> T:
         try:
-            return await handler(self, request, context)
+            return await handler(self, request, call)
         except grpc.aio.AbortError:
             raise  # the handler already ended the call with its own status
         except Exception as exc:
-            await _abort(context, exc)
+            await _abort(call.context, exc)
             raise  # unreachable: abort_with_status raises
 
     return wrapper

@@ -3,20 +3,16 @@ navigation, faults, handler errors and session metadata."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
 from service.api import validation as v
-from service.api.base import Context, ServicerBase, cancel_requested
+from service.api.base import ServicerBase
+from service.api.call import Call
 from service.api.errors import unary
-from service.api.operation_state import copy_lease
-from service.domain import assistant, compaction, lane_values, navigation
-from service.domain.errors import NotFound
-from service.domain.ids import new_id
-from service.domain.state import LaneState
-from service.domain.transition import Transition
+from service.commands import harness
 
 Status = snapshot_pb2.OperationResultStatus
 MAX_RETRY_DELAY_MS = 24 * 3600 * 1000
@@ -27,7 +23,7 @@ class HarnessRpcs(ServicerBase):
 
     @unary
     async def AppendAssistantStream(
-        self, request: pb.AppendAssistantStreamRequest, context: Context
+        self, request: pb.AppendAssistantStreamRequest, call: Call
     ) -> pb.AppendAssistantStreamResponse:
         v.require_id(request.operation_id, "operation_id")
         v.require_id(request.turn_id, "turn_id")
@@ -41,29 +37,20 @@ class HarnessRpcs(ServicerBase):
             )
         # A streaming tool call's arguments may be cut mid-way: not JSON yet.
         v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
-
-        def decide(
-            state: LaneState, now: datetime
-        ) -> tuple[Transition, pb.AppendAssistantStreamResponse]:
-            t = assistant.append_stream(
-                state,
-                request.operation_id,
-                request.turn_id,
-                request.partials,
-                now,
-                request.lease_token,
-            )
-            return t, pb.AppendAssistantStreamResponse(
-                revision=t.state.revision, cancel_requested=cancel_requested(t.state)
-            )
-
-        return await self.command(
-            "AppendAssistantStream", request, decide, pb.AppendAssistantStreamResponse
+        lane, key = self.addressed(call, request)
+        command = harness.AppendAssistantStream(
+            lane,
+            key,
+            operation_id=request.operation_id,
+            turn_id=request.turn_id,
+            partials=request.partials,
+            lease_token=request.lease_token,
         )
+        return (await harness.append_assistant_stream(self.store, command)).to_proto()
 
     @unary
     async def ScheduleRetry(
-        self, request: pb.ScheduleRetryRequest, context: Context
+        self, request: pb.ScheduleRetryRequest, call: Call
     ) -> pb.ScheduleRetryResponse:
         v.require_id(request.operation_id, "operation_id")
         v.require_id(request.turn_id, "turn_id")
@@ -89,52 +76,36 @@ class HarnessRpcs(ServicerBase):
             )
             v.check_tool_calls(failed, "failed_message")
         v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.ScheduleRetryResponse]:
-            t = assistant.schedule_retry(
-                state,
-                request.operation_id,
-                request.turn_id,
-                failed,
-                request.max_attempts,
-                timedelta(milliseconds=request.delay_ms),
-                request.error_message,
-                now,
-                new_id,
-                request.lease_token,
-            )
-            operation = t.state.operation
-            assert operation is not None and operation.retry is not None
-            return t, pb.ScheduleRetryResponse(
-                revision=t.state.revision,
-                attempt=operation.retry.attempt,
-                next_attempt_time=operation.retry.next_attempt_time,
-            )
-
-        return await self.command("ScheduleRetry", request, decide, pb.ScheduleRetryResponse)
+        lane, key = self.addressed(call, request)
+        command = harness.ScheduleRetry(
+            lane,
+            key,
+            operation_id=request.operation_id,
+            turn_id=request.turn_id,
+            failed=failed,
+            max_attempts=request.max_attempts,
+            delay=timedelta(milliseconds=request.delay_ms),
+            error_message=request.error_message,
+            lease_token=request.lease_token,
+        )
+        return (await harness.schedule_retry(self.store, command)).to_proto()
 
     @unary
-    async def StartRetry(
-        self, request: pb.StartRetryRequest, context: Context
-    ) -> pb.StartRetryResponse:
+    async def StartRetry(self, request: pb.StartRetryRequest, call: Call) -> pb.StartRetryResponse:
         v.require_id(request.operation_id, "operation_id")
         v.require_id(request.turn_id, "turn_id")
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.StartRetryResponse]:
-            t = assistant.start_retry(
-                state, request.operation_id, request.turn_id, now, request.lease_token
-            )
-            assert t.state.operation is not None
-            return t, pb.StartRetryResponse(
-                revision=t.state.revision, attempt=t.state.operation.attempt
-            )
-
-        return await self.command("StartRetry", request, decide, pb.StartRetryResponse)
+        lane, key = self.addressed(call, request)
+        command = harness.StartRetry(
+            lane,
+            key,
+            operation_id=request.operation_id,
+            turn_id=request.turn_id,
+            lease_token=request.lease_token,
+        )
+        return (await harness.start_retry(self.store, command)).to_proto()
 
     @unary
-    async def SuspendRun(
-        self, request: pb.SuspendRunRequest, context: Context
-    ) -> pb.SuspendRunResponse:
+    async def SuspendRun(self, request: pb.SuspendRunRequest, call: Call) -> pb.SuspendRunResponse:
         v.require_id(request.operation_id, "operation_id")
         v.require_id(request.turn_id, "turn_id")
         v.require(
@@ -147,57 +118,46 @@ class HarnessRpcs(ServicerBase):
         v.parse_json(request.deferred.handle_json, "deferred.handle_json")
         if request.deferred.poll_json:
             v.parse_json(request.deferred.poll_json, "deferred.poll_json")
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.SuspendRunResponse]:
-            t = assistant.suspend_run(
-                state,
-                request.operation_id,
-                request.turn_id,
-                request.deferred,
-                now,
-                request.lease_token,
-            )
-            return t, pb.SuspendRunResponse(revision=t.state.revision)
-
-        return await self.command("SuspendRun", request, decide, pb.SuspendRunResponse)
+        lane, key = self.addressed(call, request)
+        command = harness.SuspendRun(
+            lane,
+            key,
+            operation_id=request.operation_id,
+            turn_id=request.turn_id,
+            deferred=request.deferred,
+            lease_token=request.lease_token,
+        )
+        return (await harness.suspend_run(self.store, command)).to_proto()
 
     @unary
-    async def ResumeRun(
-        self, request: pb.ResumeRunRequest, context: Context
-    ) -> pb.ResumeRunResponse:
+    async def ResumeRun(self, request: pb.ResumeRunRequest, call: Call) -> pb.ResumeRunResponse:
         v.require_id(request.operation_id, "operation_id")
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.ResumeRunResponse]:
-            t = assistant.resume_run(state, request.operation_id, now, request.lease_token)
-            return t, pb.ResumeRunResponse(revision=t.state.revision)
-
-        return await self.command("ResumeRun", request, decide, pb.ResumeRunResponse)
+        lane, key = self.addressed(call, request)
+        command = harness.ResumeRun(
+            lane, key, operation_id=request.operation_id, lease_token=request.lease_token
+        )
+        return (await harness.resume_run(self.store, command)).to_proto()
 
     @unary
     async def StartCompaction(
-        self, request: pb.StartCompactionRequest, context: Context
+        self, request: pb.StartCompactionRequest, call: Call
     ) -> pb.StartCompactionResponse:
         v.check_message(request, "")
         v.require_id(request.operation_id, "operation_id", optional=True)
         lease = v.requested_lease(request.driver_id, request.lease_seconds)
-        operation_id = request.operation_id or new_id()
-        reason = request.reason or events_pb2.COMPACTION_REASON_MANUAL
-
-        def decide(
-            state: LaneState, now: datetime
-        ) -> tuple[Transition, pb.StartCompactionResponse]:
-            t = compaction.start_compaction(state, operation_id, reason, now, lease)
-            answer = pb.StartCompactionResponse(
-                operation_id=operation_id, revision=t.state.revision
-            )
-            copy_lease(t.state, answer.lease)
-            return t, answer
-
-        return await self.command("StartCompaction", request, decide, pb.StartCompactionResponse)
+        lane, key = self.addressed(call, request)
+        command = harness.StartCompaction(
+            lane,
+            key,
+            operation_id=request.operation_id or None,
+            reason=request.reason or events_pb2.COMPACTION_REASON_MANUAL,
+            lease=lease,
+        )
+        return (await harness.start_compaction(self.store, command)).to_proto()
 
     @unary
     async def EndCompaction(
-        self, request: pb.EndCompactionRequest, context: Context
+        self, request: pb.EndCompactionRequest, call: Call
     ) -> pb.EndCompactionResponse:
         v.require_id(request.operation_id, "operation_id")
         v.check_message(request, "")
@@ -230,119 +190,80 @@ class HarnessRpcs(ServicerBase):
         )
         if completed:
             v.check_compaction(request.entry, "entry")
-        entry = request.entry if completed else None
-        error = request.error if failed else None
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.EndCompactionResponse]:
-            t = compaction.end_compaction(
-                state,
-                request.operation_id,
-                status,
-                entry,
-                error,
-                now,
-                new_id,
-                request.lease_token,
-            )
-            assert t.state.last_result is not None
-            return t, pb.EndCompactionResponse(
-                result=t.state.last_result, revision=t.state.revision
-            )
-
-        return await self.command("EndCompaction", request, decide, pb.EndCompactionResponse)
+        lane, key = self.addressed(call, request)
+        command = harness.EndCompaction(
+            lane,
+            key,
+            operation_id=request.operation_id,
+            status=status,
+            entry=request.entry if completed else None,
+            error=request.error if failed else None,
+            lease_token=request.lease_token,
+        )
+        return (await harness.end_compaction(self.store, command)).to_proto()
 
     @unary
-    async def CompactRun(
-        self, request: pb.CompactRunRequest, context: Context
-    ) -> pb.CompactRunResponse:
+    async def CompactRun(self, request: pb.CompactRunRequest, call: Call) -> pb.CompactRunResponse:
         v.require_id(request.operation_id, "operation_id")
         v.require(request.HasField("entry"), "MISSING_FIELD", "entry is required", "entry")
         v.check_message(request, "")
         v.check_compaction(request.entry, "entry")
-        reason = request.reason or events_pb2.COMPACTION_REASON_THRESHOLD
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.CompactRunResponse]:
-            t = compaction.compact_run(
-                state,
-                request.operation_id,
-                request.entry,
-                reason,
-                now,
-                new_id,
-                request.lease_token,
-            )
-            return t, pb.CompactRunResponse(entry_id=t.state.tip_id, revision=t.state.revision)
-
-        return await self.command("CompactRun", request, decide, pb.CompactRunResponse)
+        lane, key = self.addressed(call, request)
+        command = harness.CompactRun(
+            lane,
+            key,
+            operation_id=request.operation_id,
+            entry=request.entry,
+            reason=request.reason or events_pb2.COMPACTION_REASON_THRESHOLD,
+            lease_token=request.lease_token,
+        )
+        return (await harness.compact_run(self.store, command)).to_proto()
 
     @unary
     async def NavigateLane(
-        self, request: pb.NavigateLaneRequest, context: Context
+        self, request: pb.NavigateLaneRequest, call: Call
     ) -> pb.NavigateLaneResponse:
         v.require_id(request.lane_id, "lane_id")
         v.require_id(request.target_entry_id, "target_entry_id")
         v.check_message(request, "")
-        # Entries are immutable and never deleted: a check before the command is enough.
-        if not await self.store.entry_exists(self.lane(request.lane_id), request.target_entry_id):
-            raise NotFound(
-                "ENTRY_NOT_FOUND",
-                f"lane {request.lane_id} has no entry {request.target_entry_id}",
-                laneId=request.lane_id,
-                entryId=request.target_entry_id,
-            )
-        summary = request.summary if request.HasField("summary") else None
-        operation_id = new_id()
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.NavigateLaneResponse]:
-            t = navigation.navigate(
-                state, operation_id, request.target_entry_id, summary, now, new_id
-            )
-            assert t.state.last_result is not None
-            return t, pb.NavigateLaneResponse(
-                operation_id=operation_id, result=t.state.last_result, revision=t.state.revision
-            )
-
-        return await self.command("NavigateLane", request, decide, pb.NavigateLaneResponse)
+        lane, key = self.addressed(call, request)
+        command = harness.NavigateLane(
+            lane,
+            key,
+            target_entry_id=request.target_entry_id,
+            summary=request.summary if request.HasField("summary") else None,
+        )
+        return (await harness.navigate_lane(self.store, command)).to_proto()
 
     @unary
     async def ReportFault(
-        self, request: pb.ReportFaultRequest, context: Context
+        self, request: pb.ReportFaultRequest, call: Call
     ) -> pb.ReportFaultResponse:
         v.require(bool(request.code), "MISSING_FIELD", "code is required", "code")
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.ReportFaultResponse]:
-            t = lane_values.report_fault(state, request.code, request.message, now)
-            return t, pb.ReportFaultResponse(revision=t.state.revision)
-
-        return await self.command("ReportFault", request, decide, pb.ReportFaultResponse)
+        lane, key = self.addressed(call, request)
+        command = harness.ReportFault(lane, key, code=request.code, message=request.message)
+        return (await harness.report_fault(self.store, command)).to_proto()
 
     @unary
     async def ReportHandlerError(
-        self, request: pb.ReportHandlerErrorRequest, context: Context
+        self, request: pb.ReportHandlerErrorRequest, call: Call
     ) -> pb.ReportHandlerErrorResponse:
         v.require(bool(request.error), "MISSING_FIELD", "error is required", "error")
-        event = events_pb2.HandlerErrorEvent(error=request.error)
+        error = events_pb2.HandlerErrorEvent(error=request.error)
         if request.HasField("stack"):
-            event.stack = request.stack
+            error.stack = request.stack
         source = request.WhichOneof("source")
         if source == "hook":
-            event.hook = request.hook
+            error.hook = request.hook
         elif source == "event":
-            event.event = request.event
-
-        def decide(
-            state: LaneState, now: datetime
-        ) -> tuple[Transition, pb.ReportHandlerErrorResponse]:
-            t = lane_values.report_handler_error(state, event, now)
-            return t, pb.ReportHandlerErrorResponse(revision=t.state.revision)
-
-        return await self.command(
-            "ReportHandlerError", request, decide, pb.ReportHandlerErrorResponse
-        )
+            error.event = request.event
+        lane, key = self.addressed(call, request)
+        command = harness.ReportHandlerError(lane, key, error=error)
+        return (await harness.report_handler_error(self.store, command)).to_proto()
 
     @unary
     async def SetLaneValue(
-        self, request: pb.SetLaneValueRequest, context: Context
+        self, request: pb.SetLaneValueRequest, call: Call
     ) -> pb.SetLaneValueResponse:
         which = request.WhichOneof("value")
         v.require(which is not None, "MISSING_FIELD", "a value is required", "value")
@@ -352,9 +273,6 @@ class HarnessRpcs(ServicerBase):
         else:
             v.require_id(request.entry_label.target_id, "entry_label.target_id")
             value.entry_label.CopyFrom(request.entry_label)
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.SetLaneValueResponse]:
-            t = lane_values.set_value(state, value, now)
-            return t, pb.SetLaneValueResponse(revision=t.state.revision)
-
-        return await self.command("SetLaneValue", request, decide, pb.SetLaneValueResponse)
+        lane, key = self.addressed(call, request)
+        command = harness.SetLaneValue(lane, key, value=value)
+        return (await harness.set_lane_value(self.store, command)).to_proto()

@@ -4,39 +4,52 @@ from __future__ import annotations
 
 import base64
 import binascii
-from datetime import datetime
 
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import snapshot_pb2
 
 from service.api import validation as v
 from service.api.auth import caller_namespace
-from service.api.base import Context, ServicerBase
+from service.api.base import ServicerBase
+from service.api.call import Call
 from service.api.errors import unary
-from service.domain import lanes, limits
+from service.commands import lanes
+from service.domain import limits
 from service.domain.errors import InvalidArgument
-from service.domain.ids import new_id
-from service.domain.state import LaneState
-from service.domain.transition import Transition
-from service.store.requests import RequestKey
+from service.store.lane_store import LaneRow
+
+
+def lane_summary(row: LaneRow) -> pb.LaneSummary:
+    """A ListLanes row as the contract shows it."""
+    status = (
+        snapshot_pb2.OPERATION_STATUS_UNSPECIFIED
+        if not row.operation_id
+        else snapshot_pb2.OPERATION_STATUS_ABORTING
+        if row.cancel_requested
+        else snapshot_pb2.OPERATION_STATUS_OPEN
+    )
+    return pb.LaneSummary(
+        lane_id=row.lane_id,
+        revision=row.revision,
+        tip_id=row.tip_id,
+        operation_id=row.operation_id,
+        operation_status=status,
+    )
 
 
 class LaneRpcs(ServicerBase):
     """RPCs about lanes themselves: create, read, list, configure, enqueue."""
 
     @unary
-    async def CreateLane(
-        self, request: pb.CreateLaneRequest, context: Context
-    ) -> pb.CreateLaneResponse:
-        lane = self.lane(request.lane_id)
-        v.require_id(request.request_id, "request_id", optional=True)
+    async def CreateLane(self, request: pb.CreateLaneRequest, call: Call) -> pb.CreateLaneResponse:
+        lane, key = self.addressed(call, request)
         v.check_message(request.configuration, "configuration")
-        key = RequestKey.of("CreateLane", request, request.request_id)
-        return await self.store.create_lane(lane, request.configuration, key)
+        command = lanes.CreateLane(lane, key, configuration=request.configuration)
+        return (await lanes.create_lane(self.store, command)).to_proto()
 
     @unary
     async def GetLaneSnapshot(
-        self, request: pb.GetLaneSnapshotRequest, context: Context
+        self, request: pb.GetLaneSnapshotRequest, call: Call
     ) -> pb.GetLaneSnapshotResponse:
         lane = self.lane(request.lane_id)
         outline = await self.store.snapshot_outline(lane)
@@ -48,9 +61,7 @@ class LaneRpcs(ServicerBase):
         return pb.GetLaneSnapshotResponse(snapshot=snapshot)
 
     @unary
-    async def ListLanes(
-        self, request: pb.ListLanesRequest, context: Context
-    ) -> pb.ListLanesResponse:
+    async def ListLanes(self, request: pb.ListLanesRequest, call: Call) -> pb.ListLanesResponse:
         v.require(
             0 <= request.page_size <= v.MAX_PAGE_SIZE,
             "INVALID_PAGE_SIZE",
@@ -69,38 +80,33 @@ class LaneRpcs(ServicerBase):
                     "page_token is not a token ListLanes gave",
                     field="page_token",
                 ) from None
-        found, last = await self.store.list_lanes(
+        rows, last = await self.store.list_lanes(
             caller_namespace(), request.page_size or v.DEFAULT_PAGE_SIZE, after
         )
         token = base64.urlsafe_b64encode(last.encode()).decode() if last else ""
-        return pb.ListLanesResponse(lanes=found, next_page_token=token)
+        return pb.ListLanesResponse(
+            lanes=[lane_summary(row) for row in rows], next_page_token=token
+        )
 
     @unary
     async def UpdateLaneConfig(
-        self, request: pb.UpdateLaneConfigRequest, context: Context
+        self, request: pb.UpdateLaneConfigRequest, call: Call
     ) -> pb.UpdateLaneConfigResponse:
         v.check_message(request, "")
-        model = request.model if request.HasField("model") else None
-        level = request.thinking_level or None
-        tools_ = (
-            list(request.active_tool_names.names) if request.HasField("active_tool_names") else None
+        names = request.active_tool_names.names if request.HasField("active_tool_names") else None
+        lane, key = self.addressed(call, request)
+        command = lanes.UpdateLaneConfig(
+            lane,
+            key,
+            model=request.model if request.HasField("model") else None,
+            thinking_level=request.thinking_level or None,
+            active_tool_names=tuple(names) if names is not None else None,
         )
-
-        def decide(
-            state: LaneState, now: datetime
-        ) -> tuple[Transition, pb.UpdateLaneConfigResponse]:
-            t = lanes.update_config(
-                state, now, model=model, thinking_level=level, active_tool_names=tools_
-            )
-            return t, pb.UpdateLaneConfigResponse(
-                revision=t.state.revision, configuration=t.state.configuration
-            )
-
-        return await self.command("UpdateLaneConfig", request, decide, pb.UpdateLaneConfigResponse)
+        return (await lanes.update_lane_config(self.store, command)).to_proto()
 
     @unary
     async def EnqueueMessage(
-        self, request: pb.EnqueueMessageRequest, context: Context
+        self, request: pb.EnqueueMessageRequest, call: Call
     ) -> pb.EnqueueMessageResponse:
         v.check_message(request, "")
         v.require(
@@ -109,7 +115,6 @@ class LaneRpcs(ServicerBase):
             "kind is required",
             "kind",
         )
-        item = snapshot_pb2.QueuedItem(entry_id=new_id(), kind=request.kind)
         if request.kind == snapshot_pb2.QUEUE_KIND_WRITE:
             v.require(
                 request.HasField("custom"), "INVALID_MESSAGE", "a WRITE item needs custom", "custom"
@@ -120,7 +125,7 @@ class LaneRpcs(ServicerBase):
                 "custom.custom_type is required",
                 "custom.custom_type",
             )
-            item.custom.CopyFrom(request.custom)
+            item: lanes.QueuedContent = request.custom
         else:
             v.require(
                 request.HasField("message"),
@@ -129,10 +134,7 @@ class LaneRpcs(ServicerBase):
                 "message",
             )
             v.require_kind(request.message, "message", "user", "custom")
-            item.message.CopyFrom(request.message)
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.EnqueueMessageResponse]:
-            t = lanes.enqueue(state, item, now)
-            return t, pb.EnqueueMessageResponse(entry_id=item.entry_id, revision=t.state.revision)
-
-        return await self.command("EnqueueMessage", request, decide, pb.EnqueueMessageResponse)
+            item = request.message
+        lane, key = self.addressed(call, request)
+        command = lanes.EnqueueMessage(lane, key, kind=request.kind, item=item)
+        return (await lanes.enqueue_message(self.store, command)).to_proto()

@@ -2,59 +2,48 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
 from service.api import validation as v
-from service.api.base import Context, ServicerBase, cancel_requested
+from service.api.base import ServicerBase
+from service.api.call import Call
 from service.api.errors import unary
-from service.api.operation_state import copy_lease
-from service.domain import runs
-from service.domain.ids import new_id
-from service.domain.state import LaneState
-from service.domain.transition import Transition
+from service.commands import runs
 
 
 class RunRpcs(ServicerBase):
     """RPCs of a run's life: start, abort, end, turns, assistant settlement, usage."""
 
     @unary
-    async def StartRun(self, request: pb.StartRunRequest, context: Context) -> pb.StartRunResponse:
+    async def StartRun(self, request: pb.StartRunRequest, call: Call) -> pb.StartRunResponse:
         v.check_message(request, "")
         v.require_id(request.operation_id, "operation_id", optional=True)
         for index, message in enumerate(request.prompt):
             v.require_kind(message, f"prompt[{index}]", "user", "custom")
-        operation_id = request.operation_id or new_id()
         lease = v.requested_lease(request.driver_id, request.lease_seconds)
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.StartRunResponse]:
-            t = runs.start_run(
-                state, operation_id, request.prompt, request.settings, now, new_id, lease
-            )
-            answer = pb.StartRunResponse(operation_id=operation_id, revision=t.state.revision)
-            copy_lease(t.state, answer.lease)
-            return t, answer
-
-        return await self.command("StartRun", request, decide, pb.StartRunResponse)
+        lane, key = self.addressed(call, request)
+        command = runs.StartRun(
+            lane,
+            key,
+            operation_id=request.operation_id or None,
+            prompt=request.prompt,
+            settings=request.settings,
+            lease=lease,
+        )
+        return (await runs.start_run(self.store, command)).to_proto()
 
     @unary
     async def AbortOperation(
-        self, request: pb.AbortOperationRequest, context: Context
+        self, request: pb.AbortOperationRequest, call: Call
     ) -> pb.AbortOperationResponse:
         v.require_id(request.operation_id, "operation_id")
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.AbortOperationResponse]:
-            t = runs.abort_operation(state, request.operation_id, now)
-            return t, pb.AbortOperationResponse(
-                revision=t.state.revision, newly_requested=bool(t.events)
-            )
-
-        return await self.command("AbortOperation", request, decide, pb.AbortOperationResponse)
+        lane, key = self.addressed(call, request)
+        command = runs.AbortOperation(lane, key, operation_id=request.operation_id)
+        return (await runs.abort_operation(self.store, command)).to_proto()
 
     @unary
-    async def EndRun(self, request: pb.EndRunRequest, context: Context) -> pb.EndRunResponse:
+    async def EndRun(self, request: pb.EndRunRequest, call: Call) -> pb.EndRunResponse:
         v.require_id(request.operation_id, "operation_id")
         v.check_message(request, "")
         failed = request.status == snapshot_pb2.OPERATION_RESULT_STATUS_FAILED
@@ -79,42 +68,34 @@ class RunRpcs(ServicerBase):
             v.require(
                 bool(request.error.code), "MISSING_FIELD", "error.code is required", "error.code"
             )
-        error = request.error if failed else None
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.EndRunResponse]:
-            t = runs.end_run(
-                state,
-                request.operation_id,
-                request.status,
-                error,
-                now,
-                new_id,
-                lease_token=request.lease_token,
-            )
-            assert t.state.last_result is not None
-            return t, pb.EndRunResponse(result=t.state.last_result, revision=t.state.revision)
-
-        return await self.command("EndRun", request, decide, pb.EndRunResponse)
-
-    # -- turns ---------------------------------------------------------------------------------
+        lane, key = self.addressed(call, request)
+        command = runs.EndRun(
+            lane,
+            key,
+            operation_id=request.operation_id,
+            status=request.status,
+            error=request.error if failed else None,
+            lease_token=request.lease_token,
+        )
+        return (await runs.end_run(self.store, command)).to_proto()
 
     @unary
-    async def StartTurn(
-        self, request: pb.StartTurnRequest, context: Context
-    ) -> pb.StartTurnResponse:
+    async def StartTurn(self, request: pb.StartTurnRequest, call: Call) -> pb.StartTurnResponse:
         v.require_id(request.operation_id, "operation_id")
         v.require_id(request.turn_id, "turn_id", optional=True)
-        turn_id = request.turn_id or new_id()
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.StartTurnResponse]:
-            t = runs.start_turn(state, request.operation_id, turn_id, now, request.lease_token)
-            return t, pb.StartTurnResponse(turn_id=turn_id, revision=t.state.revision)
-
-        return await self.command("StartTurn", request, decide, pb.StartTurnResponse)
+        lane, key = self.addressed(call, request)
+        command = runs.StartTurn(
+            lane,
+            key,
+            operation_id=request.operation_id,
+            turn_id=request.turn_id or None,
+            lease_token=request.lease_token,
+        )
+        return (await runs.start_turn(self.store, command)).to_proto()
 
     @unary
     async def SettleAssistantMessage(
-        self, request: pb.SettleAssistantMessageRequest, context: Context
+        self, request: pb.SettleAssistantMessageRequest, call: Call
     ) -> pb.SettleAssistantMessageResponse:
         v.require_id(request.operation_id, "operation_id")
         v.require_id(request.turn_id, "turn_id")
@@ -129,52 +110,29 @@ class RunRpcs(ServicerBase):
         )
         v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
         v.check_tool_calls(message, "message")
-
-        def decide(
-            state: LaneState, now: datetime
-        ) -> tuple[Transition, pb.SettleAssistantMessageResponse]:
-            t = runs.settle_assistant(
-                state,
-                request.operation_id,
-                request.turn_id,
-                message,
-                now,
-                new_id,
-                request.lease_token,
-            )
-            operation = t.state.operation
-            batch = operation.batch if operation else None
-            return t, pb.SettleAssistantMessageResponse(
-                entry_id=t.state.tip_id,
-                revision=t.state.revision,
-                tool_calls=[
-                    pb.PlannedToolCall(
-                        tool_call_id=c.tool_call_id,
-                        tool_name=c.tool_name,
-                        source_index=c.source_index,
-                        result_entry_id=c.result_entry_id,
-                    )
-                    for c in (batch.calls if batch else ())
-                ],
-                cancel_requested=cancel_requested(t.state),
-            )
-
-        return await self.command(
-            "SettleAssistantMessage", request, decide, pb.SettleAssistantMessageResponse
+        lane, key = self.addressed(call, request)
+        command = runs.SettleAssistantMessage(
+            lane,
+            key,
+            operation_id=request.operation_id,
+            turn_id=request.turn_id,
+            message=message,
+            lease_token=request.lease_token,
         )
+        return (await runs.settle_assistant_message(self.store, command)).to_proto()
 
     @unary
     async def RecordUsage(
-        self, request: pb.RecordUsageRequest, context: Context
+        self, request: pb.RecordUsageRequest, call: Call
     ) -> pb.RecordUsageResponse:
         v.require(request.HasField("usage"), "MISSING_FIELD", "usage is required", "usage")
         v.require_id(request.entry_id, "entry_id", optional=True)
-        usage_id = new_id()
-
-        def decide(state: LaneState, now: datetime) -> tuple[Transition, pb.RecordUsageResponse]:
-            t = runs.record_usage(
-                state, usage_id, request.usage, request.entry_id or None, request.adjustment, now
-            )
-            return t, pb.RecordUsageResponse(usage_id=usage_id, revision=t.state.revision)
-
-        return await self.command("RecordUsage", request, decide, pb.RecordUsageResponse)
+        lane, key = self.addressed(call, request)
+        command = runs.RecordUsage(
+            lane,
+            key,
+            usage=request.usage,
+            entry_id=request.entry_id or None,
+            adjustment=request.adjustment,
+        )
+        return (await runs.record_usage(self.store, command)).to_proto()

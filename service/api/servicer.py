@@ -11,7 +11,7 @@ from google.protobuf.message import DecodeError, Message
 from lane.v1 import lane_service_pb2 as pb
 
 from service.api.auth import Authenticator
-from service.api.base import Context
+from service.api.call import Call, Context
 from service.api.errors import lane_error_status, unary
 from service.api.framing import serialize
 from service.api.harness_rpcs import HarnessRpcs
@@ -31,13 +31,15 @@ class LaneServicer(LaneRpcs, RunRpcs, ToolRpcs, OwnershipRpcs, HarnessRpcs):
     """Implements lane.v1.LaneService on a :class:`Store` and a :class:`Hub`."""
 
     @unary
-    async def WatchLane(self, request: pb.WatchLaneRequest, context: Context) -> None:  # type: ignore[override]
+    async def WatchLane(self, request: pb.WatchLaneRequest, call: Call) -> None:
         lane = self.lane(request.lane_id)
-        await watch_lane(self.store, self.hub, lane, request, context, self.watch_settings)
+        await watch_lane(self.store, self.hub, lane, request, call.context, self.watch_settings)
 
 
 def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
-    """Handlers for every LaneService method, built from the service descriptor.
+    """Handlers for every LaneService method, built from the service descriptor: the
+    servicer's method of the same name serves it, with a :class:`Call` naming it (so the
+    method's name is spelled once, in its ``def``; a method the servicer lacks fails here).
 
     Built here rather than by the generated ``add_LaneServiceServicer_to_server`` so WatchLane
     can send pre-encoded event frames (see framing.py) through a pass-through serializer.
@@ -49,7 +51,7 @@ def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[
             method.name,
             method.server_streaming,
             _decoding(
-                binding_ids(getattr(servicer, method.name)),
+                binding_ids(_serving(method.name, getattr(servicer, method.name))),
                 message_factory.GetMessageClass(method.input_type),
                 servicer.authenticator,
             ),
@@ -64,6 +66,15 @@ def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[
         # deserializer would produce.
         handlers[method.name] = make(implementation, response_serializer=serialize)
     return handlers
+
+
+def _serving(
+    method: str, handler: Callable[[Any, Call], Awaitable[Any]]
+) -> Callable[[Any, Context], Awaitable[Any]]:
+    async def serve(request: Any, context: Context) -> Any:
+        return await handler(request, Call(method, context))
+
+    return serve
 
 
 def _decoding(

@@ -11,7 +11,7 @@ retry_end is emitted by the settlement that ends a retried turn (runs.settle_ass
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
@@ -21,6 +21,20 @@ from service.domain.errors import FailedPrecondition
 from service.domain.event_log import EventLog
 from service.domain.state import LaneState, Operation, Phase
 from service.domain.transition import Transition
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryScheduled(Transition):
+    """ScheduleRetry: the retry as scheduled (its attempt, not before when)."""
+
+    retry: snapshot_pb2.RetryState
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryStarted(Transition):
+    """StartRetry: the attempt now running."""
+
+    attempt: int
 
 
 def open_turn(
@@ -98,7 +112,7 @@ def schedule_retry(
     now: datetime,
     new_id: Callable[[], str],
     lease_token: int = 0,
-) -> Transition:
+) -> RetryScheduled:
     """The turn's model call failed: place the failed response (if given), schedule the retry."""
     operation = open_turn(state, operation_id, turn_id, lease_token, streaming_ok=True)
     guards.require_not_cancelled(operation)
@@ -157,12 +171,12 @@ def schedule_retry(
         message_count=messages,
         revision=log.revision,
     )
-    return Transition.of(next_state, log)
+    return RetryScheduled.of(next_state, log, retry=retry)
 
 
 def start_retry(
     state: LaneState, operation_id: str, turn_id: str, now: datetime, lease_token: int = 0
-) -> Transition:
+) -> RetryStarted:
     """The scheduled retry begins."""
     operation = guards.driving(state, operation_id, lease_token)
     guards.require_phase(operation, Phase.TURN_OPEN)
@@ -178,7 +192,8 @@ def start_retry(
         events_pb2.RetryStartEvent(run_id=operation_id, step=turn_id, attempt=retry.attempt),
     )
     next_operation = replace(operation, retry=None, attempt=retry.attempt)
-    return Transition.of(replace(state, operation=next_operation, revision=log.revision), log)
+    next_state = replace(state, operation=next_operation, revision=log.revision)
+    return RetryStarted.of(next_state, log, attempt=retry.attempt)
 
 
 def suspend_run(

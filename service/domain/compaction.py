@@ -8,7 +8,7 @@ compaction_end in one commit (the reducer ignores an in-run bracket).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, snapshot_pb2
@@ -18,9 +18,16 @@ from service.domain.errors import FailedPrecondition
 from service.domain.event_log import EventLog
 from service.domain.leases import granted
 from service.domain.state import Continuation, LaneState, Operation, Phase
-from service.domain.transition import Transition
+from service.domain.transition import OperationEnded, OperationOpened, Transition
 
 Status = snapshot_pb2.OperationResultStatus
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCompacted(Transition):
+    """CompactRun: the compaction entry's id (the new tip)."""
+
+    entry_id: str
 
 
 def start_compaction(
@@ -29,7 +36,7 @@ def start_compaction(
     reason: int,
     now: datetime,
     lease: tuple[str, int] | None = None,
-) -> Transition:
+) -> OperationOpened:
     """Open a standalone compaction operation; emits compaction_start."""
     guards.require_no_operation(state)
     operation = Operation(
@@ -46,7 +53,8 @@ def start_compaction(
     start = events_pb2.CompactionStartEvent(run_id=operation_id, reason=reason)  # type: ignore[arg-type]
     start.started_time.FromDatetime(now)
     log.emit("compaction_start", start)
-    return Transition.of(replace(state, operation=operation, revision=log.revision), log)
+    next_state = replace(state, operation=operation, revision=log.revision)
+    return OperationOpened.of(next_state, log, operation=operation)
 
 
 def _place_compaction(
@@ -67,7 +75,7 @@ def end_compaction(
     now: datetime,
     new_id: Callable[[], str],
     lease_token: int | None = 0,
-) -> Transition:
+) -> OperationEnded:
     """Close the compaction: its entry when completed (not once aborting), compaction_end.
 
     ``lease_token=None`` is the service itself ending an orphaned compaction.
@@ -112,7 +120,7 @@ def end_compaction(
         last_result=result,
         revision=log.revision,
     )
-    return Transition.of(next_state, log)
+    return OperationEnded.of(next_state, log, result=result)
 
 
 def compact_run(
@@ -123,7 +131,7 @@ def compact_run(
     now: datetime,
     new_id: Callable[[], str],
     lease_token: int = 0,
-) -> Transition:
+) -> RunCompacted:
     """Compact inside an idle run: compaction_start, the entry, compaction_end in one commit."""
     operation = guards.driving(state, operation_id, lease_token)
     guards.require_phase(operation, Phase.IDLE)
@@ -144,4 +152,4 @@ def compact_run(
     # The model needs to answer from the compacted context.
     next_operation = replace(operation, continuation=Continuation.NEED_ASSISTANT)
     next_state = replace(state, operation=next_operation, tip_id=tip, revision=log.revision)
-    return Transition.of(next_state, log)
+    return RunCompacted.of(next_state, log, entry_id=tip)

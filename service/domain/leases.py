@@ -8,7 +8,7 @@ tagged recovery and places the batch's ready prefix, and the batch's later event
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from lane.v1 import events_pb2
@@ -21,6 +21,13 @@ from service.domain.state import LaneState, Operation, Phase
 from service.domain.transition import Transition
 
 DEFAULT_LEASE_SECONDS = 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Leased(Transition):
+    """A run leased (taken over, renewed): the run after the command."""
+
+    operation: Operation
 
 
 def granted(operation: Operation, driver_id: str, seconds: int, now: datetime) -> Operation:
@@ -40,7 +47,7 @@ def acquire(
     seconds: int,
     now: datetime,
     new_id: Callable[[], str],
-) -> Transition:
+) -> Leased:
     """Take the run over; refused while another driver holds a live lease."""
     operation = guards.open_run(state, operation_id)
     if operation.lease_live(now) and operation.lease_holder != driver_id:
@@ -55,24 +62,27 @@ def acquire(
     operation = granted(operation, driver_id, seconds, now)
     log = EventLog(state.lane_id, state.revision, now)
     state = replace(state, operation=operation)
-    if operation.phase == Phase.TOOLS and operation.batch is not None:
-        state = replace(state, operation=replace(operation, recovering=True))
+    batch = operation.batch
+    if operation.phase == Phase.TOOLS and batch is not None:
+        operation = replace(operation, recovering=True)
         log.emit(
             "turn_start",
-            events_pb2.TurnStartEvent(run_id=operation_id, turn_id=operation.batch.turn_id),
+            events_pb2.TurnStartEvent(run_id=operation_id, turn_id=batch.turn_id),
             recovery=True,
         )
-        state = place(state, log, new_id, recovery=True)
-    return Transition.of(replace(state, revision=log.revision), log)
+        state, operation = place(
+            replace(state, operation=operation), operation, log, new_id, recovery=True
+        )
+    return Leased.of(replace(state, revision=log.revision), log, operation=operation)
 
 
 def renew(
     state: LaneState, operation_id: str, lease_token: int, seconds: int, now: datetime
-) -> Transition:
+) -> Leased:
     """Extend the caller's lease (no events)."""
     operation = _held(state, operation_id, lease_token)
     renewed = replace(operation, lease_expires=now + timedelta(seconds=seconds))
-    return Transition(state=replace(state, operation=renewed))
+    return Leased(state=replace(state, operation=renewed), operation=renewed)
 
 
 def release(state: LaneState, operation_id: str, lease_token: int, now: datetime) -> Transition:

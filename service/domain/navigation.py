@@ -16,7 +16,7 @@ from lane.v1 import entries_pb2, events_pb2, snapshot_pb2
 from service.domain import guards
 from service.domain.event_log import EventLog
 from service.domain.state import LaneState
-from service.domain.transition import Transition
+from service.domain.transition import OperationEnded
 
 
 def navigate(
@@ -26,7 +26,7 @@ def navigate(
     summary: entries_pb2.BranchSummaryEntry | None,
     now: datetime,
     new_id: Callable[[], str],
-) -> Transition:
+) -> OperationEnded:
     """Move the tip to ``target_id`` (an entry of this lane; the caller checked it exists)."""
     guards.require_no_operation(state)
     log = EventLog(state.lane_id, state.revision, now)
@@ -66,4 +66,4 @@ def navigate(
         last_result=result,
         revision=log.revision,
     )
-    return Transition.of(next_state, log)
+    return OperationEnded.of(next_state, log, result=result)

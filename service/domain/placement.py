@@ -9,15 +9,24 @@ call is placed. Events per placed call: message_start, message_end, entry_added,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from lane.v1 import entries_pb2, events_pb2, messages_pb2
 
 from service.domain.event_log import EventLog
 from service.domain.integrity import staged_result
-from service.domain.state import CallStatus, Continuation, LaneState, Phase, ToolCall
+from service.domain.state import CallStatus, Continuation, LaneState, Operation, Phase, ToolCall
 from service.domain.transition import Transition
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadyPlaced(Transition):
+    """A placement commit: the calls it placed (source order), and whether that completed the
+    batch (turn_end)."""
+
+    placed_tool_call_ids: tuple[str, ...]
+    batch_complete: bool
 
 
 def ready_prefix(calls: tuple[ToolCall, ...]) -> list[ToolCall]:
@@ -60,6 +69,10 @@ class Placer:
         self.active_set: set[str] = set()
         self.placed = 0
         self.placed_indices: set[int] = set()
+        #: Set by :meth:`finish`: the operation after the steps, and whether every call of the
+        #: batch is completed (turn_end).
+        self.operation = operation
+        self.batch_complete = False
 
     def place(self, calls: Sequence[ToolCall]) -> None:
         """One placement step: ``calls`` (outcome_ready, in source order) become entries."""
@@ -126,6 +139,7 @@ class Placer:
         )
         next_operation = replace(operation, batch=replace(batch, calls=final))
         if all(c.status == CallStatus.COMPLETED for c in final):
+            self.batch_complete = True
             results = [c.result_message for c in final if c.result_message is not None]
             self.log.emit(
                 "turn_end",
@@ -150,6 +164,7 @@ class Placer:
                     else Continuation.NEED_ASSISTANT
                 ),
             )
+        self.operation = next_operation
         return replace(
             state,
             operation=next_operation,
@@ -162,23 +177,38 @@ class Placer:
 
 
 def place(
-    state: LaneState, log: EventLog, new_id: Callable[[], str], *, recovery: bool = False
-) -> LaneState:
-    """Place the ready prefix of the current batch into ``log``; return the next state."""
-    operation = state.operation
-    if operation is None or operation.batch is None:
-        return state
+    state: LaneState,
+    operation: Operation,
+    log: EventLog,
+    new_id: Callable[[], str],
+    *,
+    recovery: bool = False,
+) -> tuple[LaneState, Operation]:
+    """Place the ready prefix of ``operation``'s batch (the lane's open operation) into
+    ``log``; return the next state and operation."""
     batch = operation.batch
-    ready = ready_prefix(batch.calls)
-    if not ready:
-        return state
+    ready = ready_prefix(batch.calls) if batch is not None else []
+    if batch is None or not ready:
+        return state, operation
     placer = Placer(state, log, new_id, recovery=recovery)
     placer.place(ready)
-    return placer.finish(batch.calls)
+    return placer.finish(batch.calls), placer.operation
 
 
-def place_ready(state: LaneState, now: datetime, new_id: Callable[[], str]) -> Transition:
+def place_ready(state: LaneState, now: datetime, new_id: Callable[[], str]) -> ReadyPlaced:
     """The placement commit that follows a staging commit (no events when nothing is ready)."""
     log = EventLog(state.lane_id, state.revision, now)
-    recovering = state.operation is not None and state.operation.recovering
-    return Transition.of(place(state, log, new_id, recovery=recovering), log)
+    operation = state.operation
+    batch = operation.batch if operation is not None else None
+    ready = ready_prefix(batch.calls) if batch is not None else []
+    if operation is None or batch is None or not ready:
+        return ReadyPlaced.of(state, log, placed_tool_call_ids=(), batch_complete=False)
+    placer = Placer(state, log, new_id, recovery=operation.recovering)
+    placer.place(ready)
+    next_state = placer.finish(batch.calls)
+    return ReadyPlaced.of(
+        next_state,
+        log,
+        placed_tool_call_ids=tuple(call.tool_call_id for call in ready),
+        batch_complete=placer.batch_complete,
+    )

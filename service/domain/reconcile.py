@@ -18,7 +18,7 @@ from service.domain.compaction import end_compaction
 from service.domain.leases import reconcilable
 from service.domain.runs import end_run
 from service.domain.state import LaneState
-from service.domain.transition import Transition
+from service.domain.transition import OperationEnded
 
 
 def reconcile(
@@ -27,15 +27,16 @@ def reconcile(
     now: datetime,
     orphan_after: timedelta,
     new_id: Callable[[], str],
-) -> Transition:
-    """End ``operation_id`` if it is still reconcilable now; otherwise change nothing."""
+) -> OperationEnded | None:
+    """End ``operation_id`` if it is still reconcilable now; None when it is not (nothing to
+    change)."""
     operation = state.operation
     if (
         operation is None
         or operation.operation_id != operation_id
         or not reconcilable(operation, now, orphan_after)
     ):
-        return Transition(state=state)
+        return None
     if operation.kind == snapshot_pb2.OPERATION_KIND_COMPACTION:
         return end_compaction(
             state,

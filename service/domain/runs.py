@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
@@ -25,7 +25,7 @@ from service.domain.state import (
     ToolCall,
 )
 from service.domain.tools import stage_call
-from service.domain.transition import Transition
+from service.domain.transition import OperationEnded, OperationOpened, Transition
 
 QueueKind = snapshot_pb2.QueueKind
 _CONVERSATIONAL = (
@@ -33,6 +33,21 @@ _CONVERSATIONAL = (
     QueueKind.QUEUE_KIND_FOLLOW_UP,
     QueueKind.QUEUE_KIND_NEXT_RUN,
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AbortRequested(Transition):
+    """AbortOperation: whether this command asked for the abort (False: asked before)."""
+
+    newly_requested: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssistantSettled(Transition):
+    """The settled assistant message's entry id, and the calls it planned (source order)."""
+
+    entry_id: str
+    planned: tuple[ToolCall, ...]
 
 
 def _take(
@@ -93,7 +108,7 @@ def start_run(
     now: datetime,
     new_id: Callable[[], str],
     lease: tuple[str, int] | None = None,
-) -> Transition:
+) -> OperationOpened:
     """Accept a run: place captured inbox items then the prompt; emits run_start first.
 
     ``lease`` = (driver id, seconds) leases the new run to that driver.
@@ -152,15 +167,15 @@ def start_run(
         message_count=state.message_count + placed,
         revision=log.revision,
     )
-    return Transition.of(next_state, log)
+    return OperationOpened.of(next_state, log, operation=operation)
 
 
-def abort_operation(state: LaneState, operation_id: str, now: datetime) -> Transition:
+def abort_operation(state: LaneState, operation_id: str, now: datetime) -> AbortRequested:
     """Request cancellation: drains steer and follow-up items; emits operation_abort once."""
     operation = guards.open_operation(state, operation_id)
     log = EventLog(state.lane_id, state.revision, now)
     if operation.cancel_requested:
-        return Transition.of(state, log)
+        return AbortRequested.of(state, log, newly_requested=False)
     steer = [i for i in state.inbox if i.kind == QueueKind.QUEUE_KIND_STEER]
     follow_up = [i for i in state.inbox if i.kind == QueueKind.QUEUE_KIND_FOLLOW_UP]
     log.emit(
@@ -180,7 +195,7 @@ def abort_operation(state: LaneState, operation_id: str, now: datetime) -> Trans
         inbox=inbox,
         revision=log.revision,
     )
-    return Transition.of(next_state, log)
+    return AbortRequested.of(next_state, log, newly_requested=True)
 
 
 def start_turn(
@@ -228,7 +243,7 @@ def settle_assistant(
     now: datetime,
     new_id: Callable[[], str],
     lease_token: int = 0,
-) -> Transition:
+) -> AssistantSettled:
     """Place the settled assistant message; its tool calls become the planned batch."""
     operation = open_turn(state, operation_id, turn_id, lease_token, streaming_ok=True)
     log = EventLog(state.lane_id, state.revision, now)
@@ -289,7 +304,7 @@ def settle_assistant(
         message_count=state.message_count + 1,
         revision=log.revision,
     )
-    return Transition.of(next_state, log)
+    return AssistantSettled.of(next_state, log, entry_id=entry_id, planned=calls)
 
 
 def record_usage(
@@ -342,7 +357,9 @@ def settle_unfinished_calls(
             result = synthetic_result(
                 lane_service_pb2.SyntheticOutcome(cause=cause), call.tool_name, call.checkpoint
             )
-            call = stage_call(log, operation, batch, call, result, is_error=True, recovery=recovery)
+            call, _ = stage_call(
+                log, operation, batch, call, result, is_error=True, recovery=recovery
+            )
             calls[index] = call
             step = []
         step.append(call)
@@ -362,7 +379,7 @@ def end_run(
     *,
     recovery: bool = False,
     lease_token: int | None = 0,
-) -> Transition:
+) -> OperationEnded:
     """Terminal commit: settle what is unfinished, record the result, close the operation.
 
     ``lease_token=None`` is the service itself ending an orphaned run (no driver holds it).
@@ -416,4 +433,4 @@ def end_run(
         last_result=result,
         revision=log.revision,
     )
-    return Transition.of(next_state, log)
+    return OperationEnded.of(next_state, log, result=result)

@@ -10,7 +10,7 @@ After staging a call never executes again; placement (placement.py) is a separat
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from lane.v1 import events_pb2, lane_service_pb2, messages_pb2
@@ -23,6 +23,8 @@ from service.domain.state import CallStatus, LaneState, Operation, ToolBatch, To
 from service.domain.transition import Transition
 
 SyntheticCause = lane_service_pb2.SyntheticCause
+#: A call's final outcome: its executed result, or the service's synthetic one.
+Outcome = lane_service_pb2.ExecutedOutcome | lane_service_pb2.SyntheticOutcome
 
 # Causes decided before intent: the call must still be planned.
 _BEFORE_INTENT = {
@@ -31,6 +33,20 @@ _BEFORE_INTENT = {
     SyntheticCause.SYNTHETIC_CAUSE_DENIED,
     SyntheticCause.SYNTHETIC_CAUSE_TRUNCATED,
 }
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutcomeStaged(Transition):
+    """A staging commit: the call's result message as staged (and later placed)."""
+
+    staged: messages_pb2.ToolResultMessage
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallReplayed(Transition):
+    """A safe replay's restart: the arguments the call runs again with."""
+
+    arguments_json: str
 
 
 def source_arguments(batch: ToolBatch, call: ToolCall) -> str:
@@ -170,9 +186,10 @@ def stage_call(
     *,
     is_error: bool,
     recovery: bool = False,
-) -> ToolCall:
+) -> tuple[ToolCall, messages_pb2.ToolResultMessage]:
     """Emit ``call``'s staging events into ``log`` ([tool_start if planned], tool_end) and
-    return the staged call (the batch is left to the caller: constant work per call).
+    return the staged call and its result message (the batch is left to the caller: constant
+    work per call).
 
     Terminate is forced false once the operation's abort was requested: event data describes
     the state actually committed.
@@ -196,7 +213,7 @@ def stage_call(
         ),
         recovery=recovery,
     )
-    return replace(
+    staged = replace(
         call,
         status=CallStatus.OUTCOME_READY,
         result_message=message,
@@ -204,34 +221,17 @@ def stage_call(
         progress=None,
         checkpoint=None,
     )
-
-
-def stage(
-    state: LaneState,
-    log: EventLog,
-    call: ToolCall,
-    result: messages_pb2.ToolResult,
-    *,
-    is_error: bool,
-    recovery: bool = False,
-) -> LaneState:
-    """Stage ``call``'s final result into ``log``: [tool_start if planned], tool_end."""
-    operation = state.operation
-    assert operation is not None and operation.batch is not None
-    staged = stage_call(
-        log, operation, operation.batch, call, result, is_error=is_error, recovery=recovery
-    )
-    return replace(with_call(state, operation, staged), revision=log.revision)
+    return staged, message
 
 
 def stage_tool_outcome(
     state: LaneState,
     operation_id: str,
     tool_call_id: str,
-    outcome: lane_service_pb2.StageToolOutcomeRequest,
+    outcome: Outcome,
     now: datetime,
     lease_token: int = 0,
-) -> Transition:
+) -> OutcomeStaged:
     """Staging commit for a real or synthetic outcome (placement follows in its own commit)."""
     operation = guards.driving(state, operation_id, lease_token)
     batch, call = guards.batch_call(operation, tool_call_id)
@@ -239,13 +239,13 @@ def stage_tool_outcome(
         raise _not_status(call, "planned or effect_pending")
     if call.status == CallStatus.PLANNED:
         require_start_order(operation, batch, call)
-    if outcome.WhichOneof("outcome") == "executed":
+    if isinstance(outcome, lane_service_pb2.ExecutedOutcome):
         if call.status != CallStatus.EFFECT_PENDING:
             raise _not_status(call, "effect_pending (an executed result needs an intent first)")
-        result = outcome.executed.result
-        is_error = outcome.executed.is_error
+        result = outcome.result
+        is_error = outcome.is_error
     else:
-        cause = outcome.synthetic.cause
+        cause = outcome.cause
         if cause in _BEFORE_INTENT and call.status != CallStatus.PLANNED:
             raise _not_status(call, "planned (this cause is decided before intent)")
         if (
@@ -261,19 +261,20 @@ def stage_tool_outcome(
                 "AbortOperation first",
                 operationId=operation_id,
             )
-        result = synthetic_result(outcome.synthetic, call.tool_name, call.checkpoint)
-        result.terminate = (
-            cause == SyntheticCause.SYNTHETIC_CAUSE_DENIED and outcome.synthetic.terminate
-        )
+        result = synthetic_result(outcome, call.tool_name, call.checkpoint)
+        result.terminate = cause == SyntheticCause.SYNTHETIC_CAUSE_DENIED and outcome.terminate
         is_error = True
     log = EventLog(state.lane_id, state.revision, now)
-    staged = stage(state, log, call, result, is_error=is_error, recovery=operation.recovering)
-    return Transition.of(staged, log)
+    staged, message = stage_call(
+        log, operation, batch, call, result, is_error=is_error, recovery=operation.recovering
+    )
+    next_state = replace(with_call(state, operation, staged), revision=log.revision)
+    return OutcomeStaged.of(next_state, log, staged=message)
 
 
 def replay_tool_call(
     state: LaneState, operation_id: str, tool_call_id: str, lease_token: int, now: datetime
-) -> Transition:
+) -> ToolCallReplayed:
     """Safe replay after a takeover: the checkpoint-clear commit; emits tool_start tagged
     recovery with the persisted arguments. The replay then updates and stages as usual."""
     operation = guards.driving(state, operation_id, lease_token)
@@ -292,4 +293,5 @@ def replay_tool_call(
     log = EventLog(state.lane_id, state.revision, now)
     _tool_start(log, operation, batch, call, call.arguments_json, recovery=True)
     cleared = replace(call, progress=None, checkpoint=None)
-    return Transition.of(replace(with_call(state, operation, cleared), revision=log.revision), log)
+    next_state = replace(with_call(state, operation, cleared), revision=log.revision)
+    return ToolCallReplayed.of(next_state, log, arguments_json=call.arguments_json)

@@ -9,12 +9,10 @@ from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, TypeVar
 
 import psycopg
-from google.protobuf.message import Message
-from lane.v1 import entries_pb2, lane_service_pb2, snapshot_pb2
+from lane.v1 import entries_pb2, snapshot_pb2
 from psycopg_pool import AsyncConnectionPool
 
 from service import metrics
-from service.domain import lanes
 from service.domain.capture import capture
 from service.domain.errors import AlreadyExists, LaneError, NotFound
 from service.domain.ids import new_id
@@ -35,14 +33,14 @@ from service.store.lane_reads import (
 from service.store.lane_ref import LANE_SCAN, LaneRef
 from service.store.lane_writes import RecordedAnswer, commit_statement, insert_lane, run_commit
 from service.store.pool import migrate_pool, open_pool
-from service.store.requests import RequestKey, replayed_answer
+from service.store.requests import Recording, replayed_answer
 
-R = TypeVar("R", bound=Message)
+A = TypeVar("A")
 
 log = logging.getLogger(__name__)
 
-#: ``decide(state, now) -> (transition, answer)``: a pure domain step plus the RPC's answer.
-Decide = Callable[[LaneState, datetime], tuple[Transition, R]]
+#: ``decide(state, now) -> (transition, answer)``: a pure domain step plus the command's answer.
+Decide = Callable[[LaneState, datetime], tuple[Transition, A]]
 #: Called after every commit with the lane and its new revision (the hub's doorbell).
 CommitListener = Callable[[LaneRef, int], None]
 
@@ -53,6 +51,18 @@ class SnapshotOutline(NamedTuple):
 
     snapshot: snapshot_pb2.LaneSnapshot
     transcript: list[tuple[str, int]]
+
+
+class LaneRow(NamedTuple):
+    """A lane as ListLanes shows it: its head and its open operation, if any."""
+
+    lane_id: str
+    revision: int
+    tip_id: str
+    #: The open operation's id ('' when none is open).
+    operation_id: str
+    #: Whether the open operation was asked to abort.
+    cancel_requested: bool
 
 
 class EventGroup(NamedTuple):
@@ -68,17 +78,12 @@ class EventGroup(NamedTuple):
 _VERSION = "SELECT version FROM lanes WHERE namespace = %(ns)s AND lane_id = %(lane)s"
 
 
-def _recorded(
-    request: RequestKey | None, amends: RequestKey | None, answer: Message
-) -> list[RecordedAnswer]:
-    """The answers a command records: its own, and the one of the request it completes."""
-    recorded = []
-    for key, replace in ((request, False), (amends, True)):
-        if key is not None:
-            recorded.append(
-                RecordedAnswer(key.request_id, key.method, key.digest, answer, replace=replace)
-            )
-    return recorded
+def _recorded(request: Recording[A] | None, answer: A) -> list[RecordedAnswer]:
+    """The answer a command records under its request's key (none without a request id)."""
+    if request is None:
+        return []
+    key = request.key
+    return [RecordedAnswer(key.request_id, key.method, key.digest, request.encode(answer))]
 
 
 def _reused_id(exc: psycopg.errors.UniqueViolation, transition: Transition) -> LaneError:
@@ -147,23 +152,14 @@ class Store:
             listener(lane, transition.state.revision)
 
     async def command(
-        self,
-        lane: LaneRef,
-        decide: Decide[R],
-        answer_type: type[R],
-        request: RequestKey | None = None,
-        *,
-        amends: RequestKey | None = None,
-    ) -> R:
+        self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None = None
+    ) -> A:
         """Run one command as one transaction on the lane.
 
         ``decide`` computes the transition from the lane's state (a refusal raises: nothing is
         written); the transition is written with its events at the next revisions, and the
-        answer is recorded under the request id. A retried request id returns the stored answer.
-
-        ``amends`` names a request whose work this command completes (a second commit of one
-        RPC): a command that commits replaces that request's stored answer with its own; one
-        that commits nothing returns the stored answer, so every retry answers alike.
+        answer is recorded under the request's key in its recorded form. A retried request
+        returns the stored answer (read back through ``request.decode``).
 
         A lane this process commanded before is not loaded again: the command decides on the
         state it left and commits with one statement that checks the lane's version; when the
@@ -174,54 +170,42 @@ class Store:
         A caller that goes away (deadline, cancellation) does not cut the command short: it
         runs to its commit or rollback, so a retry finds its outcome under the request id.
         """
-        return await asyncio.shield(
-            self._command(lane, decide, answer_type, request, amends=amends)
-        )
+        return await asyncio.shield(self._command(lane, decide, request))
 
-    async def _command(
-        self,
-        lane: LaneRef,
-        decide: Decide[R],
-        answer_type: type[R],
-        request: RequestKey | None,
-        *,
-        amends: RequestKey | None,
-    ) -> R:
+    async def _command(self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None) -> A:
         async with self.cache.turn(lane):
             cached = self.cache.get(lane)
             if cached is not None:
-                answer = await self._optimistic(lane, cached, decide, request, amends)
-                if answer is not None:
-                    return answer
+                done = await self._optimistic(lane, cached, decide, request)
+                if done is not None:
+                    return done[0]
                 self.cache.forget(lane)
-            return await self._locked(lane, decide, answer_type, request, amends)
+            return await self._locked(lane, decide, request)
 
     async def _optimistic(
         self,
         lane: LaneRef,
         cached: VersionedLane,
-        decide: Decide[R],
-        request: RequestKey | None,
-        amends: RequestKey | None,
-    ) -> R | None:
+        decide: Decide[A],
+        request: Recording[A] | None,
+    ) -> tuple[A] | None:
         """The command on the cached state, committed only if the lane is still at its
-        version; None when it must run under the lock instead."""
+        version: its answer (in a 1-tuple: an answer may be anything), or None when it must run
+        under the lock instead."""
         try:
             transition, answer = decide(cached.state, datetime.now(UTC))
             check_commit(cached.state, transition)
         except LaneError:
             return None  # the state may be stale: refuse only what the lock confirms
-        if amends is not None and not transition.events:
-            return None  # the answer to repeat is the stored one
         statement = commit_statement(
-            lane, cached.state, transition, cached.version, _recorded(request, amends, answer)
+            lane, cached.state, transition, cached.version, _recorded(request, answer)
         )
         async with self.pool.connection() as conn:
             if statement is None:
                 # Nothing to write: the answer holds if the state it came from is current.
                 cur = await conn.execute(_VERSION, lane.params)
                 row = await cur.fetchone()
-                return answer if row is not None and row[0] == cached.version else None
+                return (answer,) if row is not None and row[0] == cached.version else None
             try:
                 written = await run_commit(conn, statement)
             except psycopg.errors.UniqueViolation:
@@ -231,16 +215,9 @@ class Store:
         metrics.OPTIMISTIC_COMMITS.inc()
         self.cache.put(lane, VersionedLane(transition.state, cached.version + 1))
         self._committed(lane, transition)
-        return answer
+        return (answer,)
 
-    async def _locked(
-        self,
-        lane: LaneRef,
-        decide: Decide[R],
-        answer_type: type[R],
-        request: RequestKey | None,
-        amends: RequestKey | None,
-    ) -> R:
+    async def _locked(self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None) -> A:
         """The command on the lane loaded under its row lock, in one transaction."""
         try:
             # One pipeline: BEGIN and the load go out together, then the write and COMMIT.
@@ -251,21 +228,13 @@ class Store:
                 metrics.LOCKED_COMMITS.inc()
                 self.cache.put(lane, loaded)
                 if request is not None:
-                    replay = await replayed_answer(conn, lane, request, answer_type)
+                    replay = await replayed_answer(conn, lane, request.key, request.form)
                     if replay is not None:
-                        return replay
+                        return request.decode(replay)
                 transition, answer = decide(loaded.state, datetime.now(UTC))
                 check_commit(loaded.state, transition)  # refuses what could never be delivered
-                if amends is not None and not transition.events:
-                    # Nothing to add to the request's answer: repeat what it stored.
-                    answer = await replayed_answer(conn, lane, amends, answer_type) or answer
-                    amends = None
                 statement = commit_statement(
-                    lane,
-                    loaded.state,
-                    transition,
-                    loaded.version,
-                    _recorded(request, amends, answer),
+                    lane, loaded.state, transition, loaded.version, _recorded(request, answer)
                 )
                 if statement is not None and not await run_commit(conn, statement):
                     raise RuntimeError(f"lane {lane} changed under its row lock")
@@ -279,38 +248,40 @@ class Store:
     async def create_lane(
         self,
         lane: LaneRef,
-        configuration: snapshot_pb2.LaneConfiguration,
-        request: RequestKey | None = None,
-    ) -> lane_service_pb2.CreateLaneResponse:
-        """Get-or-create: a new lane emits lane_created; an existing one is returned as is."""
-        answer_type = lane_service_pb2.CreateLaneResponse
-        transition = lanes.create_lane(lane.lane_id, configuration, datetime.now(UTC))
-        check_commit(None, transition)
+        created: Transition,
+        answer: Callable[[bool, LaneState], A],
+        request: Recording[A] | None = None,
+    ) -> A:
+        """Get-or-create: ``created`` (the new lane's first commit, lane_created) is committed
+        when the lane does not exist yet; an existing lane is left as is. The answer is
+        ``answer(whether this created the lane, the lane's state now)``."""
+        check_commit(None, created)
+        transition = created
         async with self.cache.turn(lane):
             async with self.pool.connection() as conn, conn.transaction():
-                created = await insert_lane(conn, lane, transition.state)
+                inserted = await insert_lane(conn, lane, transition.state)
                 loaded = await load_versioned(conn, lane, lock=True)
                 assert loaded is not None
                 if request is not None:
-                    replay = await replayed_answer(conn, lane, request, answer_type)
+                    replay = await replayed_answer(conn, lane, request.key, request.form)
                     if replay is not None:
-                        return replay
-                if not created:
+                        return request.decode(replay)
+                if not inserted:
                     transition = Transition(loaded.state)
-                answer = answer_type(created=created, revision=transition.state.revision)
+                result = answer(inserted, transition.state)
                 statement = commit_statement(
                     lane,
                     loaded.state,
                     transition,
                     loaded.version,
-                    _recorded(request, None, answer),
+                    _recorded(request, result),
                 )
                 if statement is not None:
                     await run_commit(conn, statement)
             version = loaded.version + (statement is not None)
             self.cache.put(lane, VersionedLane(transition.state, version))
         self._committed(lane, transition)
-        return answer
+        return result
 
     async def snapshot_outline(self, lane: LaneRef) -> SnapshotOutline:
         """Capture the lane without its transcript's bodies, in one REPEATABLE READ
@@ -345,9 +316,9 @@ class Store:
 
     async def list_lanes(
         self, namespace: str, page_size: int, after_lane_id: str
-    ) -> tuple[list[lane_service_pb2.LaneSummary], str]:
-        """The namespace's lanes in id order after ``after_lane_id``; the next page token
-        ('' at the end)."""
+    ) -> tuple[list[LaneRow], str]:
+        """The namespace's lanes in id order after ``after_lane_id`` (at most ``page_size``);
+        the last one's id when more follow ('' at the end)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 LANE_SCAN + "SELECT l.lane_id, l.revision, l.tip_id, l.current_operation_id,"
@@ -360,24 +331,11 @@ class Store:
                 (namespace, after_lane_id, page_size + 1),
             )
             rows = await cur.fetchall()
-        lanes_found = [
-            lane_service_pb2.LaneSummary(
-                lane_id=lane_id,
-                revision=revision,
-                tip_id=tip_id or "",
-                operation_id=operation_id or "",
-                operation_status=(
-                    snapshot_pb2.OPERATION_STATUS_UNSPECIFIED
-                    if operation_id is None
-                    else snapshot_pb2.OPERATION_STATUS_ABORTING
-                    if cancelled
-                    else snapshot_pb2.OPERATION_STATUS_OPEN
-                ),
-            )
+        found = [
+            LaneRow(lane_id, revision, tip_id or "", operation_id or "", bool(cancelled))
             for lane_id, revision, tip_id, operation_id, cancelled in rows[:page_size]
         ]
-        next_token = lanes_found[-1].lane_id if len(rows) > page_size else ""
-        return lanes_found, next_token
+        return found, found[-1].lane_id if len(rows) > page_size else ""
 
     async def lane_head(self, lane: LaneRef) -> tuple[int, int]:
         """The lane's (head revision, retention floor)."""
@@ -408,7 +366,8 @@ class Store:
 
     async def reconcile_orphans(self, orphan_after: timedelta, limit: int = 100) -> list[str]:
         """End the leased runs no driver holds any more (aborted, or orphaned for
-        ``orphan_after``); return their operation ids. Safe to run from every process."""
+        ``orphan_after``); return their operation ids. Safe to run from every process: each
+        candidate is decided again by the domain (``reconcile``) in its own command."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 LANE_SCAN + "SELECT namespace, lane_id, operation_id FROM operations"
@@ -423,17 +382,13 @@ class Store:
 
             def decide(
                 state: LaneState, now: datetime, operation_id: str = operation_id
-            ) -> tuple[Transition, lane_service_pb2.EndRunResponse]:
+            ) -> tuple[Transition, bool]:
                 t = reconcile(state, operation_id, now, orphan_after, new_id)
-                answer = lane_service_pb2.EndRunResponse(revision=t.state.revision)
-                if t.events and t.state.last_result is not None:
-                    answer.result.CopyFrom(t.state.last_result)
-                return t, answer
+                return (Transition(state), False) if t is None else (t, True)
 
             try:
-                answer = await self.command(
-                    LaneRef(namespace, lane_id), decide, lane_service_pb2.EndRunResponse
-                )
+                if await self.command(LaneRef(namespace, lane_id), decide):
+                    ended.append(operation_id)
             except LaneError as exc:
                 # One lane that cannot be ended (corrupt state) must not hold up the others;
                 # it stays a candidate, and its reason is logged on every pass.
@@ -445,9 +400,6 @@ class Store:
                     exc.reason,
                     exc.message,
                 )
-                continue
-            if answer.HasField("result"):
-                ended.append(operation_id)
         return ended
 
     async def open_operation(self, lane: LaneRef) -> Operation | None:

@@ -40,9 +40,6 @@ class RecordedAnswer:
     method: str
     digest: bytes
     answer: Message
-    #: Replace the request's earlier answer (a later commit of the same request) instead of
-    #: failing on it.
-    replace: bool = False
 
 
 @dataclass
@@ -73,6 +70,30 @@ async def run_commit(conn: Conn, statement: CommitStatement) -> bool:
     cur = await conn.execute(statement.sql, statement.params)
     row = await cur.fetchone()
     return row is not None and row[0] == 1
+
+
+def _rows(
+    alias: str,
+    columns: Sequence[tuple[str, str]],
+    rows: Sequence[Sequence[object]],
+    params: dict[str, Any],
+) -> str:
+    """A FROM item yielding ``rows`` as ``alias(column, ...)``: one array parameter per column
+    unnested, or, for the usual single row, one plain parameter per column (psycopg dumps an
+    array parameter at several times the cost of a scalar)."""
+    names = [f"{alias}_{column}" for column, _ in columns]
+    if len(rows) == 1:
+        params.update(zip(names, rows[0], strict=True))
+        values = ", ".join(
+            f"%({name})s::{sql_type} AS {column}"
+            for name, (column, sql_type) in zip(names, columns, strict=True)
+        )
+        return f"(SELECT {values}) AS {alias}"
+    params.update(zip(names, (list(column) for column in zip(*rows, strict=True)), strict=True))
+    arrays = ", ".join(
+        f"%({name})s::{sql_type}[]" for name, (_, sql_type) in zip(names, columns, strict=True)
+    )
+    return f"unnest({arrays}) AS {alias}({', '.join(column for column, _ in columns)})"
 
 
 def _optional(message: Message | None) -> bytes | None:
@@ -163,15 +184,17 @@ def _inbox(
     if added:
         # Positions continue the lane's inbox counter, which the lane update advances.
         params["inbox_added"] = len(added)
-        params["inbox_ids"] = [item.entry_id for item in added]
-        params["inbox_bodies"] = [encode(item) for item in added]
+        source = _rows(
+            "a",
+            (("entry_id", "text"), ("body", "bytea"), ("n", "bigint")),
+            [(item.entry_id, encode(item), n) for n, item in enumerate(added, 1)],
+            params,
+        )
         lane_sets.append("next_inbox_position = next_inbox_position + %(inbox_added)s")
         ctes.append(
             "inbox_added AS (INSERT INTO inbox (namespace, lane_id, entry_id, position, body)"
             " SELECT %(ns)s, %(lane)s, a.entry_id,"
-            " lane.next_inbox_position - %(inbox_added)s + a.n, a.body"
-            " FROM lane, unnest(%(inbox_ids)s::text[], %(inbox_bodies)s::bytea[])"
-            " WITH ORDINALITY AS a(entry_id, body, n))"
+            f" lane.next_inbox_position - %(inbox_added)s + a.n, a.body FROM lane, {source})"
         )
 
 
@@ -288,19 +311,27 @@ def _tool_calls(
     if not changed:
         return
     assert new is not None
-    params.update(
-        calls_turn=new.turn_id,
-        calls_index=[c.source_index for c in changed],
-        calls_id=[c.tool_call_id for c in changed],
-        calls_name=[c.tool_name for c in changed],
-        calls_result_entry=[c.result_entry_id for c in changed],
-        calls_status=[c.status.value for c in changed],
-        calls_replay=[c.replay for c in changed],
-        calls_arguments=[c.arguments_json for c in changed],
-        calls_progress=[_optional(c.progress) for c in changed],
-        calls_checkpoint=[_optional(c.checkpoint) for c in changed],
-        calls_result=[_optional(c.result_message) for c in changed],
-        calls_terminate=[c.terminate for c in changed],
+    params["calls_turn"] = new.turn_id
+    source = _rows(
+        "c",
+        _CALL_COLUMNS,
+        [
+            (
+                c.source_index,
+                c.tool_call_id,
+                c.tool_name,
+                c.result_entry_id,
+                c.status.value,
+                c.replay,
+                c.arguments_json,
+                _optional(c.progress),
+                _optional(c.checkpoint),
+                _optional(c.result_message),
+                c.terminate,
+            )
+            for c in changed
+        ],
+        params,
     )
     ctes.append(
         "calls_written AS (INSERT INTO tool_calls (namespace, lane_id, operation_id,"
@@ -308,20 +339,28 @@ def _tool_calls(
         " arguments_json, progress, checkpoint, result_message, terminate)"
         " SELECT %(ns)s, %(lane)s, %(operation)s, c.source_index, %(calls_turn)s, c.tool_call_id,"
         " c.tool_name, c.result_entry_id, c.status, c.replay, c.arguments_json, c.progress,"
-        " c.checkpoint, c.result_message, c.terminate"
-        " FROM lane, unnest(%(calls_index)s::integer[], %(calls_id)s::text[],"
-        " %(calls_name)s::text[], %(calls_result_entry)s::text[], %(calls_status)s::text[],"
-        " %(calls_replay)s::smallint[], %(calls_arguments)s::text[],"
-        " %(calls_progress)s::bytea[], %(calls_checkpoint)s::bytea[],"
-        " %(calls_result)s::bytea[], %(calls_terminate)s::boolean[])"
-        " AS c(source_index, tool_call_id, tool_name, result_entry_id, status, replay,"
-        " arguments_json, progress, checkpoint, result_message, terminate)"
+        f" c.checkpoint, c.result_message, c.terminate FROM lane, {source}"
         " ON CONFLICT (namespace, operation_id, source_index)"
         " DO UPDATE SET status = EXCLUDED.status,"
         " replay = EXCLUDED.replay, arguments_json = EXCLUDED.arguments_json,"
         " progress = EXCLUDED.progress, checkpoint = EXCLUDED.checkpoint,"
         " result_message = EXCLUDED.result_message, terminate = EXCLUDED.terminate)"
     )
+
+
+_CALL_COLUMNS = (
+    ("source_index", "integer"),
+    ("tool_call_id", "text"),
+    ("tool_name", "text"),
+    ("result_entry_id", "text"),
+    ("status", "text"),
+    ("replay", "smallint"),
+    ("arguments_json", "text"),
+    ("progress", "bytea"),
+    ("checkpoint", "bytea"),
+    ("result_message", "bytea"),
+    ("terminate", "boolean"),
+)
 
 
 def _ended_operation(state: LaneState, params: dict[str, Any], ctes: list[str]) -> None:
@@ -346,48 +385,55 @@ def _ended_operation(state: LaneState, params: dict[str, Any], ctes: list[str]) 
 def _appended(transition: Transition, params: dict[str, Any], ctes: list[str]) -> None:
     """The append-only rows: entries, usage rows, events (one statement part each)."""
     if transition.entries:
-        entries = transition.entries
-        params.update(
-            entry_ids=[e.id for e in entries],
-            entry_parents=[e.parent_id or None for e in entries],
-            entry_seqs=[e.seq for e in entries],
-            entry_kinds=[e.WhichOneof("payload") for e in entries],
-            entry_bodies=[encode(e) for e in entries],
+        source = _rows(
+            "e",
+            (
+                ("entry_id", "text"),
+                ("parent_id", "text"),
+                ("seq", "bigint"),
+                ("kind", "text"),
+                ("body", "bytea"),
+            ),
+            [
+                (e.id, e.parent_id or None, e.seq, e.WhichOneof("payload"), encode(e))
+                for e in transition.entries
+            ],
+            params,
         )
         ctes.append(
             "entries_added AS (INSERT INTO entries"
             " (namespace, lane_id, entry_id, parent_id, seq, kind, body)"
-            " SELECT %(ns)s, %(lane)s, e.* FROM lane, unnest(%(entry_ids)s::text[],"
-            " %(entry_parents)s::text[], %(entry_seqs)s::bigint[], %(entry_kinds)s::text[],"
-            " %(entry_bodies)s::bytea[]) AS e)"
+            " SELECT %(ns)s, %(lane)s, e.entry_id, e.parent_id, e.seq, e.kind, e.body"
+            f" FROM lane, {source})"
         )
     if transition.usage_rows:
-        rows = transition.usage_rows
-        params.update(
-            usage_ids=[row.id for row in rows],
-            usage_seqs=[row.seq for row in rows],
-            usage_bodies=[encode(row) for row in rows],
+        source = _rows(
+            "u",
+            (("usage_id", "text"), ("seq", "bigint"), ("body", "bytea")),
+            [(row.id, row.seq, encode(row)) for row in transition.usage_rows],
+            params,
         )
         ctes.append(
             "usage_added AS (INSERT INTO usage_rows (namespace, lane_id, usage_id, seq, body)"
-            " SELECT %(ns)s, %(lane)s, u.* FROM lane, unnest(%(usage_ids)s::text[],"
-            " %(usage_seqs)s::bigint[], %(usage_bodies)s::bytea[]) AS u)"
+            f" SELECT %(ns)s, %(lane)s, u.usage_id, u.seq, u.body FROM lane, {source})"
         )
     if transition.events:
         events = transition.events
         params.update(
             group_end=events[-1].revision,
             commit_time=events[0].commit_time.ToDatetime(tzinfo=UTC),
-            event_revisions=[e.revision for e in events],
-            event_kinds=[e.WhichOneof("kind") for e in events],
-            event_bodies=[encode(e) for e in events],
+        )
+        source = _rows(
+            "v",
+            (("revision", "bigint"), ("kind", "text"), ("body", "bytea")),
+            [(e.revision, e.WhichOneof("kind"), encode(e)) for e in events],
+            params,
         )
         ctes.append(
             "events_added AS (INSERT INTO events"
             " (namespace, lane_id, revision, group_end, kind, body, commit_time)"
-            " SELECT %(ns)s, %(lane)s, e.revision, %(group_end)s, e.kind, e.body, %(commit_time)s"
-            " FROM lane, unnest(%(event_revisions)s::bigint[], %(event_kinds)s::text[],"
-            " %(event_bodies)s::bytea[]) AS e(revision, kind, body))"
+            " SELECT %(ns)s, %(lane)s, v.revision, %(group_end)s, v.kind, v.body, %(commit_time)s"
+            f" FROM lane, {source})"
         )
 
 
@@ -400,16 +446,10 @@ def _answer(n: int, recorded: RecordedAnswer, params: dict[str, Any], ctes: list
             f"response_{n}": encode(recorded.answer),
         }
     )
-    # A request id answered before fails the statement (the primary key), unless this is a
-    # later commit of the same request, which replaces its answer.
-    conflict = (
-        " ON CONFLICT (namespace, lane_id, request_id) DO UPDATE SET response = EXCLUDED.response"
-        if recorded.replace
-        else ""
-    )
+    # A request id answered before fails the statement (its primary key): nothing is written.
     ctes.append(
         f"answer_{n} AS (INSERT INTO requests"
         " (namespace, lane_id, request_id, method, request_hash, response)"
         f" SELECT %(ns)s, %(lane)s, %(request_{n})s, %(method_{n})s, %(digest_{n})s,"
-        f" %(response_{n})s FROM lane{conflict})"
+        f" %(response_{n})s FROM lane)"
     )

@@ -1,14 +1,21 @@
 """Idempotent requests: a retried request id returns the first answer and commits nothing.
 
 The stored answer is written in the same transaction as the command it answers, so a request
-id is recorded if and only if its command committed.
+id is recorded if and only if its command committed. The store keeps answers in a recorded form
+(a message) that the command gives it with the key (:class:`Recording`); it never builds one.
+
+A request answered in more than one commit (StageToolOutcome: staging, then placement) records
+each later step under its own key, :meth:`RequestKey.step`: the request id, U+001F (the
+ASCII unit separator) and the step's name, e.g. ``"<id>\x1fplace"``. A request id is printable
+(service/api/validation.py), so no request id a client sends can be a step's key.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
 from psycopg import AsyncConnection
@@ -18,6 +25,11 @@ from service.store.codec import decode, encode
 from service.store.lane_ref import LaneRef
 
 R = TypeVar("R", bound=Message)
+A = TypeVar("A")
+
+#: Between a request id and a step's name in the key of a later step's answer (never printable,
+#: so never in a request id).
+STEP_SEPARATOR = "\x1f"
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,22 @@ class RequestKey:
         content.ClearField("request_id")
         digest = hashlib.sha256(encode(content)).digest()
         return cls(request_id=request_id, method=method, digest=digest)
+
+    def step(self, name: str) -> RequestKey:
+        """The key of this request's step ``name``: a later commit of the same request, whose
+        answer is kept apart from the first one's (same method and content digest)."""
+        return RequestKey(f"{self.request_id}{STEP_SEPARATOR}{name}", self.method, self.digest)
+
+
+@dataclass(frozen=True)
+class Recording(Generic[A]):
+    """How a command's answer of type ``A`` is kept under its request's key: as a message of
+    type ``form``, made by ``encode`` and read back by ``decode``."""
+
+    key: RequestKey
+    form: type[Message]
+    encode: Callable[[A], Message]
+    decode: Callable[[Message], A]
 
 
 async def replayed_answer(

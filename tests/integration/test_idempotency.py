@@ -17,6 +17,7 @@ from google.protobuf.message import Message
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
+from service.domain import placement
 from tests.integration.lanes import (
     Probe,
     assistant,
@@ -356,3 +357,62 @@ async def test_stage_concurrent_retries_after_staging_agree(lane_stub) -> None:
         placed = [list(a.placed_tool_call_ids) for a in answers]
         assert placed == [["c0"]] * 3, f"answers disagree on what was placed: {placed}"
         assert len({a.revision for a in answers}) == 1
+
+
+def _stage_c0(ctx: Ctx, request_id: str) -> pb.StageToolOutcomeRequest:
+    return pb.StageToolOutcomeRequest(
+        lane_id=ctx.lane_id,
+        operation_id=ctx.operation_id,
+        tool_call_id="c0",
+        executed=pb.ExecutedOutcome(result=result("c0 done")),
+        request_id=request_id,
+    )
+
+
+async def _stage_without_placement(stub: Any, request: Message, monkeypatch: Any) -> None:
+    """Send ``request`` while placement fails: its staging commits, its placement does not
+    (as when the service stops between the two commits)."""
+
+    def stopped(*args: Any) -> Any:
+        raise RuntimeError("the service stopped between staging and placement")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(placement, "place_ready", stopped)
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await stub.StageToolOutcome(request)
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+
+
+async def test_stage_retry_places_what_the_first_call_left_unplaced(
+    lane_stub, store, monkeypatch
+) -> None:
+    ctx = await build(lane_stub, "effect_pending", prefix="idem")
+    probe = Probe(lane_stub, ctx.lane_id)
+    await probe.start()
+    request = _stage_c0(ctx, "stage-stopped")
+    await _stage_without_placement(lane_stub, request, monkeypatch)
+    assert kinds(await probe.check()) == ["tool_end"]  # staged, not placed
+    # The retry answers the staging as committed, and places c0 now.
+    answer = await lane_stub.StageToolOutcome(request)
+    assert list(answer.placed_tool_call_ids) == ["c0"]
+    assert answer.revision > answer.staged_revision == probe.snapshot.revision
+    assert "entry_added" in kinds(await probe.check(["c0"]))
+    assert answer.staged.content[0].text.text == "c0 done"
+    # Every later retry answers alike and commits nothing.
+    committed = await picture(lane_stub, store, ctx.lane_id)
+    assert await lane_stub.StageToolOutcome(request) == answer
+    assert_unchanged(committed, await picture(lane_stub, store, ctx.lane_id), "retry")
+
+
+async def test_stage_retry_without_request_id_is_a_new_request(lane_stub, monkeypatch) -> None:
+    # Without a request id a retry cannot be told from a second outcome for the call: the call
+    # is staged already, so it is refused, and what the first call left unplaced stays so.
+    ctx = await build(lane_stub, "effect_pending", prefix="idem")
+    probe = Probe(lane_stub, ctx.lane_id)
+    await probe.start()
+    request = _stage_c0(ctx, "")
+    await _stage_without_placement(lane_stub, request, monkeypatch)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await lane_stub.StageToolOutcome(request)
+    assert error_reason(refused.value) == "TOOL_CALL_WRONG_STATUS"
+    assert kinds(await probe.check()) == ["tool_end"]

@@ -152,20 +152,14 @@ def result(
 
 def executed(
     outcome: messages_pb2.ToolResult, *, is_error: bool = False
-) -> lane_service_pb2.StageToolOutcomeRequest:
-    return lane_service_pb2.StageToolOutcomeRequest(
-        executed=lane_service_pb2.ExecutedOutcome(result=outcome, is_error=is_error)
-    )
+) -> lane_service_pb2.ExecutedOutcome:
+    return lane_service_pb2.ExecutedOutcome(result=outcome, is_error=is_error)
 
 
 def synthetic(
     cause: lane_service_pb2.SyntheticCause.ValueType, message: str = "", terminate: bool = False
-) -> lane_service_pb2.StageToolOutcomeRequest:
-    return lane_service_pb2.StageToolOutcomeRequest(
-        synthetic=lane_service_pb2.SyntheticOutcome(
-            cause=cause, message=message, terminate=terminate
-        )
-    )
+) -> lane_service_pb2.SyntheticOutcome:
+    return lane_service_pb2.SyntheticOutcome(cause=cause, message=message, terminate=terminate)
 
 
 def run_settings(
@@ -414,7 +408,7 @@ class Lane:
             lambda s: tools.update_tool_call(s, run_id, call_id, progress, checkpoint, now)
         )
 
-    def stage(self, call_id: str, outcome: lane_service_pb2.StageToolOutcomeRequest) -> Transition:
+    def stage(self, call_id: str, outcome: tools.Outcome) -> Transition:
         now, run_id = self.tick(), self.operation_id
         return self.commit(lambda s: tools.stage_tool_outcome(s, run_id, call_id, outcome, now))
 

@@ -284,10 +284,10 @@ SYNTHETIC_FROM_PLANNED = [
 
 @pytest.mark.parametrize(("outcome", "expected_text", "terminate"), SYNTHETIC_FROM_PLANNED)
 def test_staging_a_planned_call_emits_tool_start_with_source_args_then_tool_end(
-    outcome: lane_service_pb2.StageToolOutcomeRequest, expected_text: str, terminate: bool
+    outcome: lane_service_pb2.SyntheticOutcome, expected_text: str, terminate: bool
 ) -> None:
     lane = lane_with_batch(("c-0", "nope", BIG_ARGS))
-    if outcome.synthetic.cause == Cause.SYNTHETIC_CAUSE_CANCELLED:
+    if outcome.cause == Cause.SYNTHETIC_CAUSE_CANCELLED:
         lane.abort()  # a cancelled outcome follows a durable abort
     t = lane.stage("c-0", outcome)
     assert kinds(t) == ["tool_start", "tool_end"]

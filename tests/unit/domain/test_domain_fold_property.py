@@ -117,25 +117,19 @@ FITTING_CAUSES: dict[CallStatus | None, list[lane_service_pb2.SyntheticCause.Val
 
 
 @st.composite
-def outcomes(
-    draw: st.DrawFn, status: CallStatus | None
-) -> lane_service_pb2.StageToolOutcomeRequest:
+def outcomes(draw: st.DrawFn, status: CallStatus | None) -> tools.Outcome:
     fitting = FITTING_CAUSES.get(status)
     anything = fitting is None or draw(st.integers(0, 15)) == 7
     executed = draw(st.booleans()) if anything else status == CallStatus.EFFECT_PENDING
     if executed and (anything or draw(st.integers(0, 3)) != 2):
-        return lane_service_pb2.StageToolOutcomeRequest(
-            executed=lane_service_pb2.ExecutedOutcome(
-                result=draw(tool_results()), is_error=draw(st.booleans())
-            )
+        return lane_service_pb2.ExecutedOutcome(
+            result=draw(tool_results()), is_error=draw(st.booleans())
         )
     causes = list(SyntheticCause.values()) if anything or fitting is None else fitting
-    return lane_service_pb2.StageToolOutcomeRequest(
-        synthetic=lane_service_pb2.SyntheticOutcome(
-            cause=draw(st.sampled_from(causes)),
-            message=draw(st.text(max_size=10)),
-            terminate=draw(st.booleans()),
-        )
+    return lane_service_pb2.SyntheticOutcome(
+        cause=draw(st.sampled_from(causes)),
+        message=draw(st.text(max_size=10)),
+        terminate=draw(st.booleans()),
     )
 
 

@@ -122,10 +122,8 @@ def batch_lanes(draw: st.DrawFn) -> LaneState:
                 if action == "unknown"
                 else Cause.SYNTHETIC_CAUSE_DENIED
             )
-            outcome = lane_service_pb2.StageToolOutcomeRequest(
-                synthetic=lane_service_pb2.SyntheticOutcome(
-                    cause=cause, message=draw(texts) or "no"
-                )
+            outcome: tools.Outcome = lane_service_pb2.SyntheticOutcome(
+                cause=cause, message=draw(texts) or "no"
             )
             state = tools.stage_tool_outcome(state, run_id, call_id, outcome, NOW).state
             state = placement.place_ready(state, NOW, ids).state
@@ -140,15 +138,11 @@ def batch_lanes(draw: st.DrawFn) -> LaneState:
         if end == "running":
             continue
         if end == "executed":
-            outcome = lane_service_pb2.StageToolOutcomeRequest(
-                executed=lane_service_pb2.ExecutedOutcome(
-                    result=draw(results()), is_error=draw(st.booleans())
-                )
+            outcome = lane_service_pb2.ExecutedOutcome(
+                result=draw(results()), is_error=draw(st.booleans())
             )
         else:
-            outcome = lane_service_pb2.StageToolOutcomeRequest(
-                synthetic=lane_service_pb2.SyntheticOutcome(cause=Cause.SYNTHETIC_CAUSE_INTERRUPTED)
-            )
+            outcome = lane_service_pb2.SyntheticOutcome(cause=Cause.SYNTHETIC_CAUSE_INTERRUPTED)
         state = tools.stage_tool_outcome(state, run_id, call_id, outcome, NOW).state
         state = placement.place_ready(state, NOW, ids).state
     if draw(st.booleans()):

@@ -21,8 +21,8 @@ from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
 from service.api.framing import event_group_frame, snapshot_head_frame
-from service.api.operation_state import operation_state
 from service.api.snapshot_stream import snapshot_frames
+from service.commands.operation_state import operation_state
 from service.domain import lane_values, lanes, leases, runs, tools
 from service.domain.capture import capture
 from service.domain.errors import Code, ResourceExhausted

@@ -106,7 +106,7 @@ def commands(lane: Lane, run_id: str = RUN) -> dict[str, Command]:
     prompt = [user("again")]
     message = assistant(text("x"), tool_call("n-0", "read", "{}"))
 
-    def stage(outcome: lane_service_pb2.StageToolOutcomeRequest) -> Command:
+    def stage(outcome: tools.Outcome) -> Command:
         return lambda s: tools.stage_tool_outcome(s, run_id, X, outcome, now)
 
     return {
@@ -134,7 +134,7 @@ def commands(lane: Lane, run_id: str = RUN) -> dict[str, Command]:
         "stage_cancelled": stage(synthetic(Cause.SYNTHETIC_CAUSE_CANCELLED)),
         "stage_interrupted": stage(synthetic(Cause.SYNTHETIC_CAUSE_INTERRUPTED)),
         "stage_unspecified": stage(synthetic(Cause.SYNTHETIC_CAUSE_UNSPECIFIED)),
-        "stage_no_outcome": stage(lane_service_pb2.StageToolOutcomeRequest()),
+        "stage_no_outcome": stage(lane_service_pb2.SyntheticOutcome()),
         "end_completed": lambda s: runs.end_run(s, run_id, COMPLETED, None, now, ids),
         "end_failed": lambda s: runs.end_run(
             s, run_id, FAILED, snapshot_pb2.OperationError(code="E", message="m"), now, ids

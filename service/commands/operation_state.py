@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lane.v1 import lane_service_pb2 as pb
 
-from service.domain.state import CallStatus, Continuation, LaneState, Operation, Phase
+from service.domain.state import CallStatus, Continuation, Operation, Phase
 
 _PHASES = {
     Phase.IDLE: pb.RUN_PHASE_IDLE,
@@ -27,13 +27,6 @@ def lease_of(operation: Operation) -> pb.Lease | None:
     if operation.lease_expires is not None:
         lease.expire_time.FromDatetime(operation.lease_expires)
     return lease
-
-
-def copy_lease(state: LaneState, target: pb.Lease) -> None:
-    """Fill ``target`` (an answer's lease field) with the open operation's lease, if any."""
-    lease = lease_of(state.operation) if state.operation is not None else None
-    if lease is not None:
-        target.CopyFrom(lease)
 
 
 def operation_state(operation: Operation) -> pb.OperationState:

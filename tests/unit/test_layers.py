@@ -1,0 +1,67 @@
+"""The service's layers import only earlier ones (README "Layout"): domain → store → hub →
+commands → api → app. The contracts (lane.v1) are everyone's; metrics and logs everyone's but
+the domain's; gRPC is the api's and the app's alone."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SERVICE = Path(__file__).resolve().parents[2] / "service"
+LAYERS = ("domain", "store", "hub", "commands", "api", "app")
+SHARED = ("metrics", "logs")
+#: Third-party packages a layer must not use, and the layers that must not.
+FORBIDDEN = {
+    "grpc": ("domain", "store", "hub", "commands"),
+    "grpc_status": ("domain", "store", "hub", "commands"),
+    "psycopg": ("domain", "commands"),
+    "psycopg_pool": ("domain", "commands"),
+}
+
+
+def imported(path: Path) -> set[str]:
+    """Every module ``path`` imports (``from service import metrics``: ``service.metrics``)."""
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.add(node.module)
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return modules
+
+
+def violations(layer: str, root: Path = SERVICE) -> list[str]:
+    allowed = set(LAYERS[: LAYERS.index(layer) + 1])
+    if layer != "domain":
+        allowed.update(SHARED)
+    found = []
+    for path in sorted((root / layer).rglob("*.py")):
+        for module in sorted(imported(path)):
+            parts = module.split(".")
+            layered = parts[0] == "service" and len(parts) > 1 and parts[1] in (*LAYERS, *SHARED)
+            if layered and parts[1] not in allowed:
+                found.append(f"{path.relative_to(root)} imports {module}")
+            if layer in FORBIDDEN.get(parts[0], ()):
+                found.append(f"{path.relative_to(root)} imports {module}")
+    return found
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_layer_imports_only_earlier_layers(layer: str) -> None:
+    assert violations(layer) == []
+
+
+def test_the_check_catches_a_layer_reaching_up(tmp_path: Path) -> None:
+    (tmp_path / "commands").mkdir()
+    (tmp_path / "commands" / "bad.py").write_text(
+        "import grpc\nfrom service.api import base\nfrom service import metrics\n"
+        "from service.store import Store\n"
+    )
+    assert violations("commands", tmp_path) == [
+        "commands/bad.py imports grpc",
+        "commands/bad.py imports service.api",
+        "commands/bad.py imports service.api.base",
+    ]
