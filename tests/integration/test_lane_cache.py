@@ -12,6 +12,7 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2
 
 from service import metrics
+from service.store import LANE_SCAN
 from tests.integration.lanes import (
     Probe,
     error_reason,
@@ -22,6 +23,7 @@ from tests.integration.lanes import (
     text,
 )
 from tests.integration.servers import extra_server
+from tests.integration.statements import recording
 
 
 def commits(path: str) -> float:
@@ -112,3 +114,44 @@ async def test_a_hand_edit_is_seen_by_the_next_command(lane_stub: Any, store: An
         await update(lane_stub, probe.lane_id, run, token, "c0", "too late")
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_reason(refused.value) == "TOOL_CALL_WRONG_STATUS"
+
+
+async def test_a_tool_calls_life_on_the_kept_lane_is_one_statement_per_commit(
+    lane_stub: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probe = Probe(lane_stub, new_lane_id("cache-sql"))
+    run, token = await leased_batch(lane_stub, probe, "c0", "c1")
+    await start_call(lane_stub, probe.lane_id, run, token, "c0")  # the lane is kept from here
+    async with recording(monkeypatch) as recorder:
+        await start_call(lane_stub, probe.lane_id, run, token, "c1")
+        await update(lane_stub, probe.lane_id, run, token, "c1", "half way")
+        await lane_stub.UpdateToolCall(
+            pb.UpdateToolCallRequest(
+                lane_id=probe.lane_id,
+                operation_id=run,
+                tool_call_id="c1",
+                partial_result=result("checkpoint"),
+                checkpoint=True,
+                lease_token=token,
+            )
+        )
+        for call in ("c0", "c1"):
+            staged = pb.StageToolOutcomeRequest(
+                lane_id=probe.lane_id, operation_id=run, tool_call_id=call, lease_token=token
+            )
+            staged.executed.result.content.append(text(f"{call} done"))
+            await lane_stub.StageToolOutcome(staged)
+    mine = [
+        s
+        for s in recorder.statements
+        if not s.sql.startswith(LANE_SCAN)
+        and isinstance(s.params, dict)
+        and s.params.get("lane") == probe.lane_id
+    ]
+    # Commits: intent, progress, checkpoint, then per call staging and placement (c0's
+    # placement and c1's staging and placement): 7 commits, each one statement of its own
+    # (no BEGIN/COMMIT around it, no load before it).
+    assert [s.transaction for s in mine] == [None] * 7
+    assert all(s.sql.startswith("WITH lane AS (UPDATE lanes SET version") for s in mine)
+    events = await probe.check()
+    assert [e.tool_end.tool_call_id for e in events if e.HasField("tool_end")] == ["c0", "c1"]

@@ -11,80 +11,21 @@ then holds each one to the rule. The only exceptions are the statements marked a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 import grpc
-import psycopg
 import pytest
 
 from service.store import LANE_SCAN
 from tests.integration.servers import extra_server
+from tests.integration.statements import Statement, recording
 from tests.outage.fuzzing import Fuzzer, World, drive, populate
 
 LANE_TABLES = ("lanes", "entries", "inbox", "operations", "tool_calls", "usage_rows", "events",
                "requests")  # fmt: skip
 _TABLE = re.compile(r"\b(" + "|".join(LANE_TABLES) + r")\b")
 _DDL = re.compile(r"^\s*(CREATE|ALTER|DROP|LISTEN|SET|INSERT INTO schema_migrations)\b", re.I)
-
-
-@dataclass
-class Statement:
-    sql: str
-    params: Any
-    #: The transaction it ran in (per connection), or None for a statement of its own.
-    transaction: int | None
-
-
-@dataclass
-class Recorder:
-    statements: list[Statement] = field(default_factory=list)
-    transactions: dict[int, int] = field(default_factory=dict)
-    next_transaction: int = 0
-
-    def record(self, conn: Any, query: Any, params: Any) -> None:
-        sql = query.decode() if isinstance(query, bytes) else str(query)
-        self.statements.append(Statement(sql, params, self.transactions.get(id(conn))))
-
-
-@contextlib.asynccontextmanager
-async def recording(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Recorder]:
-    recorder = Recorder()
-    execute = psycopg.AsyncCursor.execute
-    executemany = psycopg.AsyncCursor.executemany
-    transaction = psycopg.AsyncConnection.transaction
-
-    async def recorded_execute(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
-        recorder.record(self.connection, query, params)
-        return await execute(self, query, params, **kw)
-
-    async def recorded_executemany(self: Any, query: Any, params_seq: Any, **kw: Any) -> Any:
-        params_seq = list(params_seq)
-        for params in params_seq:
-            recorder.record(self.connection, query, params)
-        return await executemany(self, query, params_seq, **kw)
-
-    @contextlib.asynccontextmanager
-    async def recorded_transaction(self: Any, *args: Any, **kw: Any) -> AsyncIterator[Any]:
-        outer = id(self) not in recorder.transactions
-        if outer:
-            recorder.next_transaction += 1
-            recorder.transactions[id(self)] = recorder.next_transaction
-        try:
-            async with transaction(self, *args, **kw) as tx:
-                yield tx
-        finally:
-            if outer:
-                del recorder.transactions[id(self)]
-
-    monkeypatch.setattr(psycopg.AsyncCursor, "execute", recorded_execute)
-    monkeypatch.setattr(psycopg.AsyncCursor, "executemany", recorded_executemany)
-    monkeypatch.setattr(psycopg.AsyncConnection, "transaction", recorded_transaction)
-    yield recorder
 
 
 def lane_key(statement: Statement) -> tuple[str, str] | None:
