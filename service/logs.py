@@ -14,7 +14,6 @@ call, and ``exc_info`` for exceptions. ``text`` (the default) is the classic
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from pythonjsonlogger.json import JsonFormatter
 LOG_FORMATS = ("text", "json")
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     """What is known about the request being served; empty strings are unknown."""
 
@@ -47,16 +46,22 @@ class Request:
 _current: ContextVar[Request | None] = ContextVar("lane_request", default=None)
 
 
-@contextlib.contextmanager
-def request_scope(rpc: str) -> Iterator[Request]:
+class request_scope:  # lower case: used like the function it was
     """Mark log records emitted inside the block (and in tasks started in it) as serving
-    ``rpc``; :func:`bind` adds the ids once they are known."""
-    request = Request(rpc)
-    token = _current.set(request)
-    try:
-        yield request
-    finally:
-        _current.reset(token)
+    ``rpc``; :func:`bind` adds the ids once they are known. A class rather than a generator
+    context manager: it runs around every RPC, and costs a third as much."""
+
+    __slots__ = ("_request", "_token")
+
+    def __init__(self, rpc: str) -> None:
+        self._request = Request(rpc)
+
+    def __enter__(self) -> Request:
+        self._token = _current.set(self._request)
+        return self._request
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self._token)
 
 
 def bind(*, namespace: str = "", lane_id: str = "", operation_id: str = "") -> None:

@@ -40,6 +40,8 @@ def observed(method: str, streaming: bool, handler: Handler) -> Handler:
     if streaming:
         return streaming_rpc
     seconds = metrics.COMMAND_SECONDS.labels(method)
+    # The counter of each status code, looked up once (a labels() call takes a lock).
+    answered: dict[str, Any] = {}
 
     async def unary_rpc(data: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         with logs.request_scope(method):
@@ -60,9 +62,13 @@ def observed(method: str, streaming: bool, handler: Handler) -> Handler:
             finally:
                 elapsed = time.perf_counter() - start
                 seconds.observe(elapsed)
-                metrics.COMMANDS.labels(method, code).inc()
-                why = f" {reason}" if reason else ""  # the ErrorInfo reason of a refusal
-                log.debug("%s answered %s%s in %.1f ms", method, code, why, elapsed * 1000)
+                counter = answered.get(code)
+                if counter is None:
+                    counter = answered[code] = metrics.COMMANDS.labels(method, code)
+                counter.inc()
+                if log.isEnabledFor(logging.DEBUG):
+                    why = f" {reason}" if reason else ""  # the ErrorInfo reason of a refusal
+                    log.debug("%s answered %s%s in %.1f ms", method, code, why, elapsed * 1000)
 
     return unary_rpc
 
