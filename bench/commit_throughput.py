@@ -28,6 +28,17 @@ other, on the same PostgreSQL:
    window. Before the drivers start, a short burst of Health.Check RPCs at the same
    concurrency gives the gRPC ceiling: what the service answers with no database work at all.
 
+3. **Replay** (``--replay``, on by default; ``--no-replay`` skips it). After the first
+   baseline, pgbench replays the service's own statements for the same lifecycle with no
+   Python in the loop: :mod:`bench.replay` runs the domain functions in this process and
+   records each commit's statement with the store's ``commit_statement`` (the optimistic path:
+   one statement per commit), and ``pgbench -M prepared`` runs them, one run of the lifecycle
+   per pgbench transaction, each statement in autocommit, on a lane and in a namespace of its
+   own per run, on a scratch database with the service's schema. Replayed commits/s beside the
+   service's and the single-row baseline's split the service's cost into its SQL's (replay /
+   baseline) and its own (service / replay); PostgreSQL CPU per commit is printed for all
+   three.
+
 Cross-checks printed with the result: the lane revisions advanced (from the RPC answers, and
 at the end from GetLaneSnapshot of every lane: they must agree, else the exit status is 1),
 and PostgreSQL's own count of committed transactions in the bench database over each whole
@@ -92,12 +103,12 @@ from lane.v1 import (
 )
 from lane.v1 import (
     lane_service_pb2_grpc,
-    messages_pb2,
     snapshot_pb2,
 )
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from bench import replay
 from bench.entry import add_database_url, run_benchmark, stop_process
 from bench.watchers import Fleet, FleetResult, start_fleet
 
@@ -617,6 +628,165 @@ def _psycopg_baseline(url: str, clients: int, seconds: float, statement: str) ->
     return sum(counts), elapsed
 
 
+# -- replay: the service's own SQL, by pgbench --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Replay:
+    """pgbench replaying the statements of the drivers' lifecycle run (:mod:`bench.replay`)."""
+
+    method: str
+    #: Complete runs of the script (pgbench's transactions) and their lifecycle commits.
+    runs: int
+    commits: int
+    commits_per_second: float
+    #: Lifecycle commits and PostgreSQL transactions per run of the script.
+    commits_per_run: int
+    transactions_per_run: int
+    postgres_counted: int
+    cpu: CpuUse
+    #: The replay database's counters over the pgbench run.
+    db: DbCounters
+    no_statements: str | None
+    #: Lanes at the version and revision of a complete run, lanes short of it, all lanes.
+    complete: int
+    short: int
+    lanes: int
+    clients: int
+    #: Bytes of the ``-D`` definitions (the recorded values) on pgbench's command line.
+    define_bytes: int
+    variables: int
+
+    @property
+    def ok(self) -> bool:
+        """Every run pgbench counted reached the recorded run's version (so every statement
+        wrote: a version check that failed would leave the lane short, and every later
+        statement of the run would fail too), and at most one run per client was cut short."""
+        return self.complete == self.runs and self.lanes - self.complete <= self.clients
+
+    def per_commit(self, value: int | None) -> float | None:
+        if value is None or not self.commits:
+            return None
+        return value / self.commits
+
+
+async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> Replay | str:
+    """pgbench replaying the service's statements for the drivers' lifecycle at
+    ``--drivers`` clients for ``--seconds``, on a scratch database of its own with the
+    service's schema; or why it cannot run."""
+    pgbench = shutil.which("pgbench")
+    if pgbench is None:
+        return "no pgbench on PATH"
+    # Imported here: only the replay needs the service's migrations in this process.
+    from service.store.migrations import migrate
+
+    recorded = replay.record(f"bench-{uuid.uuid4().hex[:12]}", args.calls, args.turns)
+    script = replay.replay_script(recorded)
+    path = work_dir / "replay.sql"
+    path.write_text(script.text)
+    clients = args.drivers
+    async with scratch_database(db.server_url, db.description) as replay_db:
+        async with await psycopg.AsyncConnection.connect(replay_db.url, autocommit=True) as conn:
+            await migrate(conn)
+        env = dict(os.environ)
+        # The service's connections say they bump lane versions themselves (schema 0005);
+        # without it the triggers would bump them again and the version checks would fail.
+        env["PGOPTIONS"] = " ".join(
+            part for part in (env.get("PGOPTIONS", ""), "-c lane.writer=service") if part
+        )
+        command = [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients)]
+        command += ["-T", str(max(1, round(args.seconds))), *script.arguments()]
+        command += ["-f", str(path), replay_db.url]
+        statements = replay_db.no_statements is None
+        async with await psycopg.AsyncConnection.connect(replay_db.url, autocommit=True) as conn:
+            counters_before = await read_db_counters(conn, statements)
+            times_before = os.times()
+            children_before = _cluster_children(db.postmaster)
+            sample = cpu_sample({}, db.postmaster)
+            process = await asyncio.create_subprocess_exec(
+                *command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+            try:
+                out, err = await process.communicate()
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+            output = out.decode() + err.decode()
+            tps, processed = _TPS.search(output), _PROCESSED.search(output)
+            if process.returncode != 0 or tps is None or processed is None:
+                raise RuntimeError(
+                    f"pgbench (replay) failed (exit {process.returncode}):\n{output}"
+                )
+            await settle_cluster(db.postmaster, children_before)
+            after = cpu_sample({}, db.postmaster)
+            times_after = os.times()
+            child = (times_after.children_user - times_before.children_user) + (
+                times_after.children_system - times_before.children_system
+            )
+            use = cpu_use(sample, after, {"pgbench": child})
+            await asyncio.sleep(1.5)  # as counted_commits: let the stats settle
+            counters = await read_db_counters(conn, statements) - counters_before
+            cur = await conn.execute(
+                "SELECT count(*) FILTER (WHERE version = %s AND revision = %s), count(*)"
+                " FROM lanes",
+                (script.version_after, script.revision_after),
+            )
+            row = await cur.fetchone()
+            complete, lanes = (int(row[0]), int(row[1])) if row else (0, 0)
+    runs = int(processed.group(1))
+    return Replay(
+        method=f"pgbench -M prepared -c {clients} -j {clients} -T {round(args.seconds)}",
+        runs=runs,
+        commits=runs * script.commits,
+        commits_per_second=float(tps.group(1)) * script.commits,
+        commits_per_run=script.commits,
+        transactions_per_run=script.transactions,
+        postgres_counted=counters.transactions,
+        cpu=use,
+        db=counters,
+        no_statements=replay_db.no_statements,
+        complete=complete,
+        short=lanes - complete,
+        lanes=lanes,
+        clients=clients,
+        define_bytes=script.define_bytes,
+        variables=len(script.variables),
+    )
+
+
+def replay_lines(result: Replay) -> list[str]:
+    """The replay's block of the report."""
+    db = result.db
+    statements = (
+        f"statements {_ratio(result.per_commit(db.statements))} (pg_stat_statements calls)"
+        if result.no_statements is None
+        else f"statements: unavailable ({result.no_statements})"
+    )
+    extra = result.postgres_counted - result.runs * result.transactions_per_run
+    transactions = _ratio(result.per_commit(db.transactions))
+    rows = _ratio(result.per_commit(db.rows_written))
+    verdict = "OK" if result.ok else "FAILED (a statement wrote nothing: the replay is not valid)"
+    return [
+        f"replay of the service's SQL: {result.method}; one run of the script = the run's lane"
+        f" created (1 transaction) and {result.commits_per_run} statements, each its own commit:"
+        f" {result.runs:,} runs, {result.commits:,} lifecycle commits; PostgreSQL counted"
+        f" {result.postgres_counted:,} commits ({result.transactions_per_run} per run, +{extra:,}:"
+        " pgbench preparing each statement once per connection, each an implicit transaction,"
+        " and the bench's own queries)",
+        f"  {result.cpu.describe()}",
+        f"  {result.cpu.per_commit(result.commits_per_second, *result.cpu.processes)}"
+        " (per lifecycle commit, the lane's creation included)",
+        f"  per lifecycle commit: PostgreSQL transactions {transactions}, rows written {rows};"
+        f" {statements}",
+        f"  recorded values: {result.variables:,} pgbench variables, {result.define_bytes:,} bytes"
+        " of -D arguments",
+        f"  check: {result.complete:,} lanes at the recorded run's version and revision, pgbench"
+        f" counted {result.runs:,} runs; {result.short} lanes short of it (runs cut by the end,"
+        f" at most {result.clients}): {verdict}",
+    ]
+
+
 # -- the service subprocess -----------------------------------------------------------------
 
 
@@ -895,14 +1065,6 @@ class Stats:
             self.latencies.setdefault(method, []).append(seconds)
 
 
-def _text(value: str) -> messages_pb2.ContentBlock:
-    return messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=value))
-
-
-def _result(value: str) -> messages_pb2.ToolResult:
-    return messages_pb2.ToolResult(content=[_text(value)])
-
-
 @dataclass
 class Retries:
     """Retrying the commands refused with one of :data:`RETRY_CODES`, with capped exponential
@@ -983,9 +1145,7 @@ class Driver:
         run_no = 0
         while not self.stop.is_set():
             run_no += 1
-            prompt = messages_pb2.AgentMessage(
-                user=messages_pb2.UserMessage(content=[_text(f"run {run_no}: go")])
-            )
+            prompt = replay.prompt_message(run_no)
             started = await self._rpc(
                 "StartRun",
                 stub.StartRun,
@@ -993,7 +1153,7 @@ class Driver:
             )
             run_id = started.operation_id
             for turn_no in range(self.turns_per_run):
-                calls = [f"r{run_no}t{turn_no}c{i}" for i in range(self.calls_per_turn)]
+                calls = replay.call_ids(run_no, turn_no, self.calls_per_turn)
                 await self._turn(run_id, calls)
                 if self.stop.is_set():
                     return
@@ -1016,24 +1176,7 @@ class Driver:
             stub.StartTurn,
             pb.StartTurnRequest(lane_id=lane, operation_id=run_id, request_id=self._request_id()),
         )
-        blocks = [_text("calling tools" if calls else "all done")]
-        blocks += [
-            messages_pb2.ContentBlock(
-                tool_call=messages_pb2.ToolCallContent(
-                    id=call, name="shell", arguments_json='{"cmd": "ls", "n": 1}'
-                )
-            )
-            for call in calls
-        ]
-        message = messages_pb2.AssistantMessage(
-            content=blocks,
-            api="bench",
-            provider="scripted",
-            model="m1",
-            stop_reason=(
-                messages_pb2.STOP_REASON_TOOL_USE if calls else messages_pb2.STOP_REASON_STOP
-            ),
-        )
+        message = replay.assistant_message(calls)
         await self._rpc(
             "SettleAssistantMessage",
             stub.SettleAssistantMessage,
@@ -1057,7 +1200,7 @@ class Driver:
                 lane_id=lane,
                 operation_id=run_id,
                 tool_call_id=call,
-                arguments_json='{"cmd": "ls", "n": 1, "cwd": "/tmp"}',
+                arguments_json=replay.START_ARGUMENTS,
                 request_id=self._request_id(),
             ),
         )
@@ -1069,7 +1212,7 @@ class Driver:
                     lane_id=lane,
                     operation_id=run_id,
                     tool_call_id=call,
-                    partial_result=_result(f"line {n}"),
+                    partial_result=replay.partial_result(n),
                     checkpoint=checkpoint,
                     request_id=self._request_id(),
                 ),
@@ -1081,7 +1224,7 @@ class Driver:
                 lane_id=lane,
                 operation_id=run_id,
                 tool_call_id=call,
-                executed=pb.ExecutedOutcome(result=_result(f"{call} done")),
+                executed=pb.ExecutedOutcome(result=replay.outcome_result(call)),
                 request_id=self._request_id(),
             ),
             commits=2,  # staging, then placement in its own transaction
@@ -1392,6 +1535,14 @@ def _cpu_per_commit(result: ServiceResult, name: str) -> float | None:
     return cores / result.commits_per_second
 
 
+def _replay_cpu_per_commit(result: Replay, name: str) -> float | None:
+    """CPU seconds of ``name`` per lifecycle commit of the replay."""
+    cores = result.cpu.processes.get(name)
+    if cores is None or not result.commits_per_second:
+        return None
+    return cores / result.commits_per_second
+
+
 def _micros(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e6:,.0f} µs"
 
@@ -1439,6 +1590,7 @@ def report(
     service_process: ServiceProcess,
     baselines: Sequence[Baseline],
     service: ServiceResult,
+    replayed: Replay | str | None = None,
 ) -> str:
     baseline_rate = sum(b.commits_per_second for b in baselines) / len(baselines)
     ratio = service.commits_per_second / baseline_rate
@@ -1446,16 +1598,50 @@ def report(
     each = " / ".join(f"{b.commits_per_second:,.0f}" for b in baselines)
     window = service.window
     mismatches = "\n    ".join(service.mismatches)
+    baseline_cpu = sum(
+        b.cpu.processes.get("PostgreSQL", 0.0) / b.commits_per_second for b in baselines
+    ) / len(baselines)
     rows = [
         (f"baseline: PostgreSQL single-row commits/s ({each})", f"{baseline_rate:,.0f}"),
+    ]
+    if isinstance(replayed, Replay):
+        rows.append(
+            (
+                "replay: the service's SQL by pgbench, commits/s",
+                f"{replayed.commits_per_second:,.0f}",
+            )
+        )
+    rows += [
         ("service: lifecycle commits/s through gRPC", f"{service.commits_per_second:,.0f}"),
         ("service: tool calls/s (full life each)", f"{window.tool_calls / service.seconds:,.1f}"),
         ("service: RPCs/s", f"{window.rpcs / service.seconds:,.0f}"),
         ("service: lane revisions (events)/s", f"{window.revisions / service.seconds:,.0f}"),
         ("gRPC ceiling: Health.Check RPCs/s (no database)", f"{service.grpc_ceiling:,.0f}"),
+        ("PostgreSQL CPU per commit: single-row baseline", _micros(baseline_cpu)),
+    ]
+    if isinstance(replayed, Replay):
+        rows.append(
+            (
+                "PostgreSQL CPU per commit: replay of the service's SQL",
+                _micros(_replay_cpu_per_commit(replayed, "PostgreSQL")),
+            )
+        )
+    rows += [
+        ("PostgreSQL CPU per commit: service", _micros(_cpu_per_commit(service, "PostgreSQL"))),
         ("ratio service / baseline", f"{ratio:.3f}"),
         (f"target: ratio >= {TARGET_RATIO}", met),
     ]
+    if isinstance(replayed, Replay):
+        rows += [
+            (
+                "ratio replay / baseline (the SQL's shape)",
+                f"{replayed.commits_per_second / baseline_rate:.3f}",
+            ),
+            (
+                "ratio service / replay (the service around its SQL)",
+                f"{service.commits_per_second / replayed.commits_per_second:.3f}",
+            ),
+        ]
     width = max(len(label) for label, _ in rows)
     channels = channel_count(args)
     lines = [
@@ -1481,6 +1667,13 @@ def report(
                 f"  {b.cpu.describe()}",
                 f"  {b.cpu.per_commit(b.commits_per_second, *b.cpu.processes)}",
             )
+        ),
+        *(
+            replay_lines(replayed)
+            if isinstance(replayed, Replay)
+            else [f"replay of the service's SQL: not run ({replayed})"]
+            if replayed is not None
+            else []
         ),
         f"service: {service.window.commits:,} commits, {service.window.rpcs:,} RPCs,"
         f" {service.window.tool_calls:,} tool calls in the window;"
@@ -1521,8 +1714,10 @@ def compare_report(
     current_service: ServiceProcess,
     current: ServiceResult,
     ref_note: str,
+    replayed: Replay | None = None,
 ) -> str:
-    """The ref's service phase beside the working tree's, with the ratios current / ref."""
+    """The ref's service phase beside the working tree's, with the ratios current / ref (and,
+    with ``replayed``, each one's commits/s over the replay of the working tree's SQL)."""
 
     def ratio(a: float | None, b: float | None) -> str:
         return "-" if a is None or b is None or not b else f"{a / b:.2f}"
@@ -1544,6 +1739,15 @@ def compare_report(
             ratio(current.grpc_ceiling, ref.grpc_ceiling),
         ),
     ]
+    if replayed is not None:
+        rows.append(
+            (
+                "commits/s / replay of the current SQL",
+                ratio(ref.commits_per_second, replayed.commits_per_second),
+                ratio(current.commits_per_second, replayed.commits_per_second),
+                ratio(current.commits_per_second, ref.commits_per_second),
+            )
+        )
     for label, name in (
         ("server CPU per commit", "server"),
         ("PostgreSQL CPU per commit", "PostgreSQL"),
@@ -1761,6 +1965,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " working tree's, and print both side by side",
     )
     parser.add_argument(
+        "--replay",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the baseline, pgbench replays the service's own statements for the drivers'"
+        " lifecycle (no Python in the loop) for --seconds on a scratch database of its own"
+        " (default: on; --no-replay skips it)",
+    )
+    parser.add_argument(
         "--single-baseline",
         action="store_true",
         help="measure the baseline only before the service (default: before and after)",
@@ -1824,6 +2036,15 @@ async def run(args: argparse.Namespace) -> int:
         baselines = [await run_baseline(db, args.drivers, args.seconds, args.baseline, work_dir)]
         rate = baselines[0].commits_per_second
         print(f"baseline: {rate:,.0f} commits/s", flush=True)
+        replayed: Replay | str | None = None
+        if args.replay:
+            print("replay of the service's SQL by pgbench ...", flush=True)
+            replayed = await run_replay(db, args, work_dir)
+            if isinstance(replayed, Replay):
+                rate = replayed.commits_per_second
+                print(f"replay: {rate:,.0f} commits/s", flush=True)
+            else:
+                print(f"replay: not run ({replayed})", flush=True)
         compared: tuple[ServiceProcess, ServiceResult, str] | None = None
         if tree is not None:
             # Its own scratch database: the ref's schema may be older (or newer) than ours.
@@ -1866,14 +2087,26 @@ async def run(args: argparse.Namespace) -> int:
                 await run_baseline(db, args.drivers, args.seconds, args.baseline, work_dir)
             )
         print()
-        print(report(args, db, service, baselines, result))
+        print(report(args, db, service, baselines, result, replayed))
         if tree is not None and compared is not None:
             print()
-            print(compare_report(tree, compared[0], compared[1], service, result, compared[2]))
+            print(
+                compare_report(
+                    tree,
+                    compared[0],
+                    compared[1],
+                    service,
+                    result,
+                    compared[2],
+                    replayed if isinstance(replayed, Replay) else None,
+                )
+            )
         if watched is not None:
             print()
             print(watchers_report(args, result, watched))
     failed = bool(result.mismatches)
+    if isinstance(replayed, Replay):
+        failed = failed or not replayed.ok
     if compared is not None:
         failed = failed or bool(compared[1].mismatches)
     if watched is not None:
