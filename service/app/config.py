@@ -78,6 +78,10 @@ Every variable is optional; an empty value counts as unset.
     namespace's lanes only. Neither set: auth is off, every caller is in namespace
     ``default``, and the service refuses to listen on anything but a loopback address.
 
+``LANE_EVENT_LOOP``
+    ``uvloop`` or ``asyncio``: the event loop the process runs on. Default ``uvloop`` (asyncio's
+    own where uvloop does not install); see ``service/app/event_loop.py``.
+
 A bad value raises :class:`ConfigError`, whose message names the variable.
 """
 
@@ -95,6 +99,7 @@ from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from service.api.auth import TokenError, parse_tokens
+from service.app.event_loop import EVENT_LOOPS
 from service.logs import LOG_FORMATS
 from service.store.pool import DEFAULT_CHECKOUT_TIMEOUT_SECONDS, DEFAULT_POOL_SIZE
 from service.store.retention import KEEP_ANSWERS
@@ -140,6 +145,8 @@ class Settings:
     tls_client_ca_file: Path | None = None
     metrics_listen: str | None = None
     log_format: str = "text"
+    #: ``uvloop`` (where it installs) or ``asyncio``: see ``service/app/event_loop.py``.
+    event_loop: str = "uvloop"
     #: {token: namespace}; empty = auth off. Secrets: kept out of repr.
     auth_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -173,6 +180,7 @@ class Settings:
         request_retention = get("LANE_REQUEST_RETENTION_SECONDS")
         metrics_listen = get("LANE_METRICS_LISTEN")
         log_format = get("LANE_LOG_FORMAT")
+        event_loop = get("LANE_EVENT_LOOP")
         cert, key, client_ca = (
             _file(name, get(name))
             for name in ("LANE_TLS_CERT_FILE", "LANE_TLS_KEY_FILE", "LANE_TLS_CLIENT_CA_FILE")
@@ -266,6 +274,11 @@ class Settings:
                 defaults.log_format
                 if log_format is None
                 else _choice("LANE_LOG_FORMAT", log_format, LOG_FORMATS)
+            ),
+            event_loop=(
+                defaults.event_loop
+                if event_loop is None
+                else _choice("LANE_EVENT_LOOP", event_loop, EVENT_LOOPS)
             ),
             auth_tokens=tokens,
         )

@@ -87,15 +87,15 @@ def main(workers: int | None = None) -> int:
     configure_logging(settings.log_format)
     if role is not None:
         role.attach(settings.log_format)
-        return _run(serve(settings, reuse_port=True, on_ready=role.report_ready))
+        return _run(serve(settings, reuse_port=True, on_ready=role.report_ready), settings)
     if settings.workers > 1:
         return supervise(settings)
-    return _run(serve(settings))
+    return _run(serve(settings), settings)
 
 
-def _run(serving: Coroutine[Any, Any, None]) -> int:
+def _run(serving: Coroutine[Any, Any, None], settings: Settings) -> int:
     try:
-        event_loop.run(serving)
+        event_loop.run(serving, settings.event_loop)
     except StartupError as err:
         _log.error("lane service failed to start: %s", err)
         return 1

@@ -221,18 +221,21 @@ async def test_process_without_database_url_runs_embedded_postgres(tmp_path: Pat
     data_dir = tmp_path / "data"
     cluster = data_dir / "postgres"
     try:
-        for run, expected_migrations in enumerate(["0001_", "none (schema up to date)"]):
+        # uvloop by default (a dependency wherever it builds); LANE_EVENT_LOOP=asyncio switches.
+        runs = [("0001_", "uvloop"), ("none (schema up to date)", "asyncio")]
+        for run, (expected_migrations, loop) in enumerate(runs):
             port = _free_port()
             log = tmp_path / f"service-{run}.log"
             env = {"LANE_DATA_DIR": str(data_dir), "LANE_LISTEN": f"127.0.0.1:{port}"}
+            if loop == "asyncio":
+                env["LANE_EVENT_LOOP"] = "asyncio"
             async with _service_process(env, log, tmp_path) as process:
                 # The first run includes initdb.
                 await asyncio.wait_for(_wait_until_serving(port, process), timeout=90)
                 output = log.read_text()
                 assert f"database: embedded PostgreSQL at {cluster}" in output
                 assert f"migrations applied now: {expected_migrations}" in output
-                # The process runs on uvloop (a dependency wherever it builds).
-                assert "event loop: uvloop" in output
+                assert f"event loop: {loop}" in output
                 assert (cluster / "PG_VERSION").exists()
 
                 process.send_signal(signal.SIGTERM)
@@ -265,6 +268,7 @@ async def test_process_exits_1_when_the_database_is_unreachable(tmp_path: Path) 
         ("LANE_NOTIFY", "maybe"),
         ("LANE_POLL_INTERVAL_SECONDS", "0"),
         ("LANE_DATABASE_URL", "not a url"),
+        ("LANE_EVENT_LOOP", "trio"),
     ],
 )
 async def test_process_refuses_a_bad_config_value(
@@ -306,8 +310,10 @@ def test_settings_read_every_variable(tmp_path: Path) -> None:
             "LANE_GRACE_SECONDS": "0",
             "LANE_NOTIFY": "OFF",
             "LANE_POLL_INTERVAL_SECONDS": "0.25",
+            "LANE_EVENT_LOOP": "asyncio",
         }
     )
+    assert settings.event_loop == "asyncio"
     assert settings.database_url == "postgresql://lane:pw@db:5432/lane"
     assert "pw" not in repr(settings)
     assert settings.data_dir == tmp_path
@@ -329,6 +335,7 @@ def test_settings_read_every_variable(tmp_path: Path) -> None:
         ("LANE_POLL_INTERVAL_SECONDS", "-0.5"),
         ("LANE_POLL_INTERVAL_SECONDS", "1000"),
         ("LANE_NOTIFY", "2"),
+        ("LANE_EVENT_LOOP", "UVLOOP!"),
     ],
 )
 def test_settings_name_the_bad_variable(variable: str, value: str) -> None:
