@@ -76,6 +76,17 @@ class EventGroup(NamedTuple):
 
 
 _VERSION = "SELECT version FROM lanes WHERE namespace = %(ns)s AND lane_id = %(lane)s"
+# The runs the domain's leases.reconcilable would end now: leased, no live lease, and aborted or
+# orphaned for the given interval; a page after (lease_expires, operation_id).
+_RECONCILABLE = (
+    LANE_SCAN + "SELECT namespace, lane_id, operation_id, coalesce(lease_expires, 'epoch')"
+    " FROM operations"
+    " WHERE lease_token > 0 AND phase <> 'ended'"
+    " AND (lease_holder IS NULL OR lease_expires <= now())"
+    " AND (cancel_requested OR lease_expires IS NULL OR lease_expires <= now() - %s)"
+    " AND (coalesce(lease_expires, 'epoch'), operation_id) > (%s, %s)"
+    " ORDER BY coalesce(lease_expires, 'epoch'), operation_id LIMIT %s"
+)
 
 
 def _recorded(request: Recording[A] | None, answer: A) -> list[RecordedAnswer]:
@@ -367,40 +378,45 @@ class Store:
     async def reconcile_orphans(self, orphan_after: timedelta, limit: int = 100) -> list[str]:
         """End the leased runs no driver holds any more (aborted, or orphaned for
         ``orphan_after``); return their operation ids. Safe to run from every process: each
-        candidate is decided again by the domain (``reconcile``) in its own command."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                LANE_SCAN + "SELECT namespace, lane_id, operation_id FROM operations"
-                " WHERE lease_token > 0 AND phase <> 'ended'"
-                " AND (lease_holder IS NULL OR lease_expires <= now())"
-                " ORDER BY lease_expires LIMIT %s",
-                (limit,),
-            )
-            candidates = await cur.fetchall()
+        candidate is decided again by the domain (``reconcile``) in its own command.
+
+        Candidates are exactly the runs the domain would end now, read ``limit`` at a time in
+        lease-expiry order until none is left: runs that cannot be ended (corrupt state) stay
+        candidates, but never keep the others from their turn."""
         ended: list[str] = []
-        for namespace, lane_id, operation_id in candidates:
-
-            def decide(
-                state: LaneState, now: datetime, operation_id: str = operation_id
-            ) -> tuple[Transition, bool]:
-                t = reconcile(state, operation_id, now, orphan_after, new_id)
-                return (Transition(state), False) if t is None else (t, True)
-
-            try:
-                if await self.command(LaneRef(namespace, lane_id), decide):
+        after: tuple[datetime, str] = (datetime.min.replace(tzinfo=UTC), "")
+        while True:
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(_RECONCILABLE, (orphan_after, *after, limit))
+                candidates = await cur.fetchall()
+            for namespace, lane_id, operation_id, _ in candidates:
+                if await self._reconcile(LaneRef(namespace, lane_id), operation_id, orphan_after):
                     ended.append(operation_id)
-            except LaneError as exc:
-                # One lane that cannot be ended (corrupt state) must not hold up the others;
-                # it stays a candidate, and its reason is logged on every pass.
-                log.warning(
-                    "cannot reconcile operation %s of lane %s/%s: %s %s",
-                    operation_id,
-                    namespace,
-                    lane_id,
-                    exc.reason,
-                    exc.message,
-                )
-        return ended
+            if len(candidates) < limit:
+                return ended
+            after = (candidates[-1][3], candidates[-1][2])
+
+    async def _reconcile(self, lane: LaneRef, operation_id: str, orphan_after: timedelta) -> bool:
+        """End the run if it is still reconcilable; whether it was ended."""
+
+        def decide(state: LaneState, now: datetime) -> tuple[Transition, bool]:
+            t = reconcile(state, operation_id, now, orphan_after, new_id)
+            return (Transition(state), False) if t is None else (t, True)
+
+        try:
+            return await self.command(lane, decide)
+        except LaneError as exc:
+            # One lane that cannot be ended (corrupt state) must not hold up the others;
+            # it stays a candidate, and its reason is logged on every pass.
+            log.warning(
+                "cannot reconcile operation %s of lane %s/%s: %s %s",
+                operation_id,
+                lane.namespace,
+                lane.lane_id,
+                exc.reason,
+                exc.message,
+            )
+            return False
 
     async def open_operation(self, lane: LaneRef) -> Operation | None:
         """The lane's open operation as stored (no lock)."""
