@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import grpc
@@ -409,3 +410,44 @@ async def test_a_lane_that_cannot_be_reconciled_does_not_hold_up_the_others(
                 (bad_run,),
             )
     await until_run_ended(corrupt)
+
+
+async def test_runs_that_cannot_be_ended_do_not_starve_the_reconciler(lane_stub, store) -> None:
+    # Two orphaned runs with corrupt staged results expire first; a healthy orphan after them.
+    # A pass reading one candidate at a time still reaches the healthy one.
+    stuck = []
+    for _ in range(2):
+        probe = Probe(lane_stub, new_lane_id("stuck"))
+        run, token = await leased_batch(lane_stub, probe, "c0", seconds=1)
+        await lane_stub.StartToolCall(
+            pb.StartToolCallRequest(
+                lane_id=probe.lane_id,
+                operation_id=run,
+                tool_call_id="c0",
+                arguments_json="{}",
+                lease_token=token,
+            )
+        )
+        wrong = messages_pb2.ToolResultMessage(tool_call_id="c9", tool_name="t")
+        async with hand_edit(store) as conn:
+            await conn.execute(
+                "UPDATE tool_calls SET status = 'outcome_ready', result_message = %s"
+                " WHERE operation_id = %s AND tool_call_id = 'c0'",
+                (wrong.SerializeToString(), run),
+            )
+        stuck.append(run)
+    healthy = Probe(lane_stub, new_lane_id("unstuck"))
+    healthy_run, _ = await leased_batch(lane_stub, healthy, "c0", seconds=1)
+    try:
+        await asyncio.sleep(1.5)  # every lease lapses (the server orphans runs only after 600 s)
+        ended = await store.reconcile_orphans(timedelta(0), limit=1)
+        assert healthy_run in ended
+        assert not set(stuck) & set(ended)
+        assert not (await healthy.capture()).HasField("operation")
+    finally:
+        async with hand_edit(store) as conn:
+            await conn.execute(
+                "UPDATE tool_calls SET status = 'effect_pending', result_message = NULL"
+                " WHERE operation_id = ANY(%s) AND tool_call_id = 'c0'",
+                (stuck,),
+            )
