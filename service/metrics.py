@@ -27,6 +27,11 @@ several servers in one process (as in the tests) add to the same series.
     From an event group's commit time (``HarnessEvent.commit_time``, stamped by the committing
     process) to the moment a watcher wrote the group to its stream; one observation per group
     and watcher. Across processes it includes their clock difference.
+``lane_event_log_reads_total`` (counter)
+    Reads of a lane's event log for watchers: one per lane and process for a commit made in
+    another process (shared by all of that lane's watchers here), and a watcher's own reads
+    while it catches up from behind its lane's recent groups. A commit made in this process
+    reaches its watchers without one.
 ``lane_listener_reconnects_total`` (counter)
     Times the hub's LISTEN connection was lost or could not be opened (each is followed by a
     reconnection attempt; polling covers the gap).
@@ -113,6 +118,11 @@ DELIVERY_SECONDS = Histogram(
 DOORBELLS_SENT = Counter(
     "lane_doorbells_sent",
     "NOTIFY doorbells sent for commits to lanes another process watches.",
+    registry=REGISTRY,
+)
+EVENT_LOG_READS = Counter(
+    "lane_event_log_reads",
+    "Reads of a lane's event log for watchers (shared per lane, or a watcher catching up).",
     registry=REGISTRY,
 )
 LISTENER_RECONNECTS = Counter(

@@ -1,9 +1,14 @@
 """WatchLane: one snapshot, then every event group committed after it, then heartbeats.
 
-The watcher subscribes to the hub *before* capturing, then reads its lane's event log from the
-snapshot's revision on every doorbell. It reads only after its previous write went out, so its
-buffer is one read batch, and commits never wait for it. A watcher whose client stops reading
-is cut off after the write deadline with RESOURCE_EXHAUSTED naming its last delivered revision.
+The watcher subscribes to the hub *before* capturing, so no commit after its snapshot can pass
+unseen. It then sends the groups after its revision from its lane's feed in the hub
+(``service/hub/feed.py``): the groups of the lane's latest commits, the bytes the store wrote,
+framed once for all the lane's watchers (framing.py) — no read per watcher. A watcher the feed
+cannot serve (it resumed, or fell behind the feed's start) reads the log itself, a batch at a
+time, until it has caught up, then takes from the feed again. It takes the next group only
+after its previous write went out, so commits never wait for it. A watcher whose client stops
+reading is cut off after the write deadline with RESOURCE_EXHAUSTED naming its last delivered
+revision.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from service.api.framing import event_group_frame
 from service.api.instrument import error_reason, status_code_name
 from service.api.snapshot_stream import snapshot_frames
 from service.domain.errors import LaneError, OutOfRange, ResourceExhausted
-from service.hub import Hub
+from service.hub import Hub, Subscription
 from service.store import LaneRef, Store
 
 
@@ -80,7 +85,9 @@ async def _write(
     revision: int,
 ) -> None:
     try:
-        await asyncio.wait_for(context.write(message), settings.write_deadline_seconds)
+        # A timeout scope rather than wait_for: no task per write (one per watcher per commit).
+        async with asyncio.timeout(settings.write_deadline_seconds):
+            await context.write(message)
         return
     except TimeoutError:
         pass  # the client stopped reading: cut it off below, outside this handler
@@ -121,14 +128,17 @@ async def watch_lane(
     """Serve one WatchLane stream of ``lane`` until the client leaves or the server stops."""
     metrics.WATCHERS_ACTIVE.inc()
     ended = "error"
+    subscription: Subscription | None = None
     try:
-        await _serve(store, hub, lane, request, context, settings)
+        admit(hub, lane, settings)
+        with hub.subscribe(lane) as subscription:
+            await _serve(store, subscription, request, context, settings)
     except WatcherGone:
         ended = "client_left"
         return
     except asyncio.CancelledError:
         # The client cancelled, or shutdown's grace period ran out during a write.
-        ended = "shutdown" if hub.closing else "client_left"
+        ended = "shutdown" if subscription is not None and subscription.closed else "client_left"
         raise
     except grpc.aio.AbortError:
         ended = _ended_by(context)
@@ -149,24 +159,30 @@ def _ended_by(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 
 async def _serve(
     store: Store,
-    hub: Hub,
-    lane: LaneRef,
+    subscription: Subscription,
     request: pb.WatchLaneRequest,
     context: grpc.aio.ServicerContext[Any, Any],
     settings: WatchSettings,
 ) -> None:
+    lane = subscription.lane
     lane_id = lane.lane_id
-    admit(hub, lane, settings)
-    with hub.subscribe(lane) as subscription:
-        if request.HasField("after_revision"):
-            revision = request.after_revision
-            head, floor = await store.lane_head(lane)
-            if not floor <= revision <= head:
-                raise _out_of_range(lane_id, revision, floor, head)
-        else:
-            revision = await _send_snapshot(store, lane, context, settings)
-        subscription.revision = revision
-        while not hub.closing:
+    if request.HasField("after_revision"):
+        revision = request.after_revision
+        head, floor = await store.lane_head(lane)
+        if not floor <= revision <= head:
+            raise _out_of_range(lane_id, revision, floor, head)
+        subscription.delivered(revision)
+        if revision == head:
+            subscription.caught_up()
+    else:
+        revision = await _send_snapshot(store, lane, context, settings)
+        subscription.delivered(revision)
+        subscription.caught_up()
+    while not subscription.closed:
+        shared = subscription.take()
+        if shared is None:
+            # Behind the lane's feed (just resumed, or slow), or the feed has no position yet:
+            # read the log from this watcher's revision, a batch at a time.
             groups = await store.read_events(lane, revision, settings.read_batch)
             for first, bodies, commit_time in groups:
                 if first != revision + 1:
@@ -176,24 +192,35 @@ async def _serve(
                 await _write(context, event_group_frame(bodies), settings, revision)
                 metrics.DELIVERY_SECONDS.observe(max(0.0, time.time() - commit_time.timestamp()))
                 revision += len(bodies)
-                subscription.revision = revision
+                subscription.delivered(revision)
             if sum(len(bodies) for _, bodies, _ in groups) >= settings.read_batch:
                 continue  # a full batch: more may be waiting
-            # A short batch read to the head. Wait until rung: a commit here, a doorbell, or
-            # the poller seeing the head move past this watcher (a ring during the read above
-            # ends the wait at once). A heartbeat needs no read: nothing rang, nothing is new.
-            while not await subscription.wait(settings.heartbeat_seconds) and not hub.closing:
-                heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
-                await _write(context, heartbeat, settings, revision)
-        await _end(
-            context,
-            status_of(
-                code_pb2.UNAVAILABLE,
-                "SERVER_SHUTTING_DOWN",
-                f"the server is shutting down; resume after revision {revision}",
-                {"lastRevision": str(revision)},
-            ),
-        )
+            # A short batch: this watcher read to the head. The feed serves it from here on.
+            subscription.caught_up()
+            if groups:
+                continue
+        elif shared:
+            for group in shared:
+                await _write(context, group.frame(event_group_frame), settings, revision)
+                metrics.DELIVERY_SECONDS.observe(max(0.0, time.time() - group.committed_at))
+                revision = group.last
+                subscription.delivered(revision)
+            continue
+        # Nothing new. Wait until rung: a commit here, a shared read after a doorbell or the
+        # poll, or shutdown (a ring while this watcher wrote ends the wait at once). A
+        # heartbeat needs no read: nothing rang, nothing is new.
+        while not await subscription.wait(settings.heartbeat_seconds) and not subscription.closed:
+            heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
+            await _write(context, heartbeat, settings, revision)
+    await _end(
+        context,
+        status_of(
+            code_pb2.UNAVAILABLE,
+            "SERVER_SHUTTING_DOWN",
+            f"the server is shutting down; resume after revision {revision}",
+            {"lastRevision": str(revision)},
+        ),
+    )
 
 
 async def _send_snapshot(

@@ -1,12 +1,20 @@
-"""The per-process hub: one LISTEN connection, coalesced doorbells, a polling fallback.
+"""The per-process hub: each watched lane's feed of recent groups, one LISTEN connection,
+coalesced doorbells, a polling fallback.
 
-Correctness never depends on NOTIFY: a watcher always reads its lane's event log from its own
-last revision, and the hub only tells it *when* to look. Three things ring:
+Each lane with watchers here has a feed (``feed.py``): its most recent event groups, the bytes
+as the store wrote them, shared by all of the lane's watchers. Three things bring groups in:
 
-- a commit in this process rings its lane at once (``Store.commit_listeners``);
-- a NOTIFY from another process (payload: ``namespace/lane_id``) rings that lane;
-- a poll every ``poll_interval`` seconds rings every watched lane whose head moved past what
-  its watchers have seen — the fallback when NOTIFY is off, lost, or the listener is down.
+- a commit in this process hands its group over from memory (the store's commit listener):
+  its watchers send it without any read;
+- a NOTIFY from another process (payload: ``namespace/lane_id``) makes the hub read the lane's
+  event log after its feed's end, once for all of the lane's watchers here;
+- a poll every ``poll_interval`` seconds reads the head of every watched lane and does the same
+  for each lane whose head moved past its feed — the fallback when NOTIFY is off, lost, or the
+  listener is down.
+
+Correctness never depends on NOTIFY, nor on the feed: the log is the source of truth, a feed
+holds only whole groups that continue each other, and a watcher the feed cannot serve reads the
+log itself (``Subscription.take``).
 
 Doorbells are sent after commit, outside the writer's transaction (NOTIFY takes a cluster-wide
 lock through commit), coalesced per lane, from one task — and only for lanes another process
@@ -21,13 +29,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
-
-import psycopg
 
 from service import metrics
 from service.hub import interest
-from service.store import LANE_SCAN, LaneRef, Store
+from service.hub.feed import Feed, SharedGroup
+from service.store import ChannelError, EventGroup, LaneRef, Notifier, Store
 
 log = logging.getLogger(__name__)
 
@@ -36,55 +42,119 @@ CHANNEL = "lane_events"
 DOORBELL_COALESCE_SECONDS = 0.002
 #: The application name of every hub's LISTEN connection (to find them in pg_stat_activity).
 LISTENER_NAME = "lane-hub"
-#: After announcing a lane, its local watchers are rung again this much later: a commit made
+#: After announcing a lane, its feed is brought up to date again this much later: a commit made
 #: elsewhere before the announcement arrived got no doorbell.
 ANNOUNCE_SETTLE_SECONDS = 0.2
+#: Events one shared read of a lane's log takes at most (whole groups, so it may run over).
+SHARED_READ_BATCH = 500
+#: A failed shared read is tried again after this long, doubling up to the maximum.
+SHARED_READ_RETRY_SECONDS = 0.1
+SHARED_READ_RETRY_MAX_SECONDS = 1.0
 
 
 class Subscription:
-    """One watcher's interest in one lane."""
+    """One watcher's interest in one lane: its progress, its doorbell, its end.
 
-    def __init__(self, lane: LaneRef) -> None:
+    The watcher reports what it delivered (:meth:`delivered`, :meth:`caught_up`), takes the
+    groups after that from the lane's feed (:meth:`take`), and waits to be rung
+    (:meth:`wait`). :attr:`closed` is set when the server shuts down: the watcher then ends its
+    stream, so that its client resumes elsewhere.
+    """
+
+    def __init__(self, hub: Hub, lane: LaneRef, feed: LaneFeed, *, closed: bool) -> None:
         self.lane = lane
-        #: The revision this watcher has delivered through; the poller wakes it past that.
+        #: The revision this watcher has delivered through.
         self.revision = 0
+        self._hub = hub
+        self._feed = feed
         self._wake = asyncio.Event()
+        self._closed = closed
+
+    @property
+    def closed(self) -> bool:
+        """Whether the server is shutting down (the watcher must end its stream)."""
+        return self._closed
+
+    def delivered(self, revision: int) -> None:
+        """The watcher has delivered every event through ``revision``."""
+        self.revision = revision
+
+    def caught_up(self) -> None:
+        """The watcher's revision was the lane's head when it read it (a snapshot, a resume at
+        the head, or a short read of the log). Positions the lane's feed there if it has no
+        position yet, and brings the feed up to date if it lags behind the watcher."""
+        self._hub._caught_up(self._feed, self.revision)
+
+    def take(self) -> list[SharedGroup] | None:
+        """The groups after this watcher's revision from the lane's feed ([] when there is
+        none yet: wait), or None when the feed cannot serve it — the watcher is behind the
+        feed's start (slow, or just resumed), inside a group, or the feed has no position yet:
+        then it reads the log itself, and calls :meth:`caught_up` after a short read."""
+        feed = self._feed.feed
+        end = feed.end
+        if end is not None and self.revision > end:
+            # The watcher has seen more of the log than the feed: bring the feed up to it.
+            self._hub._want_read(self._feed)
+            return []
+        return feed.after(self.revision)
 
     def ring(self) -> None:
         """Wake the watcher."""
         self._wake.set()
 
+    def close(self) -> None:
+        """Ask the watcher to end its stream (server shutdown)."""
+        self._closed = True
+        self._wake.set()
+
     async def wait(self, within: float) -> bool:
         """Wait until rung, at most ``within`` seconds; True when rung."""
         try:
-            await asyncio.wait_for(self._wake.wait(), within)
+            # A timeout scope rather than wait_for: no task per wait (one per watcher per commit).
+            async with asyncio.timeout(within):
+                await self._wake.wait()
         except TimeoutError:
             return False
         self._wake.clear()
         return True
 
 
+class LaneFeed:
+    """A watched lane in this process: its feed, its subscriptions, its shared reader."""
+
+    def __init__(self, lane: LaneRef) -> None:
+        self.lane = lane
+        self.feed = Feed()
+        self.subscriptions: set[Subscription] = set()
+        #: A shared read is due (another process committed, or a watcher is ahead).
+        self.read_wanted = False
+        self.reader: asyncio.Task[None] | None = None
+
+    def ring(self) -> None:
+        for subscription in self.subscriptions:
+            subscription.ring()
+
+
 class Hub:
-    """Wakes this process's watchers; see the module docstring."""
+    """Feeds and wakes this process's watchers; see the module docstring."""
 
     def __init__(self, store: Store, *, notify: bool = True, poll_interval: float = 1.0) -> None:
         self.store = store
         self.notify = notify
         self.poll_interval = poll_interval
-        self._subscriptions: dict[LaneRef, set[Subscription]] = {}
+        self._lanes: dict[LaneRef, LaneFeed] = {}
+        self._readers: set[asyncio.Task[None]] = set()
         self._dirty: set[LaneRef] = set()
         self._dirty_event = asyncio.Event()
-        #: The backend pid of the doorbell connection: its NOTIFYs are this process's own.
-        self._doorbell_pid = 0
+        self._notifier: Notifier | None = None
         #: The lanes other processes watch; our watched lanes still to announce.
         self._remote = interest.RemoteInterest()
         self._announce: set[LaneRef] = set()
         self._announce_all = True
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
-        #: Set on shutdown: watchers end their streams (UNAVAILABLE) so clients resume elsewhere.
-        self.closing = False
-        store.commit_listeners.append(self.committed)
+        self._closing = False
+        store.add_commit_listener(self.committed)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -96,73 +166,142 @@ class Hub:
             self._tasks.append(asyncio.create_task(self._send_doorbells(), name="hub-notify"))
 
     def close_watchers(self) -> None:
-        """Ask every watcher to end its stream now (server shutdown)."""
-        self.closing = True
-        self.ring_all()
+        """Ask every watcher, and every later one, to end its stream now (server shutdown)."""
+        self._closing = True
+        for watched in self._lanes.values():
+            for subscription in watched.subscriptions:
+                subscription.close()
 
     async def stop(self) -> None:
         """Stop every task."""
-        for task in self._tasks:
+        self.store.remove_commit_listener(self.committed)
+        tasks = [*self._tasks, *self._readers]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        self._readers.clear()
 
     # -- watchers --------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def subscribe(self, lane: LaneRef) -> Iterator[Subscription]:
         """Register a watcher of ``lane`` for the duration of the block."""
-        subscription = Subscription(lane)
-        watching = self._subscriptions.setdefault(lane, set())
-        if not watching and self.notify:
-            self._announce.add(lane)  # the lane's first watcher here: tell the others
-            self._dirty_event.set()
-        watching.add(subscription)
+        watched = self._lanes.get(lane)
+        if watched is None:
+            watched = self._lanes[lane] = LaneFeed(lane)
+            if self.notify:
+                self._announce.add(lane)  # the lane's first watcher here: tell the others
+                self._dirty_event.set()
+        subscription = Subscription(self, lane, watched, closed=self._closing)
+        watched.subscriptions.add(subscription)
         try:
             yield subscription
         finally:
-            watchers = self._subscriptions.get(lane)
-            if watchers is not None:
-                watchers.discard(subscription)
-                if not watchers:
-                    del self._subscriptions[lane]
+            watched.subscriptions.discard(subscription)
+            if not watched.subscriptions and self._lanes.get(lane) is watched:
+                del self._lanes[lane]  # its reader, if any, sees that and stops
 
     def watcher_count(self, lane: LaneRef | None = None) -> int:
         """How many watchers this process has (on one lane, or in all)."""
         if lane is not None:
-            return len(self._subscriptions.get(lane, ()))
-        return sum(len(s) for s in self._subscriptions.values())
+            watched = self._lanes.get(lane)
+            return 0 if watched is None else len(watched.subscriptions)
+        return sum(len(watched.subscriptions) for watched in self._lanes.values())
 
     def watched_elsewhere(self, lane: LaneRef) -> bool:
         """Whether another process announced watchers of ``lane`` (its commits ring them)."""
         return self._remote.watched(lane)
 
-    def ring(self, lane: LaneRef) -> None:
-        """Wake every local watcher of ``lane``."""
-        for subscription in self._subscriptions.get(lane, ()):
-            subscription.ring()
-
-    def ring_all(self) -> None:
-        """Wake every local watcher (after the listener reconnects: something may be missed)."""
-        for watchers in self._subscriptions.values():
-            for subscription in watchers:
-                subscription.ring()
-
-    def committed(self, lane: LaneRef, revision: int) -> None:
-        """A commit in this process: wake local watchers now, ring other processes soon."""
-        self.ring(lane)
+    def committed(self, lane: LaneRef, group: EventGroup) -> None:
+        """A commit in this process (the store's commit listener): hand its group to the lane's
+        feed and wake its watchers now; ring other processes soon."""
+        watched = self._lanes.get(lane)
+        if watched is not None:
+            feed = watched.feed
+            end = feed.end
+            if end is None:
+                # The feed's position: the watchers behind it read the log themselves.
+                end = group.first_revision - 1
+                feed.position(end)
+                if watched.read_wanted:  # a doorbell came before the feed had a position
+                    self._want_read(watched)
+            if group.first_revision > end + 1:
+                # Commits made elsewhere came in between: read them, and this one with them.
+                self._want_read(watched)
+            elif feed.add((group,)):
+                watched.ring()
         if self.notify and self._remote.watched(lane):
             self._dirty.add(lane)
             self._dirty_event.set()
 
+    def refresh(self, lane: LaneRef) -> None:
+        """Bring ``lane``'s feed up to the log (another process committed to it)."""
+        watched = self._lanes.get(lane)
+        if watched is not None:
+            self._want_read(watched)
+
+    def refresh_all(self) -> None:
+        """Bring every feed up to the log (after the listener reconnects: a doorbell may have
+        been missed)."""
+        for watched in list(self._lanes.values()):
+            self._want_read(watched)
+
+    # -- shared reads ----------------------------------------------------------------------
+
+    def _caught_up(self, watched: LaneFeed, revision: int) -> None:
+        feed = watched.feed
+        if feed.end is None:
+            feed.position(revision)
+            if watched.read_wanted:  # a doorbell came before the feed had a position
+                self._want_read(watched)
+        elif revision > feed.end:
+            self._want_read(watched)
+
+    def _want_read(self, watched: LaneFeed) -> None:
+        """Read the lane's log after its feed's end, once, for all its watchers."""
+        watched.read_wanted = True
+        if watched.feed.end is None:
+            # No position to read after yet: every watcher of the lane reads the log itself.
+            watched.ring()
+            return
+        if watched.reader is None and self._lanes.get(watched.lane) is watched:
+            reader = asyncio.create_task(self._read(watched), name="hub-read")
+            watched.reader = reader
+            self._readers.add(reader)
+            reader.add_done_callback(self._readers.discard)
+
+    async def _read(self, watched: LaneFeed) -> None:
+        lane, feed = watched.lane, watched.feed
+        retry = SHARED_READ_RETRY_SECONDS
+        try:
+            while watched.read_wanted and self._lanes.get(lane) is watched:
+                watched.read_wanted = False
+                assert feed.end is not None
+                try:
+                    groups = await self.store.read_events(lane, feed.end, SHARED_READ_BATCH)
+                except Exception as exc:  # the database: transient, as for every other read
+                    log.warning("could not read the events of lane %s: %s", lane, exc)
+                    watched.read_wanted = True
+                    await asyncio.sleep(retry)
+                    retry = min(retry * 2, SHARED_READ_RETRY_MAX_SECONDS)
+                    continue
+                retry = SHARED_READ_RETRY_SECONDS
+                if feed.add(groups):
+                    watched.ring()
+                if sum(len(group.bodies) for group in groups) >= SHARED_READ_BATCH:
+                    watched.read_wanted = True  # a full batch: more may be waiting
+        finally:
+            watched.reader = None
+
     # -- tasks -----------------------------------------------------------------------------
 
     async def _send_doorbells(self) -> None:
-        # One dedicated connection: a pooled one would cost a checkout per doorbell and compete
-        # with commands. Each flush is one small transaction of its own, after the commits.
-        conn: psycopg.AsyncConnection[Any] | None = None
+        # One dedicated session (the store's notifier): a pooled one would cost a checkout per
+        # doorbell and compete with commands. Each flush is one small transaction of its own.
+        notifier = self._notifier = self.store.notifier()
         refresh_at = time.monotonic() + interest.REFRESH_SECONDS
         try:
             while True:
@@ -184,35 +323,25 @@ class Hub:
                     continue
                 metrics.DOORBELLS_SENT.inc(len(doorbells))
                 try:
-                    if conn is None or conn.closed:
-                        conn = await psycopg.AsyncConnection.connect(
-                            str(self.store.pool.conninfo), autocommit=True
-                        )
-                        self._doorbell_pid = conn.info.backend_pid
-                    await conn.execute(
-                        "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
-                        (CHANNEL, payloads),
-                    )
-                except (psycopg.Error, OSError) as exc:
+                    await notifier.send(CHANNEL, payloads)
+                except ChannelError as exc:
                     # Lost doorbells are covered by polling; never let them fail a commit.
                     log.warning("could not send %d doorbells: %s", len(payloads), exc)
                     self._announce.update(announced)
-                    conn = None
                     continue
                 loop = asyncio.get_running_loop()
                 for lane in announced:
-                    loop.call_later(ANNOUNCE_SETTLE_SECONDS, self.ring, lane)
+                    loop.call_later(ANNOUNCE_SETTLE_SECONDS, self.refresh, lane)
         finally:
-            if conn is not None:
-                await conn.close()
+            await notifier.close()
 
     def _to_announce(self) -> list[LaneRef]:
         """The watched lanes to announce now (all of them when a refresh or hello is due)."""
         if self._announce_all:
             self._announce_all = False
             self._announce = set()
-            return sorted(self._subscriptions)
-        lanes = sorted(lane for lane in self._announce if lane in self._subscriptions)
+            return sorted(self._lanes)
+        lanes = sorted(lane for lane in self._announce if lane in self._lanes)
         self._announce = set()
         return lanes
 
@@ -220,25 +349,23 @@ class Hub:
         backoff = 0.1
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    str(self.store.pool.conninfo), autocommit=True, application_name=LISTENER_NAME
-                ) as conn:
-                    # Hello (an empty payload): the other hubs announce what they watch.
-                    await conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,))
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                # Hello (an empty payload): the other hubs announce what they watch.
+                async with self.store.listen(
+                    CHANNEL, hello="", application_name=LISTENER_NAME
+                ) as listener:
                     # Ours are announced at the next flush (again: they may have been missed).
                     self._announce_all = True
                     self._dirty_event.set()
                     self.listening.set()
                     backoff = 0.1
                     # Anything committed while we were not listening is caught up now.
-                    self.ring_all()
-                    async for notification in conn.notifies():
-                        # Our own doorbells rang our watchers at commit already.
-                        if notification.pid == self._doorbell_pid:
+                    self.refresh_all()
+                    async for notification in listener.notifications():
+                        # Our own doorbells: their commits reached our feeds at commit already.
+                        if self._notifier is not None and notification.pid == self._notifier.pid:
                             continue
                         self._heard(notification.payload)
-            except (psycopg.Error, OSError) as exc:
+            except ChannelError as exc:
                 self.listening.clear()
                 metrics.LISTENER_RECONNECTS.inc()
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
@@ -252,28 +379,32 @@ class Hub:
         elif payload.startswith(interest.ANNOUNCE):
             self._remote.heard(payload)
         else:
-            self.ring(interest.rung_lane(payload))
+            self.refresh(interest.rung_lane(payload))
 
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(self.poll_interval)
-            if not self._subscriptions:
+            if not self._lanes:
                 continue
             try:
-                async with self.store.pool.connection() as conn:
-                    watched = list(self._subscriptions)
-                    cur = await conn.execute(
-                        LANE_SCAN + "SELECT l.namespace, l.lane_id, l.revision"
-                        " FROM unnest(%s::text[], %s::text[]) AS w(namespace, lane_id)"
-                        " JOIN lanes l USING (namespace, lane_id)",
-                        ([lane.namespace for lane in watched], [lane.lane_id for lane in watched]),
-                    )
-                    heads = {LaneRef(ns, lane_id): rev for ns, lane_id, rev in await cur.fetchall()}
-            except (psycopg.Error, OSError) as exc:
+                heads = await self.store.lane_heads(list(self._lanes))
+            except Exception as exc:  # the database: transient, try again next time
                 log.warning("poll failed: %s", exc)
                 continue
-            for lane, watchers in list(self._subscriptions.items()):
+            for lane, watched in list(self._lanes.items()):
                 head = heads.get(lane)
-                for subscription in watchers:
-                    if head is None or head > subscription.revision:
-                        subscription.ring()
+                end = watched.feed.end
+                if head is None or end is None:
+                    # Gone, or no feed position yet: the watchers behind read the log themselves.
+                    for subscription in watched.subscriptions:
+                        if head is None or head > subscription.revision:
+                            subscription.ring()
+                elif head > end:
+                    self._want_read(watched)
+                else:
+                    start = watched.feed.start
+                    assert start is not None
+                    for subscription in watched.subscriptions:
+                        # Behind the feed and waiting after reading the log (see watch.py).
+                        if subscription.revision < start:
+                            subscription.ring()

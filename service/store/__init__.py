@@ -1,6 +1,19 @@
 """PostgreSQL persistence: schema, migrations, commands as transactions, snapshot capture."""
 
+from service.store.event_log import EventGroup
 from service.store.lane_ref import DEFAULT_NAMESPACE, LANE_SCAN, LaneRef
 from service.store.lane_store import SnapshotOutline, Store
+from service.store.notify import ChannelError, Listener, Notification, Notifier
 
-__all__ = ["DEFAULT_NAMESPACE", "LANE_SCAN", "LaneRef", "SnapshotOutline", "Store"]
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "LANE_SCAN",
+    "ChannelError",
+    "EventGroup",
+    "LaneRef",
+    "Listener",
+    "Notification",
+    "Notifier",
+    "SnapshotOutline",
+    "Store",
+]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, TypeVar
 
@@ -20,7 +21,9 @@ from service.domain.limits import check_commit
 from service.domain.reconcile import reconcile
 from service.domain.state import LaneState, Operation
 from service.domain.transition import Transition
+from service.store import notify
 from service.store.codec import decode
+from service.store.event_log import EventGroup
 from service.store.lane_cache import LaneCache
 from service.store.lane_reads import (
     VersionedLane,
@@ -31,7 +34,13 @@ from service.store.lane_reads import (
     load_versioned,
 )
 from service.store.lane_ref import LANE_SCAN, LaneRef
-from service.store.lane_writes import RecordedAnswer, commit_statement, insert_lane, run_commit
+from service.store.lane_writes import (
+    CommitStatement,
+    RecordedAnswer,
+    commit_statement,
+    insert_lane,
+    run_commit,
+)
 from service.store.pool import migrate_pool, open_pool
 from service.store.requests import Recording, replayed_answer
 
@@ -41,8 +50,11 @@ log = logging.getLogger(__name__)
 
 #: ``decide(state, now) -> (transition, answer)``: a pure domain step plus the command's answer.
 Decide = Callable[[LaneState, datetime], tuple[Transition, A]]
-#: Called after every commit with the lane and its new revision (the hub's doorbell).
-CommitListener = Callable[[LaneRef, int], None]
+#: Called after every commit that appended events, with the lane and its events as written
+#: (the hub hands them to the lane's watchers from memory). Called in commit order per lane, in
+#: the lane's turn (``LaneCache.turn``): must not block, and must not keep the list it is given
+#: for anything but reading.
+CommitListener = Callable[[LaneRef, EventGroup], None]
 
 
 class SnapshotOutline(NamedTuple):
@@ -63,16 +75,6 @@ class LaneRow(NamedTuple):
     operation_id: str
     #: Whether the open operation was asked to abort.
     cancel_requested: bool
-
-
-class EventGroup(NamedTuple):
-    """One commit's events as stored."""
-
-    first_revision: int
-    #: Encoded HarnessEvent bodies, in revision order.
-    bodies: list[bytes]
-    #: When the group was committed (its events' ``commit_time``).
-    commit_time: datetime
 
 
 _VERSION = "SELECT version FROM lanes WHERE namespace = %(ns)s AND lane_id = %(lane)s"
@@ -126,9 +128,12 @@ class Store:
 
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self.pool = pool
-        self.commit_listeners: list[CommitListener] = []
+        self._commit_listeners: list[CommitListener] = []
         #: The lanes this process commanded lately (see lane_cache.py).
         self.cache = LaneCache()
+        #: Reads of the event log by this store (:meth:`read_events`); also counted, for all
+        #: stores of the process, by ``lane_event_log_reads_total``.
+        self.event_log_reads = 0
 
     @classmethod
     async def open(
@@ -155,12 +160,37 @@ class Store:
         """Close every connection."""
         await self.pool.close()
 
-    def _committed(self, lane: LaneRef, transition: Transition) -> None:
-        if not transition.events:
+    # -- commit listeners and doorbells ------------------------------------------------------
+
+    def add_commit_listener(self, listener: CommitListener) -> None:
+        """Call ``listener`` after every commit that appends events (see :data:`CommitListener`)."""
+        self._commit_listeners.append(listener)
+
+    def remove_commit_listener(self, listener: CommitListener) -> None:
+        """Stop calling ``listener`` (added with :meth:`add_commit_listener`)."""
+        with contextlib.suppress(ValueError):
+            self._commit_listeners.remove(listener)
+
+    def listen(
+        self, channel: str, *, hello: str | None = None, application_name: str = ""
+    ) -> contextlib.AbstractAsyncContextManager[notify.Listener]:
+        """A session of its own LISTENing on ``channel`` for the block, after sending
+        ``hello`` there (see :func:`service.store.notify.listen`)."""
+        return notify.listen(
+            str(self.pool.conninfo), channel, hello=hello, application_name=application_name
+        )
+
+    def notifier(self) -> notify.Notifier:
+        """A session of its own for sending NOTIFYs; close it when done."""
+        return notify.Notifier(str(self.pool.conninfo))
+
+    def _committed(self, lane: LaneRef, statement: CommitStatement | None) -> None:
+        """Hand a commit's events, as written, to the commit listeners."""
+        if statement is None or statement.events is None:
             return
-        metrics.EVENTS_APPENDED.inc(len(transition.events))
-        for listener in self.commit_listeners:
-            listener(lane, transition.state.revision)
+        metrics.EVENTS_APPENDED.inc(len(statement.events.bodies))
+        for listener in self._commit_listeners:
+            listener(lane, statement.events)
 
     async def command(
         self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None = None
@@ -225,7 +255,7 @@ class Store:
             return None
         metrics.OPTIMISTIC_COMMITS.inc()
         self.cache.put(lane, VersionedLane(transition.state, cached.version + 1))
-        self._committed(lane, transition)
+        self._committed(lane, statement)
         return (answer,)
 
     async def _locked(self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None) -> A:
@@ -253,7 +283,7 @@ class Store:
             raise _reused_id(exc, transition) from exc
         if statement is not None:
             self.cache.put(lane, VersionedLane(transition.state, loaded.version + 1))
-            self._committed(lane, transition)
+            self._committed(lane, statement)
         return answer
 
     async def create_lane(
@@ -291,7 +321,7 @@ class Store:
                     await run_commit(conn, statement)
             version = loaded.version + (statement is not None)
             self.cache.put(lane, VersionedLane(transition.state, version))
-        self._committed(lane, transition)
+            self._committed(lane, statement)
         return result
 
     async def snapshot_outline(self, lane: LaneRef) -> SnapshotOutline:
@@ -361,9 +391,25 @@ class Store:
             raise lane_not_found(lane)
         return row[0], row[1]
 
+    async def lane_heads(self, lanes: Iterable[LaneRef]) -> dict[LaneRef, int]:
+        """The head revisions of ``lanes``, in one statement (lanes that do not exist are left
+        out)."""
+        lanes = list(lanes)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                LANE_SCAN + "SELECT l.namespace, l.lane_id, l.revision"
+                " FROM unnest(%s::text[], %s::text[]) AS w(namespace, lane_id)"
+                " JOIN lanes l USING (namespace, lane_id)",
+                ([lane.namespace for lane in lanes], [lane.lane_id for lane in lanes]),
+            )
+            rows = await cur.fetchall()
+        return {LaneRef(namespace, lane_id): revision for namespace, lane_id, revision in rows}
+
     async def read_events(self, lane: LaneRef, after_revision: int, limit: int) -> list[EventGroup]:
         """Whole event groups after ``after_revision`` (at least one group when any exists,
-        about ``limit`` events at most)."""
+        about ``limit`` events at most). Counted in :attr:`event_log_reads`."""
+        self.event_log_reads += 1
+        metrics.EVENT_LOG_READS.inc()
         async with self.pool.connection() as conn:
             rows = await load_events(conn, lane, after_revision, limit)
         groups: list[EventGroup] = []

@@ -27,6 +27,7 @@ from psycopg import AsyncConnection
 from service.domain.state import LaneState, Operation, ToolBatch
 from service.domain.transition import Transition
 from service.store.codec import encode
+from service.store.event_log import EventGroup
 from service.store.lane_ref import LaneRef
 
 Conn = AsyncConnection[Any]
@@ -48,6 +49,8 @@ class CommitStatement:
 
     sql: str
     params: dict[str, Any] = field(default_factory=dict)
+    #: The events it appends, encoded as written (None: it appends none).
+    events: EventGroup | None = None
 
 
 async def insert_lane(conn: Conn, lane: LaneRef, state: LaneState) -> bool:
@@ -121,7 +124,7 @@ def commit_statement(
     lane_sets = _lane_sets(before, after, params)
     _inbox(before, after, params, ctes, lane_sets)
     _operation(before, after, params, ctes)
-    _appended(transition, params, ctes)
+    events = _appended(transition, params, ctes)
     for n, recorded in enumerate(answers):
         _answer(n, recorded, params, ctes)
     lane_cte = (
@@ -130,7 +133,7 @@ def commit_statement(
         " RETURNING next_inbox_position)"
     )
     sql = "WITH " + ", ".join([lane_cte, *ctes]) + " SELECT count(*) FROM lane"
-    return CommitStatement(sql, params)
+    return CommitStatement(sql, params, events)
 
 
 def _lane_sets(before: LaneState, after: LaneState, params: dict[str, Any]) -> list[str]:
@@ -382,8 +385,9 @@ def _ended_operation(state: LaneState, params: dict[str, Any], ctes: list[str]) 
     )
 
 
-def _appended(transition: Transition, params: dict[str, Any], ctes: list[str]) -> None:
-    """The append-only rows: entries, usage rows, events (one statement part each)."""
+def _appended(transition: Transition, params: dict[str, Any], ctes: list[str]) -> EventGroup | None:
+    """The append-only rows: entries, usage rows, events (one statement part each). Returns
+    the events as written (encoded once, here), or None when there are none."""
     if transition.entries:
         source = _rows(
             "e",
@@ -417,24 +421,25 @@ def _appended(transition: Transition, params: dict[str, Any], ctes: list[str]) -
             "usage_added AS (INSERT INTO usage_rows (namespace, lane_id, usage_id, seq, body)"
             f" SELECT %(ns)s, %(lane)s, u.usage_id, u.seq, u.body FROM lane, {source})"
         )
-    if transition.events:
-        events = transition.events
-        params.update(
-            group_end=events[-1].revision,
-            commit_time=events[0].commit_time.ToDatetime(tzinfo=UTC),
-        )
-        source = _rows(
-            "v",
-            (("revision", "bigint"), ("kind", "text"), ("body", "bytea")),
-            [(e.revision, e.WhichOneof("kind"), encode(e)) for e in events],
-            params,
-        )
-        ctes.append(
-            "events_added AS (INSERT INTO events"
-            " (namespace, lane_id, revision, group_end, kind, body, commit_time)"
-            " SELECT %(ns)s, %(lane)s, v.revision, %(group_end)s, v.kind, v.body, %(commit_time)s"
-            f" FROM lane, {source})"
-        )
+    if not transition.events:
+        return None
+    events = transition.events
+    bodies = [encode(e) for e in events]
+    commit_time = events[0].commit_time.ToDatetime(tzinfo=UTC)
+    params.update(group_end=events[-1].revision, commit_time=commit_time)
+    source = _rows(
+        "v",
+        (("revision", "bigint"), ("kind", "text"), ("body", "bytea")),
+        [(e.revision, e.WhichOneof("kind"), body) for e, body in zip(events, bodies, strict=True)],
+        params,
+    )
+    ctes.append(
+        "events_added AS (INSERT INTO events"
+        " (namespace, lane_id, revision, group_end, kind, body, commit_time)"
+        " SELECT %(ns)s, %(lane)s, v.revision, %(group_end)s, v.kind, v.body, %(commit_time)s"
+        f" FROM lane, {source})"
+    )
+    return EventGroup(events[0].revision, bodies, commit_time)
 
 
 def _answer(n: int, recorded: RecordedAnswer, params: dict[str, Any], ctes: list[str]) -> None:
