@@ -98,6 +98,7 @@ import grpc
 import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lane.client.errors import lane_error
+from lane.client.session import LaneSession
 from lane.v1 import (
     lane_service_pb2 as pb,
 )
@@ -1107,6 +1108,8 @@ class Driver:
     request_ids: bool
     #: Retry refused commands (same request, same request id): see :class:`Retries`.
     retries: Retries | None = None
+    #: Send the commands over this DriveLane session instead of unary RPCs (``--sessions``).
+    session: LaneSession | None = None
     #: The lane revision of the last acknowledged command.
     revision: int = 0
     seq: int = 0
@@ -1125,7 +1128,12 @@ class Driver:
         commits: int = 1,
     ) -> Response:
         started = time.perf_counter()
-        if self.retries is None:
+        response: Response
+        if self.session is not None:
+            response = await self.session.call(
+                request, retry_seconds=0.0, attempt_timeout=RPC_TIMEOUT_SECONDS
+            )
+        elif self.retries is None:
             response = await call(request, timeout=RPC_TIMEOUT_SECONDS)
         else:
             response = await self.retries.call(call, request)
@@ -1364,8 +1372,13 @@ async def run_service_load(
     args: argparse.Namespace,
     service: ServiceProcess,
     watchers: int = 0,
+    sessions: bool = False,
 ) -> ServiceResult:
     """N drivers against the running service: warm up, then count over the window.
+
+    ``sessions``: each driver sends its commands over a DriveLane stream of its own
+    (:class:`~lane.client.session.LaneSession`, request ids as ``--request-ids`` says), not
+    as unary RPCs.
 
     ``watchers`` > 0: that many WatchLane streams (:mod:`bench.watchers`, a process of their
     own) are attached before the drivers start, spread evenly over the drivers' lanes (or, with
@@ -1394,9 +1407,17 @@ async def run_service_load(
                 calls_per_turn=args.calls,
                 turns_per_run=args.turns,
                 request_ids=args.request_ids,
+                session=(
+                    LaneSession(stubs[i % len(stubs)], request_ids=args.request_ids)
+                    if sessions
+                    else None
+                ),
             )
             for i in range(args.drivers)
         ]
+        for driver in drivers:
+            if driver.session is not None:
+                watching.push_async_callback(driver.session.aclose)
         if watchers:
             fleet = await _attach_watchers(
                 watching, stubs[0], service.address, args, drivers, watchers
@@ -1707,6 +1728,65 @@ def latency_table(latencies: Mapping[str, list[float]]) -> list[str]:
     return lines
 
 
+def sessions_report(args: argparse.Namespace, unary: ServiceResult, sessions: ServiceResult) -> str:
+    """The drivers over DriveLane sessions beside the same drivers over unary RPCs (``--sessions``):
+    throughput, and CPU per lifecycle commit and per command of the server, the drivers and
+    PostgreSQL."""
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return "-" if a is None or b is None or not b else f"{b / a:.2f}"
+
+    def per_command(result: ServiceResult, name: str) -> float | None:
+        cores = result.cpu.processes.get(name)
+        if cores is None or not result.window.rpcs:
+            return None
+        return cores * result.seconds / result.window.rpcs
+
+    rows: list[tuple[str, str, str, str]] = [
+        (
+            "lifecycle commits/s",
+            f"{unary.commits_per_second:,.0f}",
+            f"{sessions.commits_per_second:,.0f}",
+            ratio(unary.commits_per_second, sessions.commits_per_second),
+        ),
+        (
+            "commands/s",
+            f"{unary.window.rpcs / unary.seconds:,.0f}",
+            f"{sessions.window.rpcs / sessions.seconds:,.0f}",
+            ratio(unary.window.rpcs / unary.seconds, sessions.window.rpcs / sessions.seconds),
+        ),
+    ]
+    for name in ("server", "drivers", "PostgreSQL"):
+        a, b = _cpu_per_commit(unary, name), _cpu_per_commit(sessions, name)
+        rows.append((f"{name} CPU per commit", _micros(a), _micros(b), ratio(a, b)))
+    for name in ("server", "drivers"):
+        a, b = per_command(unary, name), per_command(sessions, name)
+        rows.append((f"{name} CPU per command", _micros(a), _micros(b), ratio(a, b)))
+    rows.append(
+        (
+            "revision cross-check",
+            "OK" if not unary.mismatches else "MISMATCH",
+            "OK" if not sessions.mismatches else "MISMATCH",
+            "",
+        )
+    )
+    width = max(len(row[0]) for row in rows)
+    lines = [
+        f"sessions: the same {args.drivers} drivers, each sending its commands over one DriveLane"
+        " stream of its own (LaneSession) instead of unary RPCs; a fresh service process, after"
+        " the unary phase, in this run",
+        "",
+        f"  {'':<{width}} {'unary':>12} {'sessions':>12} {'sessions/unary':>15}",
+        *(f"  {label:<{width}} {a:>12} {b:>12} {r:>15}" for label, a, b, r in rows),
+        "",
+        f"  sessions: {sessions.cpu.describe()}",
+        *(f"  {line}" for line in window_lines(sessions)),
+        "",
+        *latency_table(sessions.latencies),
+    ]
+    return "\n".join(lines)
+
+
 def compare_report(
     tree: RefTree,
     ref_service: ServiceProcess,
@@ -1986,6 +2066,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " phase after the one without) and print the drop (default 0: not)",
     )
     parser.add_argument(
+        "--sessions",
+        action="store_true",
+        help="also run the drivers over DriveLane sessions (one stream per driver) on a fresh"
+        " service process after the unary phase, and print both side by side: throughput and"
+        " CPU per commit and per command of the server, the drivers and PostgreSQL",
+    )
+    parser.add_argument(
         "--watch-lanes",
         choices=("driven", "idle"),
         default="driven",
@@ -2066,6 +2153,16 @@ async def run(args: argparse.Namespace) -> int:
             result = await run_service_load(db, args, service)
             rate = result.commits_per_second
             print(f"service: {rate:,.0f} commits/s; stopping it ...", flush=True)
+        sessioned: ServiceResult | None = None
+        if args.sessions:
+            # A fresh service process, so the session phase inherits nothing from the unary one.
+            print("service again, drivers over DriveLane sessions ...", flush=True)
+            async with run_service(
+                db.url, args.notify == "on", workers=args.workers
+            ) as session_service:
+                sessioned = await run_service_load(db, args, session_service, sessions=True)
+                rate = sessioned.commits_per_second
+                print(f"service over sessions: {rate:,.0f} commits/s; stopping it ...", flush=True)
         watched: ServiceResult | None = None
         if args.watchers:
             # A fresh service process, so the second phase inherits nothing from the first.
@@ -2101,6 +2198,9 @@ async def run(args: argparse.Namespace) -> int:
                     replayed if isinstance(replayed, Replay) else None,
                 )
             )
+        if sessioned is not None:
+            print()
+            print(sessions_report(args, result, sessioned))
         if watched is not None:
             print()
             print(watchers_report(args, result, watched))
@@ -2111,6 +2211,8 @@ async def run(args: argparse.Namespace) -> int:
         failed = failed or bool(compared[1].mismatches)
     if watched is not None:
         failed = failed or bool(watched.mismatches) or not _watchers_ok(watched)
+    if sessioned is not None:
+        failed = failed or bool(sessioned.mismatches)
     return 1 if failed else 0
 
 

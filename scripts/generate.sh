@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 out=${1:-clients/python}
 rm -rf "$out/lane/v1"
 mkdir -p "$out/lane/v1"
-python -m grpc_tools.protoc -I protos \
+# third_party/protos: google/rpc/status.proto, imported by the contract; its Python module is
+# the googleapis-common-protos wheel's google.rpc.status_pb2, so it is on the path, not generated.
+python -m grpc_tools.protoc -I protos -I third_party/protos \
   --python_out="$out" --grpc_python_out="$out" \
   --mypy_out=quiet:"$out" --mypy_grpc_out=quiet:"$out" \
   protos/lane/v1/*.proto

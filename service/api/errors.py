@@ -39,12 +39,19 @@ _CODES: dict[Code, int] = {
 }
 
 
-def status_of(code: int, reason: str, message: str, metadata: dict[str, str]) -> grpc.Status:
-    """A grpc.Status carrying one ErrorInfo."""
+def rich_status(
+    code: int, reason: str, message: str, metadata: dict[str, str]
+) -> status_pb2.Status:
+    """A google.rpc.Status carrying one ErrorInfo: what a refusal's trailer holds, and what a
+    DriveLane answer's ``error`` is."""
     detail = any_pb2.Any()
     detail.Pack(error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata))
-    status = status_pb2.Status(code=code, message=message, details=[detail])
-    converted: grpc.Status = rpc_status.to_status(status)
+    return status_pb2.Status(code=code, message=message, details=[detail])
+
+
+def status_of(code: int, reason: str, message: str, metadata: dict[str, str]) -> grpc.Status:
+    """A grpc.Status carrying one ErrorInfo."""
+    converted: grpc.Status = rpc_status.to_status(rich_status(code, reason, message, metadata))
     return converted
 
 
@@ -53,46 +60,45 @@ def lane_error_status(error: LaneError) -> grpc.Status:
     return status_of(_CODES[error.code], error.reason, error.message, error.metadata)
 
 
-def internal_status() -> grpc.Status:
-    """The status for a failure that is the service's fault, not the request's."""
-    return status_of(code_pb2.INTERNAL, "INTERNAL", "internal error; see the service log", {})
-
-
-def unavailable_status(message: str) -> grpc.Status:
-    """The status for a transient failure (database unreachable, shutting down)."""
-    return status_of(code_pb2.UNAVAILABLE, "UNAVAILABLE", message, {})
-
-
-def database_busy_status(busy: DatabaseBusy) -> grpc.Status:
-    """The status for a command that found every database connection busy: the database is
-    reachable, this server has more work than connections (see service/store/pool.py)."""
-    return status_of(
-        code_pb2.RESOURCE_EXHAUSTED,
-        "DATABASE_BUSY",
-        f"{busy}; nothing was written, retry after a backoff",
-        {"poolSize": str(busy.pool_size), "waitedSeconds": f"{busy.waited:g}"},
-    )
-
-
 T = TypeVar("T")
 Handler = Callable[[Any, Any, Call], Awaitable[T]]
 
 
-async def _abort(context: Context, exc: BaseException) -> None:
+def error_answer(exc: Exception) -> tuple[status_pb2.Status, str]:
+    """The google.rpc.Status a handler's exception is answered with, and its ErrorInfo reason:
+    the error table for both the unary RPCs (:func:`unary`) and DriveLane's commands. A
+    failure that is not the request's is logged here."""
     if isinstance(exc, LaneError):
-        await context.abort_with_status(lane_error_status(exc))
+        return rich_status(_CODES[exc.code], exc.reason, exc.message, exc.metadata), exc.reason
     if isinstance(exc, DatabaseBusy):
         log.warning("database busy: %s", exc)
-        await context.abort_with_status(database_busy_status(exc))
+        return (
+            rich_status(
+                code_pb2.RESOURCE_EXHAUSTED,
+                "DATABASE_BUSY",
+                f"{exc}; nothing was written, retry after a backoff",
+                {"poolSize": str(exc.pool_size), "waitedSeconds": f"{exc.waited:g}"},
+            ),
+            "DATABASE_BUSY",
+        )
     if isinstance(exc, OperationalError | PoolTimeout):
         log.warning("database unavailable: %s", exc)
-        await context.abort_with_status(unavailable_status("database unavailable; retry"))
+        message = "database unavailable; retry"
+        return rich_status(code_pb2.UNAVAILABLE, "UNAVAILABLE", message, {}), "UNAVAILABLE"
     log.exception("unexpected error", exc_info=exc)
-    await context.abort_with_status(internal_status())
+    internal = rich_status(code_pb2.INTERNAL, "INTERNAL", "internal error; see the service log", {})
+    return internal, "INTERNAL"
+
+
+async def _abort(context: Context, exc: Exception) -> None:
+    status, _ = error_answer(exc)
+    await context.abort_with_status(rpc_status.to_status(status))
 
 
 def unary(handler: Handler[T]) -> Handler[T]:
-    """Map a handler's exceptions to statuses."""
+    """Map a handler's exceptions to statuses. The handler itself stays reachable as the
+    wrapper's ``__wrapped__`` (:func:`implementation`): DriveLane calls it, and maps its
+    exceptions with :func:`error_answer` into the command's answer instead."""
 
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, call: Call) -> T:
@@ -105,3 +111,12 @@ def unary(handler: Handler[T]) -> Handler[T]:
             raise  # unreachable: abort_with_status raises
 
     return wrapper
+
+
+def implementation(method: Handler[T]) -> Handler[T]:
+    """The handler a :func:`unary` method wraps: validation, command, result mapping; its
+    exceptions are the caller's to map (:func:`error_answer`)."""
+    inner: Handler[T] | None = getattr(method, "__wrapped__", None)
+    if inner is None:
+        raise TypeError(f"{method!r} is not a @unary handler")
+    return inner

@@ -2,10 +2,11 @@
 
 :func:`observed` wraps a method's handler from the first byte: it opens the log request scope
 (``service/logs.py``) and, for unary methods, counts the answer by status code and times it
-(``lane_commands_total``, ``lane_command_duration_seconds``). :func:`binding_ids` wraps the
-decoded-request handler inside it and binds the caller's namespace and the request's lane and
-operation ids to that scope, so every log line of the RPC names them. WatchLane's own metrics
-are in watch.py.
+(``lane_commands_total``, ``lane_command_duration_seconds``; DriveLane counts each of its
+commands the same way, under the command's method, through :func:`method_metrics`).
+:func:`binding_ids` wraps the decoded-request handler inside it and binds the caller's
+namespace and the request's lane and operation ids to that scope, so every log line of the RPC
+names them. WatchLane's own metrics are in watch.py.
 """
 
 from __future__ import annotations
@@ -30,6 +31,42 @@ _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 Handler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 
 
+class MethodMetrics:
+    """One LaneService method's answers: ``lane_commands_total{method,code}`` and
+    ``lane_command_duration_seconds{method}``, and the DEBUG line of each answer. Shared by the
+    unary RPC and DriveLane's commands of the method (:func:`method_metrics`)."""
+
+    __slots__ = ("_answered", "_seconds", "method")
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self._seconds = metrics.COMMAND_SECONDS.labels(method)
+        # The counter of each status code, looked up once (a labels() call takes a lock).
+        self._answered: dict[str, Any] = {}
+
+    def answered(self, code: str, reason: str, elapsed: float) -> None:
+        """Count one answer with status ``code`` (its ErrorInfo ``reason``) after ``elapsed`` s."""
+        self._seconds.observe(elapsed)
+        counter = self._answered.get(code)
+        if counter is None:
+            counter = self._answered[code] = metrics.COMMANDS.labels(self.method, code)
+        counter.inc()
+        if log.isEnabledFor(logging.DEBUG):
+            why = f" {reason}" if reason else ""  # the ErrorInfo reason of a refusal
+            log.debug("%s answered %s%s in %.1f ms", self.method, code, why, elapsed * 1000)
+
+
+_METHOD_METRICS: dict[str, MethodMetrics] = {}
+
+
+def method_metrics(method: str) -> MethodMetrics:
+    """The :class:`MethodMetrics` of ``method`` (one per method and process)."""
+    found = _METHOD_METRICS.get(method)
+    if found is None:
+        found = _METHOD_METRICS[method] = MethodMetrics(method)
+    return found
+
+
 def observed(method: str, streaming: bool, handler: Handler) -> Handler:
     """``handler`` inside a log request scope; a unary one also counted and timed."""
 
@@ -39,9 +76,7 @@ def observed(method: str, streaming: bool, handler: Handler) -> Handler:
 
     if streaming:
         return streaming_rpc
-    seconds = metrics.COMMAND_SECONDS.labels(method)
-    # The counter of each status code, looked up once (a labels() call takes a lock).
-    answered: dict[str, Any] = {}
+    answers = method_metrics(method)
 
     async def unary_rpc(data: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         with logs.request_scope(method):
@@ -60,15 +95,7 @@ def observed(method: str, streaming: bool, handler: Handler) -> Handler:
                 code = "CANCELLED"  # the client went away or the server stopped
                 raise
             finally:
-                elapsed = time.perf_counter() - start
-                seconds.observe(elapsed)
-                counter = answered.get(code)
-                if counter is None:
-                    counter = answered[code] = metrics.COMMANDS.labels(method, code)
-                counter.inc()
-                if log.isEnabledFor(logging.DEBUG):
-                    why = f" {reason}" if reason else ""  # the ErrorInfo reason of a refusal
-                    log.debug("%s answered %s%s in %.1f ms", method, code, why, elapsed * 1000)
+                answers.answered(code, reason, time.perf_counter() - start)
 
     return unary_rpc
 
@@ -78,17 +105,27 @@ def binding_ids(implementation: Handler) -> Handler:
     log scope; a unary answer's operation id too, when the request had none (StartRun)."""
 
     async def bound(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        logs.bind(
-            namespace=_namespace(),
-            lane_id=_text(request, "lane_id"),
-            operation_id=_text(request, "operation_id"),
-        )
+        bind_request(request)
         answer = await implementation(request, context)
         if answer is not None:
-            logs.bind(operation_id=_text(answer, "operation_id"))
+            bind_answer(answer)
         return answer
 
     return bound
+
+
+def bind_request(request: Any) -> None:
+    """Bind the caller's namespace and the request's lane and operation ids to the log scope."""
+    logs.bind(
+        namespace=_namespace(),
+        lane_id=_text(request, "lane_id"),
+        operation_id=_text(request, "operation_id"),
+    )
+
+
+def bind_answer(answer: Any) -> None:
+    """Bind an answer's operation id to the log scope (when the request had none: StartRun)."""
+    logs.bind(operation_id=_text(answer, "operation_id"))
 
 
 def status_code_name(context: grpc.aio.ServicerContext[Any, Any]) -> str:

@@ -12,6 +12,7 @@ from lane.v1 import lane_service_pb2 as pb
 
 from service.api.auth import Authenticator
 from service.api.call import Call, Context
+from service.api.drive import DriveRpcs
 from service.api.errors import lane_error_status, unary
 from service.api.framing import serialize
 from service.api.harness_rpcs import HarnessRpcs
@@ -27,7 +28,7 @@ from service.hub import Hub
 from service.store import Store
 
 
-class LaneServicer(LaneRpcs, RunRpcs, ToolRpcs, OwnershipRpcs, HarnessRpcs):
+class LaneServicer(LaneRpcs, RunRpcs, ToolRpcs, OwnershipRpcs, HarnessRpcs, DriveRpcs):
     """Implements lane.v1.LaneService on a :class:`Store` and a :class:`Hub`."""
 
     @unary
@@ -46,6 +47,14 @@ def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[
     """
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in pb.DESCRIPTOR.services_by_name["LaneService"].methods:
+        if method.client_streaming:
+            # DriveLane: many commands on one stream, each served by its unary handler
+            # (drive.py), which authenticates the stream and decodes each message itself.
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                observed(method.name, True, getattr(servicer, method.name)),
+                response_serializer=serialize,
+            )
+            continue
         # observed: log scope, metrics; binding_ids: the decoded request's ids into the scope.
         implementation = observed(
             method.name,

@@ -30,7 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from lane.v1 import lane_service_pb2
 
-from service.api import WatchSettings, add_lane_service
+from service.api import LaneServicer, WatchSettings, add_lane_service
 from service.api.auth import Authenticator
 from service.app.config import (
     Settings,
@@ -137,6 +137,8 @@ class RunningServer:
     maintenance: list[asyncio.Task[None]] = field(default_factory=list)
     #: The Prometheus endpoint (``LANE_METRICS_LISTEN``), None when off.
     metrics: MetricsEndpoint | None = None
+    #: The LaneService servicer (its DriveLane sessions end on shutdown).
+    lane_servicer: LaneServicer | None = None
     _stop_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
@@ -160,6 +162,10 @@ class RunningServer:
                 # Watch streams never finish on their own: end them with UNAVAILABLE now so
                 # clients resume elsewhere instead of holding shutdown for the grace period.
                 self.hub.close_watchers()
+                # Likewise DriveLane sessions: they stop reading, answer what they read, and
+                # end with UNAVAILABLE, so drivers send the rest on a new stream elsewhere.
+                if self.lane_servicer is not None:
+                    self.lane_servicer.drive_sessions.close()
                 await self.server.stop(grace)
             finally:
                 for task in self.maintenance:
@@ -224,7 +230,7 @@ async def start_server(
             max_watchers_per_lane=settings.max_watchers_per_lane,
             max_watchers_per_process=settings.max_watchers,
         )
-        health_servicer = await _add_services(
+        health_servicer, lane_servicer = await _add_services(
             server, store, hub, watch, Authenticator(settings.auth_tokens)
         )
         try:
@@ -277,6 +283,7 @@ async def start_server(
             ),
         ],
         metrics=metrics,
+        lane_servicer=lane_servicer,
     )
     _log.info(
         "lane service listening on %s (%s); database: %s; migrations applied now: %s;"
@@ -350,12 +357,13 @@ async def _add_services(
     hub: Hub,
     watch: WatchSettings | None,
     authenticator: Authenticator,
-) -> Any:
-    """Register LaneService, health (all SERVING) and reflection; return the health servicer.
+) -> tuple[Any, LaneServicer]:
+    """Register LaneService, health (all SERVING) and reflection; return the health servicer
+    and the LaneService servicer.
 
     Health and reflection stay open without a token: probes and tools need them, and they
     reveal no lane."""
-    add_lane_service(server, store, hub, watch, authenticator)
+    lane_servicer = add_lane_service(server, store, hub, watch, authenticator)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in (health.OVERALL_HEALTH, LANE_SERVICE_NAME):
@@ -363,4 +371,4 @@ async def _add_services(
     reflection.enable_server_reflection(
         (LANE_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    return health_servicer
+    return health_servicer, lane_servicer

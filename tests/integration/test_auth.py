@@ -25,7 +25,10 @@ import pytest
 import pytest_asyncio
 from google.protobuf import message_factory
 from google.protobuf.message import Message
+from lane.client.commands import call
 from lane.client.connect import open_channel
+from lane.client.errors import LaneError, status_error
+from lane.client.session import LaneSession
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
@@ -172,6 +175,10 @@ def aimed_request(method: str, run: MidRun, lane_id: str) -> Message:
         request.reason = 1
     if method == "SetLaneValue":
         request.session_name.name = "renamed"
+    if method == "DriveLane":
+        # A session: one command in it, aimed like the unary request of the same method.
+        request.sequence = 7
+        request.start_turn.CopyFrom(aimed_request("StartTurn", run, lane_id))
     aimed: Message = request
     return aimed
 
@@ -183,6 +190,19 @@ async def answer_of(stub: Stub, method: str, request: Any) -> tuple[str, str, st
             call: Any = stub.WatchLane(request)
             await asyncio.wait_for(call.read(), 5)
             call.cancel()
+        elif method == "DriveLane":
+            # The stream's own refusal (auth) ends it; a command's is its answer's error.
+            call = stub.DriveLane()
+            try:
+                await call.write(request)
+                answer = await asyncio.wait_for(call.read(), 5)
+            finally:
+                call.cancel()
+            assert answer.sequence == request.sequence
+            if answer.HasField("error"):
+                status = status_error(answer.error)
+                metadata = ",".join(f"{k}={v}" for k, v in sorted(status.metadata.items()))
+                return status.code.name, status.reason, status.message, metadata
         else:
             await getattr(stub, method)(request, timeout=10)
     except grpc.aio.AioRpcError as error:
@@ -265,6 +285,40 @@ async def test_every_rpc_is_covered_by_the_aimed_requests() -> None:
     run = MidRun("l", "o", "t", 1, "e")
     for method in METHODS:
         assert aimed_request(method, run, "l").DESCRIPTOR.name == f"{method}Request"
+
+
+async def test_a_session_answers_as_unary_calls_do_on_auth(
+    auth_server: AuthServer, stubs: tuple[Stub, Stub]
+) -> None:
+    stub_a, stub_b = stubs
+    run = await mid_run(stub_a)
+    methods = ["GetLaneSnapshot", "StartTurn", "StartToolCall", "RenewLease", "EndRun"]
+    # Another namespace's session: each command answers as a lane that does not exist.
+    async with LaneSession(stub_b) as session:
+        for method in methods:
+            with pytest.raises(LaneError) as refused:
+                await session.call(aimed_request(method, run, run.lane_id))
+            assert (refused.value.code, refused.value.reason) == (
+                grpc.StatusCode.NOT_FOUND,
+                "LANE_NOT_FOUND",
+            ), method
+        assert session.streams_opened == 1
+    # Without a token, or with an unknown one, the stream is refused: every command gets the
+    # unary call's UNAUTHENTICATED error.
+    for token, reason in (
+        (None, "TOKEN_MISSING"),
+        ("not-a-token-of-this-service", "TOKEN_UNKNOWN"),
+    ):
+        async with auth_server.channel(token) as channel:
+            stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+            with pytest.raises(LaneError) as unary_refusal:
+                request: Any = aimed_request("StartTurn", run, run.lane_id)
+                await call(stub.StartTurn, request)
+            async with LaneSession(stub) as session:
+                with pytest.raises(LaneError) as session_refusal:
+                    await session.call(aimed_request("StartTurn", run, run.lane_id))
+        assert repr(session_refusal.value) == repr(unary_refusal.value)
+        assert session_refusal.value.reason == reason
 
 
 async def test_namespaces_share_ids_without_meeting(stubs: tuple[Stub, Stub]) -> None:

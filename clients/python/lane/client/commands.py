@@ -22,7 +22,7 @@ import grpc
 from google.protobuf.message import Message
 from lane.client.errors import LaneError, lane_error
 
-__all__ = ["RETRYABLE_CODES", "call", "new_request_id"]
+__all__ = ["RETRYABLE_CODES", "call", "is_retryable", "new_request_id"]
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp")
@@ -58,13 +58,15 @@ async def call(
         except grpc.aio.AioRpcError as err:
             error = lane_error(err)
         attempt += 1
-        if not _retryable(error) or time.monotonic() >= deadline:
+        if not is_retryable(error) or time.monotonic() >= deadline:
             raise error
         delay = min(2.0, 0.1 * 2 ** min(attempt - 1, 8)) * (0.5 + random.random() / 2)
         await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
 
 
-def _retryable(error: LaneError) -> bool:
+def is_retryable(error: LaneError) -> bool:
+    """Whether :func:`call` (and :class:`~lane.client.session.LaneSession`) sends a command
+    refused with ``error`` again: a transport failure, or every database connection busy."""
     if error.code in RETRYABLE_CODES:
         return True
     return error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason == DATABASE_BUSY

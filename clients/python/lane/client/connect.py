@@ -84,4 +84,10 @@ def _bearer(token: str) -> list[grpc.aio.ClientInterceptor]:
         ) -> Any:
             return await continuation(with_token(client_call_details), request)
 
-    return [UnaryUnary(), UnaryStream()]
+    class StreamStream(grpc.aio.StreamStreamClientInterceptor):
+        async def intercept_stream_stream(
+            self, continuation: Any, client_call_details: Any, request_iterator: Any
+        ) -> Any:
+            return await continuation(with_token(client_call_details), request_iterator)
+
+    return [UnaryUnary(), UnaryStream(), StreamStream()]

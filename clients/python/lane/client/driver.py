@@ -47,6 +47,13 @@ DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED ``DATABASE_BUSY`` (:mod:`lane.client.com
 refusal with ABORTED ``STALE_LEASE`` means another driver took the run over: :class:`LeaseLost`
 is raised and nothing more is committed.
 
+Commands travel over one DriveLane stream per run (:class:`~lane.client.session.LaneSession`:
+the same answers and refusals as the unary RPCs, for less service CPU; a broken stream
+is replaced and its unanswered commands sent again with their request ids). ``Driver(...,
+session=False)`` sends each command as its unary RPC instead; ``session=`` a
+:class:`~lane.client.session.LaneSession` of your own shares it (it is not closed by the
+driver). WatchLane (the abort watch) is its own stream either way.
+
 Recovery (:meth:`Driver.recover`): ``AcquireOperation`` (waiting for a live lease of a dead
 driver to lapse), then the open batch is finished: effect_pending calls of tools declared
 ``replay="safe"`` are replayed (``ReplayToolCall``, executed again, after_tool, staged),
@@ -63,9 +70,9 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar, cast
 
 import grpc
 from google.protobuf.message import Message
@@ -73,6 +80,7 @@ from lane.client.commands import call, is_reason
 from lane.client.errors import LaneError, lane_error
 from lane.client.hooks import Hooks
 from lane.client.model import Model, ModelRequest, user_message
+from lane.client.session import LaneSession
 from lane.client.toolflow import BatchCall, LeaseLost, RunControl, ToolFlow
 from lane.client.tools import Tool
 from lane.v1 import lane_service_pb2 as pb
@@ -141,7 +149,9 @@ class Driver:
     (None: wait for it). ``retry_seconds``: how long a command is retried while the service is
     unavailable. ``watch_abort``: follow the lane's events to see an abort at once (else it is
     seen at the next command or lease renewal). ``model`` is the default model of
-    :meth:`run` and :meth:`recover`.
+    :meth:`run` and :meth:`recover`. ``session``: send the commands of each run over one
+    DriveLane stream (True, the default), as unary RPCs (False), or over the given
+    :class:`~lane.client.session.LaneSession` (see the module doc).
     """
 
     def __init__(
@@ -159,6 +169,7 @@ class Driver:
         retry_seconds: float = 30.0,
         watch_abort: bool = True,
         model: Model | None = None,
+        session: bool | LaneSession = True,
     ) -> None:
         if not 1 <= lease_seconds <= 3600:
             raise ValueError("lease_seconds must be between 1 and 3600")
@@ -178,6 +189,9 @@ class Driver:
         self.retry_seconds = retry_seconds
         self.watch_abort = watch_abort
         self.model = model
+        self.session = session
+        #: The session the commands go through now (None: unary RPCs).
+        self._session: LaneSession | None = None
         self._run: RunControl | None = None
         self._flow = ToolFlow(
             stub=stub,
@@ -216,21 +230,24 @@ class Driver:
             messages = [prompt]
         else:
             messages = list(prompt)
-        await self._call(self._stub.CreateLane, pb.CreateLaneRequest(lane_id=self.lane_id))
-        started = await self._call(
-            self._stub.StartRun,
-            pb.StartRunRequest(
-                lane_id=self.lane_id,
-                operation_id=operation_id,
-                prompt=messages,
-                settings=self.settings,
-                driver_id=self.driver_id,
-                lease_seconds=self.lease_seconds,
-            ),
-        )
-        run = RunControl(started.operation_id, started.lease.token, self.settings, started.revision)
-        _log.info("lane %s: run %s started", self.lane_id, run.operation_id)
-        return await self._supervise(run, chosen, None)
+        async with self._commands():
+            await self._call(self._stub.CreateLane, pb.CreateLaneRequest(lane_id=self.lane_id))
+            started = await self._call(
+                self._stub.StartRun,
+                pb.StartRunRequest(
+                    lane_id=self.lane_id,
+                    operation_id=operation_id,
+                    prompt=messages,
+                    settings=self.settings,
+                    driver_id=self.driver_id,
+                    lease_seconds=self.lease_seconds,
+                ),
+            )
+            run = RunControl(
+                started.operation_id, started.lease.token, self.settings, started.revision
+            )
+            _log.info("lane %s: run %s started", self.lane_id, run.operation_id)
+            return await self._supervise(run, chosen, None)
 
     async def recover(
         self, operation_id: str, model: Model | None = None, *, wait_seconds: float = 60.0
@@ -243,6 +260,12 @@ class Driver:
         """
         if self._run is not None:
             raise DriverError(f"this driver already drives operation {self._run.operation_id}")
+        async with self._commands():
+            return await self._recover(operation_id, model, wait_seconds)
+
+    async def _recover(
+        self, operation_id: str, model: Model | None, wait_seconds: float
+    ) -> RunResult:
         deadline = time.monotonic() + wait_seconds
         while True:
             try:
@@ -286,6 +309,47 @@ class Driver:
         run.mark_cancelled("AbortOperation")
         return True
 
+    # -- commands ------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _commands(self) -> AsyncIterator[None]:
+        """The session of one run() or recover(), as ``Driver(session=...)`` asks."""
+        if self.session is False or self._session is not None:
+            yield
+            return
+        if isinstance(self.session, LaneSession):
+            self._session = self.session
+            try:
+                yield
+            finally:
+                self._session = None
+            return
+        async with LaneSession(self._stub, retry_seconds=self.retry_seconds) as session:
+            self._session = session
+            try:
+                yield
+            finally:
+                self._session = None
+
+    async def _send(
+        self,
+        rpc: grpc.aio.UnaryUnaryMultiCallable[Req, Resp],
+        request: Req,
+        *,
+        retry_seconds: float,
+        attempt_timeout: float | None = 30.0,
+    ) -> Resp:
+        """One command: over the run's session, or as its unary RPC ``rpc``."""
+        session = self._session
+        if session is None:
+            return await call(
+                rpc, request, retry_seconds=retry_seconds, attempt_timeout=attempt_timeout
+            )
+        answer = await session.call(
+            request, retry_seconds=retry_seconds, attempt_timeout=attempt_timeout
+        )
+        return cast(Resp, answer)
+
     # -- supervision ---------------------------------------------------------------------------
 
     def _model(self, model: Model | None) -> Model:
@@ -328,7 +392,7 @@ class Driver:
 
     async def _release(self, run: RunControl) -> None:
         with contextlib.suppress(LaneError):
-            await call(
+            await self._send(
                 self._stub.ReleaseLease,
                 pb.ReleaseLeaseRequest(
                     lane_id=self.lane_id,
@@ -345,7 +409,7 @@ class Driver:
         while True:
             await asyncio.sleep(interval)
             try:
-                answer = await call(
+                answer = await self._send(
                     self._stub.RenewLease,
                     pb.RenewLeaseRequest(
                         lane_id=self.lane_id,
@@ -415,7 +479,7 @@ class Driver:
 
     async def _poll_cancel(self, run: RunControl) -> None:
         with contextlib.suppress(LaneError):
-            answer = await call(
+            answer = await self._send(
                 self._stub.GetOperation,
                 pb.GetOperationRequest(lane_id=self.lane_id, operation_id=run.operation_id),
                 retry_seconds=0.0,
@@ -431,7 +495,7 @@ class Driver:
         if run is not None and "lease_token" in request.DESCRIPTOR.fields_by_name:
             setattr(request, "lease_token", run.lease_token)  # noqa: B010
         try:
-            answer = await call(rpc, request, retry_seconds=self.retry_seconds)
+            answer = await self._send(rpc, request, retry_seconds=self.retry_seconds)
         except LaneError as err:
             if is_reason(err, grpc.StatusCode.ABORTED, "STALE_LEASE"):
                 if run is not None:
@@ -523,7 +587,7 @@ class Driver:
         return result
 
     async def _snapshot(self) -> snapshot_pb2.LaneSnapshot:
-        answer = await call(
+        answer = await self._send(
             self._stub.GetLaneSnapshot,
             pb.GetLaneSnapshotRequest(lane_id=self.lane_id),
             retry_seconds=self.retry_seconds,

@@ -17,10 +17,12 @@ gives an empty ``reason`` and empty ``metadata``.
 from __future__ import annotations
 
 import grpc
-from google.rpc import error_details_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-__all__ = ["LaneError", "WatchProtocolError", "lane_error"]
+__all__ = ["LaneError", "WatchProtocolError", "lane_error", "status_error"]
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class LaneError(Exception):
@@ -68,10 +70,21 @@ def lane_error(err: grpc.aio.AioRpcError) -> LaneError:
         status = None
     if status is not None:
         message = status.message or message
-        for detail in status.details:
-            info = error_details_pb2.ErrorInfo()
-            if detail.Unpack(info):
-                reason = info.reason
-                metadata = dict(info.metadata)
-                break
+        reason, metadata = _error_info(status)
     return LaneError(code, reason, message, metadata)
+
+
+def status_error(status: status_pb2.Status) -> LaneError:
+    """The :class:`LaneError` of a ``google.rpc.Status`` (a DriveLane answer's ``error``): the
+    same error :func:`lane_error` gives for the unary call refused with that status."""
+    reason, metadata = _error_info(status)
+    code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+    return LaneError(code, reason, status.message, metadata)
+
+
+def _error_info(status: status_pb2.Status) -> tuple[str, dict[str, str]]:
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.reason, dict(info.metadata)
+    return "", {}

@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.rpc import status_pb2 as _status_pb2
 from lane.v1 import entries_pb2 as _entries_pb2
 from lane.v1 import events_pb2 as _events_pb2
 from lane.v1 import messages_pb2 as _messages_pb2
@@ -2421,3 +2422,311 @@ class SetLaneValueResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetLaneValueResponse: _TypeAlias = SetLaneValueResponse  # noqa: Y015
+
+@_typing.final
+class DriveLaneRequest(_message.Message):
+    """One command of a DriveLane stream: the request message of the unary RPC of the same name."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    CREATE_LANE_FIELD_NUMBER: _builtins.int
+    GET_LANE_SNAPSHOT_FIELD_NUMBER: _builtins.int
+    LIST_LANES_FIELD_NUMBER: _builtins.int
+    UPDATE_LANE_CONFIG_FIELD_NUMBER: _builtins.int
+    ENQUEUE_MESSAGE_FIELD_NUMBER: _builtins.int
+    START_RUN_FIELD_NUMBER: _builtins.int
+    ABORT_OPERATION_FIELD_NUMBER: _builtins.int
+    END_RUN_FIELD_NUMBER: _builtins.int
+    START_TURN_FIELD_NUMBER: _builtins.int
+    SETTLE_ASSISTANT_MESSAGE_FIELD_NUMBER: _builtins.int
+    RECORD_USAGE_FIELD_NUMBER: _builtins.int
+    START_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    UPDATE_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    STAGE_TOOL_OUTCOME_FIELD_NUMBER: _builtins.int
+    ACQUIRE_OPERATION_FIELD_NUMBER: _builtins.int
+    RENEW_LEASE_FIELD_NUMBER: _builtins.int
+    RELEASE_LEASE_FIELD_NUMBER: _builtins.int
+    REPLAY_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    GET_OPERATION_FIELD_NUMBER: _builtins.int
+    APPEND_ASSISTANT_STREAM_FIELD_NUMBER: _builtins.int
+    SCHEDULE_RETRY_FIELD_NUMBER: _builtins.int
+    START_RETRY_FIELD_NUMBER: _builtins.int
+    SUSPEND_RUN_FIELD_NUMBER: _builtins.int
+    RESUME_RUN_FIELD_NUMBER: _builtins.int
+    START_COMPACTION_FIELD_NUMBER: _builtins.int
+    END_COMPACTION_FIELD_NUMBER: _builtins.int
+    COMPACT_RUN_FIELD_NUMBER: _builtins.int
+    NAVIGATE_LANE_FIELD_NUMBER: _builtins.int
+    REPORT_FAULT_FIELD_NUMBER: _builtins.int
+    REPORT_HANDLER_ERROR_FIELD_NUMBER: _builtins.int
+    SET_LANE_VALUE_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """Chosen by the client and echoed in the command's answer. The service neither checks nor
+    orders by it; keep it unique among the stream's unanswered commands.
+    """
+    @_builtins.property
+    def create_lane(self) -> Global___CreateLaneRequest: ...
+    @_builtins.property
+    def get_lane_snapshot(self) -> Global___GetLaneSnapshotRequest: ...
+    @_builtins.property
+    def list_lanes(self) -> Global___ListLanesRequest: ...
+    @_builtins.property
+    def update_lane_config(self) -> Global___UpdateLaneConfigRequest: ...
+    @_builtins.property
+    def enqueue_message(self) -> Global___EnqueueMessageRequest: ...
+    @_builtins.property
+    def start_run(self) -> Global___StartRunRequest: ...
+    @_builtins.property
+    def abort_operation(self) -> Global___AbortOperationRequest: ...
+    @_builtins.property
+    def end_run(self) -> Global___EndRunRequest: ...
+    @_builtins.property
+    def start_turn(self) -> Global___StartTurnRequest: ...
+    @_builtins.property
+    def settle_assistant_message(self) -> Global___SettleAssistantMessageRequest: ...
+    @_builtins.property
+    def record_usage(self) -> Global___RecordUsageRequest: ...
+    @_builtins.property
+    def start_tool_call(self) -> Global___StartToolCallRequest: ...
+    @_builtins.property
+    def update_tool_call(self) -> Global___UpdateToolCallRequest: ...
+    @_builtins.property
+    def stage_tool_outcome(self) -> Global___StageToolOutcomeRequest: ...
+    @_builtins.property
+    def acquire_operation(self) -> Global___AcquireOperationRequest: ...
+    @_builtins.property
+    def renew_lease(self) -> Global___RenewLeaseRequest: ...
+    @_builtins.property
+    def release_lease(self) -> Global___ReleaseLeaseRequest: ...
+    @_builtins.property
+    def replay_tool_call(self) -> Global___ReplayToolCallRequest: ...
+    @_builtins.property
+    def get_operation(self) -> Global___GetOperationRequest: ...
+    @_builtins.property
+    def append_assistant_stream(self) -> Global___AppendAssistantStreamRequest: ...
+    @_builtins.property
+    def schedule_retry(self) -> Global___ScheduleRetryRequest: ...
+    @_builtins.property
+    def start_retry(self) -> Global___StartRetryRequest: ...
+    @_builtins.property
+    def suspend_run(self) -> Global___SuspendRunRequest: ...
+    @_builtins.property
+    def resume_run(self) -> Global___ResumeRunRequest: ...
+    @_builtins.property
+    def start_compaction(self) -> Global___StartCompactionRequest: ...
+    @_builtins.property
+    def end_compaction(self) -> Global___EndCompactionRequest: ...
+    @_builtins.property
+    def compact_run(self) -> Global___CompactRunRequest: ...
+    @_builtins.property
+    def navigate_lane(self) -> Global___NavigateLaneRequest: ...
+    @_builtins.property
+    def report_fault(self) -> Global___ReportFaultRequest: ...
+    @_builtins.property
+    def report_handler_error(self) -> Global___ReportHandlerErrorRequest: ...
+    @_builtins.property
+    def set_lane_value(self) -> Global___SetLaneValueRequest: ...
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        create_lane: Global___CreateLaneRequest | None = ...,
+        get_lane_snapshot: Global___GetLaneSnapshotRequest | None = ...,
+        list_lanes: Global___ListLanesRequest | None = ...,
+        update_lane_config: Global___UpdateLaneConfigRequest | None = ...,
+        enqueue_message: Global___EnqueueMessageRequest | None = ...,
+        start_run: Global___StartRunRequest | None = ...,
+        abort_operation: Global___AbortOperationRequest | None = ...,
+        end_run: Global___EndRunRequest | None = ...,
+        start_turn: Global___StartTurnRequest | None = ...,
+        settle_assistant_message: Global___SettleAssistantMessageRequest | None = ...,
+        record_usage: Global___RecordUsageRequest | None = ...,
+        start_tool_call: Global___StartToolCallRequest | None = ...,
+        update_tool_call: Global___UpdateToolCallRequest | None = ...,
+        stage_tool_outcome: Global___StageToolOutcomeRequest | None = ...,
+        acquire_operation: Global___AcquireOperationRequest | None = ...,
+        renew_lease: Global___RenewLeaseRequest | None = ...,
+        release_lease: Global___ReleaseLeaseRequest | None = ...,
+        replay_tool_call: Global___ReplayToolCallRequest | None = ...,
+        get_operation: Global___GetOperationRequest | None = ...,
+        append_assistant_stream: Global___AppendAssistantStreamRequest | None = ...,
+        schedule_retry: Global___ScheduleRetryRequest | None = ...,
+        start_retry: Global___StartRetryRequest | None = ...,
+        suspend_run: Global___SuspendRunRequest | None = ...,
+        resume_run: Global___ResumeRunRequest | None = ...,
+        start_compaction: Global___StartCompactionRequest | None = ...,
+        end_compaction: Global___EndCompactionRequest | None = ...,
+        compact_run: Global___CompactRunRequest | None = ...,
+        navigate_lane: Global___NavigateLaneRequest | None = ...,
+        report_fault: Global___ReportFaultRequest | None = ...,
+        report_handler_error: Global___ReportHandlerErrorRequest | None = ...,
+        set_lane_value: Global___SetLaneValueRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value"]  # noqa: Y015
+    _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
+
+Global___DriveLaneRequest: _TypeAlias = DriveLaneRequest  # noqa: Y015
+
+@_typing.final
+class DriveLaneResponse(_message.Message):
+    """The answer to one DriveLaneRequest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    CREATE_LANE_FIELD_NUMBER: _builtins.int
+    GET_LANE_SNAPSHOT_FIELD_NUMBER: _builtins.int
+    LIST_LANES_FIELD_NUMBER: _builtins.int
+    UPDATE_LANE_CONFIG_FIELD_NUMBER: _builtins.int
+    ENQUEUE_MESSAGE_FIELD_NUMBER: _builtins.int
+    START_RUN_FIELD_NUMBER: _builtins.int
+    ABORT_OPERATION_FIELD_NUMBER: _builtins.int
+    END_RUN_FIELD_NUMBER: _builtins.int
+    START_TURN_FIELD_NUMBER: _builtins.int
+    SETTLE_ASSISTANT_MESSAGE_FIELD_NUMBER: _builtins.int
+    RECORD_USAGE_FIELD_NUMBER: _builtins.int
+    START_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    UPDATE_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    STAGE_TOOL_OUTCOME_FIELD_NUMBER: _builtins.int
+    ACQUIRE_OPERATION_FIELD_NUMBER: _builtins.int
+    RENEW_LEASE_FIELD_NUMBER: _builtins.int
+    RELEASE_LEASE_FIELD_NUMBER: _builtins.int
+    REPLAY_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    GET_OPERATION_FIELD_NUMBER: _builtins.int
+    APPEND_ASSISTANT_STREAM_FIELD_NUMBER: _builtins.int
+    SCHEDULE_RETRY_FIELD_NUMBER: _builtins.int
+    START_RETRY_FIELD_NUMBER: _builtins.int
+    SUSPEND_RUN_FIELD_NUMBER: _builtins.int
+    RESUME_RUN_FIELD_NUMBER: _builtins.int
+    START_COMPACTION_FIELD_NUMBER: _builtins.int
+    END_COMPACTION_FIELD_NUMBER: _builtins.int
+    COMPACT_RUN_FIELD_NUMBER: _builtins.int
+    NAVIGATE_LANE_FIELD_NUMBER: _builtins.int
+    REPORT_FAULT_FIELD_NUMBER: _builtins.int
+    REPORT_HANDLER_ERROR_FIELD_NUMBER: _builtins.int
+    SET_LANE_VALUE_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """The sequence of the request answered."""
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """The command was refused or failed: the status code, message and details (one
+        google.rpc.ErrorInfo, domain "lane.v1") the unary RPC would have ended with.
+        """
+
+    @_builtins.property
+    def create_lane(self) -> Global___CreateLaneResponse:
+        """Accepted: the response of the unary RPC, in the field named as the request's command."""
+
+    @_builtins.property
+    def get_lane_snapshot(self) -> Global___GetLaneSnapshotResponse: ...
+    @_builtins.property
+    def list_lanes(self) -> Global___ListLanesResponse: ...
+    @_builtins.property
+    def update_lane_config(self) -> Global___UpdateLaneConfigResponse: ...
+    @_builtins.property
+    def enqueue_message(self) -> Global___EnqueueMessageResponse: ...
+    @_builtins.property
+    def start_run(self) -> Global___StartRunResponse: ...
+    @_builtins.property
+    def abort_operation(self) -> Global___AbortOperationResponse: ...
+    @_builtins.property
+    def end_run(self) -> Global___EndRunResponse: ...
+    @_builtins.property
+    def start_turn(self) -> Global___StartTurnResponse: ...
+    @_builtins.property
+    def settle_assistant_message(self) -> Global___SettleAssistantMessageResponse: ...
+    @_builtins.property
+    def record_usage(self) -> Global___RecordUsageResponse: ...
+    @_builtins.property
+    def start_tool_call(self) -> Global___StartToolCallResponse: ...
+    @_builtins.property
+    def update_tool_call(self) -> Global___UpdateToolCallResponse: ...
+    @_builtins.property
+    def stage_tool_outcome(self) -> Global___StageToolOutcomeResponse: ...
+    @_builtins.property
+    def acquire_operation(self) -> Global___AcquireOperationResponse: ...
+    @_builtins.property
+    def renew_lease(self) -> Global___RenewLeaseResponse: ...
+    @_builtins.property
+    def release_lease(self) -> Global___ReleaseLeaseResponse: ...
+    @_builtins.property
+    def replay_tool_call(self) -> Global___ReplayToolCallResponse: ...
+    @_builtins.property
+    def get_operation(self) -> Global___GetOperationResponse: ...
+    @_builtins.property
+    def append_assistant_stream(self) -> Global___AppendAssistantStreamResponse: ...
+    @_builtins.property
+    def schedule_retry(self) -> Global___ScheduleRetryResponse: ...
+    @_builtins.property
+    def start_retry(self) -> Global___StartRetryResponse: ...
+    @_builtins.property
+    def suspend_run(self) -> Global___SuspendRunResponse: ...
+    @_builtins.property
+    def resume_run(self) -> Global___ResumeRunResponse: ...
+    @_builtins.property
+    def start_compaction(self) -> Global___StartCompactionResponse: ...
+    @_builtins.property
+    def end_compaction(self) -> Global___EndCompactionResponse: ...
+    @_builtins.property
+    def compact_run(self) -> Global___CompactRunResponse: ...
+    @_builtins.property
+    def navigate_lane(self) -> Global___NavigateLaneResponse: ...
+    @_builtins.property
+    def report_fault(self) -> Global___ReportFaultResponse: ...
+    @_builtins.property
+    def report_handler_error(self) -> Global___ReportHandlerErrorResponse: ...
+    @_builtins.property
+    def set_lane_value(self) -> Global___SetLaneValueResponse: ...
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        error: _status_pb2.Status | None = ...,
+        create_lane: Global___CreateLaneResponse | None = ...,
+        get_lane_snapshot: Global___GetLaneSnapshotResponse | None = ...,
+        list_lanes: Global___ListLanesResponse | None = ...,
+        update_lane_config: Global___UpdateLaneConfigResponse | None = ...,
+        enqueue_message: Global___EnqueueMessageResponse | None = ...,
+        start_run: Global___StartRunResponse | None = ...,
+        abort_operation: Global___AbortOperationResponse | None = ...,
+        end_run: Global___EndRunResponse | None = ...,
+        start_turn: Global___StartTurnResponse | None = ...,
+        settle_assistant_message: Global___SettleAssistantMessageResponse | None = ...,
+        record_usage: Global___RecordUsageResponse | None = ...,
+        start_tool_call: Global___StartToolCallResponse | None = ...,
+        update_tool_call: Global___UpdateToolCallResponse | None = ...,
+        stage_tool_outcome: Global___StageToolOutcomeResponse | None = ...,
+        acquire_operation: Global___AcquireOperationResponse | None = ...,
+        renew_lease: Global___RenewLeaseResponse | None = ...,
+        release_lease: Global___ReleaseLeaseResponse | None = ...,
+        replay_tool_call: Global___ReplayToolCallResponse | None = ...,
+        get_operation: Global___GetOperationResponse | None = ...,
+        append_assistant_stream: Global___AppendAssistantStreamResponse | None = ...,
+        schedule_retry: Global___ScheduleRetryResponse | None = ...,
+        start_retry: Global___StartRetryResponse | None = ...,
+        suspend_run: Global___SuspendRunResponse | None = ...,
+        resume_run: Global___ResumeRunResponse | None = ...,
+        start_compaction: Global___StartCompactionResponse | None = ...,
+        end_compaction: Global___EndCompactionResponse | None = ...,
+        compact_run: Global___CompactRunResponse | None = ...,
+        navigate_lane: Global___NavigateLaneResponse | None = ...,
+        report_fault: Global___ReportFaultResponse | None = ...,
+        report_handler_error: Global___ReportHandlerErrorResponse | None = ...,
+        set_lane_value: Global___SetLaneValueResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["error", "create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value"]  # noqa: Y015
+    _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_answer) -> _WhichOneofReturnType_answer | None: ...
+
+Global___DriveLaneResponse: _TypeAlias = DriveLaneResponse  # noqa: Y015

@@ -200,6 +200,11 @@ class LaneServiceStub:
                 request_serializer=lane_dot_v1_dot_lane__service__pb2.SetLaneValueRequest.SerializeToString,
                 response_deserializer=lane_dot_v1_dot_lane__service__pb2.SetLaneValueResponse.FromString,
                 _registered_method=True)
+        self.DriveLane = channel.stream_stream(
+                '/lane.v1.LaneService/DriveLane',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.DriveLaneRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.DriveLaneResponse.FromString,
+                _registered_method=True)
 
 
 class LaneServiceServicer:
@@ -448,6 +453,30 @@ class LaneServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DriveLane(self, request_iterator, context):
+        """A driver session: many commands over one stream, each answered as the unary RPC of the
+        same name answers it (same validation, same commit, same refusal), without a call's setup
+        per command. The stream is authenticated once, from its metadata; a refused token ends it
+        (UNAUTHENTICATED) before any command is read.
+
+        Each request carries one command and a `sequence` the client chooses; its answer carries
+        the same sequence. Commands of one lane are applied one at a time, in the order they were
+        sent; commands of different lanes may run concurrently. Answers are sent as each command
+        completes, so they may arrive out of order across lanes (never within one lane).
+
+        At most 64 commands of a stream are in flight (read and not yet answered); beyond that
+        the service reads nothing more from the stream until an answer has been sent (HTTP/2
+        flow control then holds the client's writes back). A request that cannot be decoded or
+        names no command is answered INVALID_ARGUMENT (reason MALFORMED_REQUEST or MISSING_FIELD)
+        under its sequence; the stream goes on. Half-closing ends the stream once every command
+        read is answered. The stream's deadline bounds every command on it. On shutdown the
+        service stops reading, answers what it read, then ends the stream UNAVAILABLE (reason
+        SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LaneServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -610,6 +639,11 @@ def add_LaneServiceServicer_to_server(servicer, server):
                     servicer.SetLaneValue,
                     request_deserializer=lane_dot_v1_dot_lane__service__pb2.SetLaneValueRequest.FromString,
                     response_serializer=lane_dot_v1_dot_lane__service__pb2.SetLaneValueResponse.SerializeToString,
+            ),
+            'DriveLane': grpc.stream_stream_rpc_method_handler(
+                    servicer.DriveLane,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.DriveLaneRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.DriveLaneResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1482,6 +1516,33 @@ class LaneService:
             '/lane.v1.LaneService/SetLaneValue',
             lane_dot_v1_dot_lane__service__pb2.SetLaneValueRequest.SerializeToString,
             lane_dot_v1_dot_lane__service__pb2.SetLaneValueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DriveLane(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/lane.v1.LaneService/DriveLane',
+            lane_dot_v1_dot_lane__service__pb2.DriveLaneRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.DriveLaneResponse.FromString,
             options,
             channel_credentials,
             insecure,

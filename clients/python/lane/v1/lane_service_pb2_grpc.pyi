@@ -126,6 +126,26 @@ class LaneServiceStub:
     """A driver's hook or event handler threw: handler_error."""
     SetLaneValue: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.SetLaneValueRequest, _lane_service_pb2.SetLaneValueResponse]
     """Session metadata: the session name or an entry label: value_update."""
+    DriveLane: _grpc.StreamStreamMultiCallable[_lane_service_pb2.DriveLaneRequest, _lane_service_pb2.DriveLaneResponse]
+    """A driver session: many commands over one stream, each answered as the unary RPC of the
+    same name answers it (same validation, same commit, same refusal), without a call's setup
+    per command. The stream is authenticated once, from its metadata; a refused token ends it
+    (UNAUTHENTICATED) before any command is read.
+
+    Each request carries one command and a `sequence` the client chooses; its answer carries
+    the same sequence. Commands of one lane are applied one at a time, in the order they were
+    sent; commands of different lanes may run concurrently. Answers are sent as each command
+    completes, so they may arrive out of order across lanes (never within one lane).
+
+    At most 64 commands of a stream are in flight (read and not yet answered); beyond that
+    the service reads nothing more from the stream until an answer has been sent (HTTP/2
+    flow control then holds the client's writes back). A request that cannot be decoded or
+    names no command is answered INVALID_ARGUMENT (reason MALFORMED_REQUEST or MISSING_FIELD)
+    under its sequence; the stream goes on. Half-closing ends the stream once every command
+    read is answered. The stream's deadline bounds every command on it. On shutdown the
+    service stops reading, answers what it read, then ends the stream UNAVAILABLE (reason
+    SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new one.
+    """
 
 @_typing.type_check_only
 class LaneServiceAsyncStub(LaneServiceStub):
@@ -225,6 +245,26 @@ class LaneServiceAsyncStub(LaneServiceStub):
     """A driver's hook or event handler threw: handler_error."""
     SetLaneValue: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.SetLaneValueRequest, _lane_service_pb2.SetLaneValueResponse]  # type: ignore[assignment]
     """Session metadata: the session name or an entry label: value_update."""
+    DriveLane: _aio.StreamStreamMultiCallable[_lane_service_pb2.DriveLaneRequest, _lane_service_pb2.DriveLaneResponse]  # type: ignore[assignment]
+    """A driver session: many commands over one stream, each answered as the unary RPC of the
+    same name answers it (same validation, same commit, same refusal), without a call's setup
+    per command. The stream is authenticated once, from its metadata; a refused token ends it
+    (UNAUTHENTICATED) before any command is read.
+
+    Each request carries one command and a `sequence` the client chooses; its answer carries
+    the same sequence. Commands of one lane are applied one at a time, in the order they were
+    sent; commands of different lanes may run concurrently. Answers are sent as each command
+    completes, so they may arrive out of order across lanes (never within one lane).
+
+    At most 64 commands of a stream are in flight (read and not yet answered); beyond that
+    the service reads nothing more from the stream until an answer has been sent (HTTP/2
+    flow control then holds the client's writes back). A request that cannot be decoded or
+    names no command is answered INVALID_ARGUMENT (reason MALFORMED_REQUEST or MISSING_FIELD)
+    under its sequence; the stream goes on. Half-closing ends the stream once every command
+    read is answered. The stream's deadline bounds every command on it. On shutdown the
+    service stops reading, answers what it read, then ends the stream UNAVAILABLE (reason
+    SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new one.
+    """
 
 class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
     """The lane service: drivers commit each step of an agent run; watchers follow a lane live.
@@ -513,5 +553,31 @@ class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_lane_service_pb2.SetLaneValueResponse, _abc.Awaitable[_lane_service_pb2.SetLaneValueResponse]]:
         """Session metadata: the session name or an entry label: value_update."""
+
+    @_abc_1.abstractmethod
+    def DriveLane(
+        self,
+        request_iterator: _MaybeAsyncIterator[_lane_service_pb2.DriveLaneRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_lane_service_pb2.DriveLaneResponse], _abc.AsyncIterator[_lane_service_pb2.DriveLaneResponse]]:
+        """A driver session: many commands over one stream, each answered as the unary RPC of the
+        same name answers it (same validation, same commit, same refusal), without a call's setup
+        per command. The stream is authenticated once, from its metadata; a refused token ends it
+        (UNAUTHENTICATED) before any command is read.
+
+        Each request carries one command and a `sequence` the client chooses; its answer carries
+        the same sequence. Commands of one lane are applied one at a time, in the order they were
+        sent; commands of different lanes may run concurrently. Answers are sent as each command
+        completes, so they may arrive out of order across lanes (never within one lane).
+
+        At most 64 commands of a stream are in flight (read and not yet answered); beyond that
+        the service reads nothing more from the stream until an answer has been sent (HTTP/2
+        flow control then holds the client's writes back). A request that cannot be decoded or
+        names no command is answered INVALID_ARGUMENT (reason MALFORMED_REQUEST or MISSING_FIELD)
+        under its sequence; the stream goes on. Half-closing ends the stream once every command
+        read is answered. The stream's deadline bounds every command on it. On shutdown the
+        service stops reading, answers what it read, then ends the stream UNAVAILABLE (reason
+        SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new one.
+        """
 
 def add_LaneServiceServicer_to_server(servicer: LaneServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
