@@ -250,6 +250,10 @@ async def test_log_lines_of_an_rpc_carry_its_lane_and_operation(lane_stub) -> No
         )
         with pytest.raises(grpc.aio.AioRpcError):
             await lane_stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id="nope"))
+        # The refusal can reach the client before the server has logged its answer line.
+        async with asyncio.timeout(10):
+            while not any(line.get("operation_id") == "nope" for line in lines):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
     served = {(line["rpc"], line.get("operation_id")): line for line in lines if "rpc" in line}
     create = served[("CreateLane", None)]
     assert create["lane_id"] == lane_id
