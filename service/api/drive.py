@@ -64,6 +64,7 @@ from service.api.auth import caller_namespace
 from service.api.base import ServicerBase
 from service.api.call import Call, Context
 from service.api.errors import error_answer, implementation, rich_status, status_of
+from service.api.framing import length_delimited, varint
 from service.api.instrument import MethodMetrics, bind_answer, bind_request, method_metrics
 from service.api.validation import check_counts
 from service.domain.errors import InvalidArgument
@@ -334,27 +335,15 @@ def _too_large(sequence: int, method: str, size: int) -> bytes:
 # -- wire format --------------------------------------------------------------------------------
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-_SEQUENCE_TAG = _varint(_SEQUENCE_FIELD << 3)
+_SEQUENCE_TAG = varint(_SEQUENCE_FIELD << 3)
 
 
 def _frame(sequence: int, field: int, body: bytes) -> bytes:
     """An encoded DriveLaneResponse: ``sequence`` and the encoded message ``body`` in the
     answer field ``field``. Built around the answer's bytes rather than by copying the answer
     into a DriveLaneResponse message and encoding that."""
-    head = _SEQUENCE_TAG + _varint(sequence) if sequence else b""
-    return head + _varint(field << 3 | _LENGTH_DELIMITED) + _varint(len(body)) + body
+    head = _SEQUENCE_TAG + varint(sequence) if sequence else b""
+    return head + length_delimited(field, body)
 
 
 def _sequence_of(data: bytes) -> int:

@@ -28,7 +28,8 @@ from service.domain.wire import (
 _LENGTH_DELIMITED = 2
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """``value`` as a protobuf varint."""
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -40,8 +41,12 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | _LENGTH_DELIMITED) + _varint(len(payload)) + payload
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """Field ``number`` holding ``payload`` (an encoded message, bytes or text)."""
+    return varint(number << 3 | _LENGTH_DELIMITED) + varint(len(payload)) + payload
+
+
+_field = length_delimited
 
 
 def event_group_frame(bodies: Sequence[bytes]) -> bytes:
@@ -60,7 +65,7 @@ def snapshot_head_frame(snapshot: Message, bodies: Sequence[bytes], following_ch
     transcript = b"".join(_field(TRANSCRIPT_FIELD, body) for body in bodies)
     head = _field(HEAD_SNAPSHOT_FIELD, snapshot.SerializeToString() + transcript)
     if following_chunks:
-        head += _varint(HEAD_FOLLOWING_CHUNKS_FIELD << 3) + _varint(following_chunks)
+        head += varint(HEAD_FOLLOWING_CHUNKS_FIELD << 3) + varint(following_chunks)
     return _field(SNAPSHOT_HEAD_FIELD, head)
 
 
