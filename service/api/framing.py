@@ -46,12 +46,11 @@ def length_delimited(number: int, payload: bytes) -> bytes:
     return varint(number << 3 | _LENGTH_DELIMITED) + varint(len(payload)) + payload
 
 
-_field = length_delimited
-
-
 def event_group_frame(bodies: Sequence[bytes]) -> bytes:
     """An encoded WatchLaneResponse whose event_group holds the encoded events ``bodies``."""
-    return _field(EVENT_GROUP_FIELD, b"".join(_field(EVENTS_FIELD, body) for body in bodies))
+    return length_delimited(
+        EVENT_GROUP_FIELD, b"".join(length_delimited(EVENTS_FIELD, body) for body in bodies)
+    )
 
 
 def serialize(response: Message | bytes) -> bytes:
@@ -62,15 +61,16 @@ def serialize(response: Message | bytes) -> bytes:
 def snapshot_head_frame(snapshot: Message, bodies: Sequence[bytes], following_chunks: int) -> bytes:
     """An encoded WatchLaneResponse whose SnapshotHead holds ``snapshot`` (its transcript
     empty) with the encoded entries ``bodies`` as its first transcript entries."""
-    transcript = b"".join(_field(TRANSCRIPT_FIELD, body) for body in bodies)
-    head = _field(HEAD_SNAPSHOT_FIELD, snapshot.SerializeToString() + transcript)
+    transcript = b"".join(length_delimited(TRANSCRIPT_FIELD, body) for body in bodies)
+    head = length_delimited(HEAD_SNAPSHOT_FIELD, snapshot.SerializeToString() + transcript)
     if following_chunks:
         head += varint(HEAD_FOLLOWING_CHUNKS_FIELD << 3) + varint(following_chunks)
-    return _field(SNAPSHOT_HEAD_FIELD, head)
+    return length_delimited(SNAPSHOT_HEAD_FIELD, head)
 
 
 def transcript_chunk_frame(bodies: Sequence[bytes]) -> bytes:
     """An encoded WatchLaneResponse whose TranscriptChunk holds the encoded entries ``bodies``."""
-    return _field(
-        TRANSCRIPT_CHUNK_FIELD, b"".join(_field(CHUNK_ENTRIES_FIELD, body) for body in bodies)
+    return length_delimited(
+        TRANSCRIPT_CHUNK_FIELD,
+        b"".join(length_delimited(CHUNK_ENTRIES_FIELD, body) for body in bodies),
     )
