@@ -5,7 +5,7 @@ Run from the repository root (virtualenv active)::
     python -m bench.crash_kills --kills 200 [--seed N] [--lanes 4] [--services 2]
                                 [--database-url URL]
 
-DESIGN.md §8: "Kill -9 of service or driver at random points (hundreds of runs): no staged result
+Target (docs/contract.md): "Kill -9 of service or driver at random points: no staged result
 lost, no entry placed twice, no unsafe replay, every watcher converges (fold == capture)". This
 runs the harness of ``tests/crash/harness.py`` (real ``python -m service.app`` processes and
 real driver processes, SIGKILLed at random with a seeded RNG) for ``--kills`` kills, lets every

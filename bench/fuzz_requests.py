@@ -1,4 +1,4 @@
-"""Fuzz a live lane service with many random and mutated requests (issue 8 item 5, bench mode).
+"""Fuzz a live lane service with many random and mutated requests (bench mode).
 
 Run from the repository root (virtualenv active)::
 

@@ -4,7 +4,7 @@ Run from the repository root (virtualenv active)::
 
     python -m bench.idle_watchers [--watchers 10000] [--lanes 1000] [--database-url URL]
 
-DESIGN.md §8: "Idle watchers: >= 10,000 per process, <= 20 KiB of resident memory each". One
+docs/contract.md: "Idle watchers: >= 10,000 per process, <= 20 KiB of resident memory each". One
 run measures, one after the other on the same machine:
 
 1. **Baseline: gRPC's own cost.** A minimal ``grpc.aio`` server runs as a subprocess of this
@@ -66,7 +66,7 @@ from bench.commit_throughput import (
 from bench.entry import add_database_url, run_benchmark, stop_process
 from bench.memory import Memory
 
-TARGET_WATCHERS = 10_000  # DESIGN.md §8
+TARGET_WATCHERS = 10_000  # docs/contract.md, Targets
 TARGET_KIB_PER_WATCHER = 20.0
 RPC_TIMEOUT_SECONDS = 60.0
 _MINIMAL_METHOD = "/bench.Idle/Watch"
@@ -558,11 +558,11 @@ def report(
         ]
     rows += [
         (
-            f"DESIGN.md §8 target: >= {TARGET_WATCHERS:,} watchers per process",
+            f"target: >= {TARGET_WATCHERS:,} watchers per process",
             "met" if count_met else "NOT met",
         ),
         (
-            f"DESIGN.md §8 target: <= {TARGET_KIB_PER_WATCHER:g} KiB per watcher",
+            f"target: <= {TARGET_KIB_PER_WATCHER:g} KiB per watcher",
             "met" if memory_met else "NOT met",
         ),
     ]

@@ -5,7 +5,7 @@ Run from the repository root (virtualenv active)::
 
     python -m bench.snapshot_cost [--entries 10000] [--repeats 5] [--database-url URL]
 
-DESIGN.md §8: "Snapshot of a 10,000-entry transcript: <= 2 x the cost of selecting and encoding
+docs/contract.md: "Snapshot of a 10,000-entry transcript: <= 2 x the cost of selecting and encoding
 the same rows; server memory bounded by the chunk size". One run:
 
 1. **Build.** The real service runs as a subprocess (``python -m service.app``). One lane gets
@@ -84,7 +84,7 @@ from bench.entry import add_database_url, run_benchmark
 from bench.memory import Memory, PeakSampler
 from service.api.watch import WatchSettings
 
-TARGET_RATIO = 2.0  # DESIGN.md §8
+TARGET_RATIO = 2.0  # docs/contract.md, Targets
 #: "Bounded by the chunk size" is read as: the peak growth while one snapshot streams stays
 #: within this many chunks (one being encoded, one in gRPC's send buffer, one of slack).
 BOUND_IN_CHUNKS = 3
@@ -633,7 +633,7 @@ def report(
         ),
         ("ratio WatchLane / baseline", f"{ratio:.2f}"),
         (
-            f"DESIGN.md §8 target: ratio <= {TARGET_RATIO:g}",
+            f"target: ratio <= {TARGET_RATIO:g}",
             "met" if ratio <= TARGET_RATIO else "NOT met",
         ),
     ]
@@ -651,7 +651,7 @@ def report(
         ("  growth / transcript size (first snapshot)", f"{growth / transcript_kib:.2f}"),
         ("  growth / chunk size (first snapshot)", f"{growth / chunk_kib:.1f}"),
         (
-            f"DESIGN.md §8 target: memory bounded by the chunk size (<= {BOUND_IN_CHUNKS} chunks)",
+            f"target: memory bounded by the chunk size (<= {BOUND_IN_CHUNKS} chunks)",
             "met" if growth <= bound_kib else "NOT met",
         ),
     ]

@@ -27,8 +27,8 @@ Every variable is optional; an empty value counts as unset.
     Default ``on``.
 ``LANE_POLL_INTERVAL_SECONDS``
     How often the hub polls the event log as a fallback to NOTIFY; ``0 < seconds <= 60``.
-    Default ``1.0``; DESIGN.md promises delivery within 1 s without NOTIFY, which holds only
-    at 1.0 or below.
+    Default ``1.0``: without NOTIFY, watchers get each commit within this interval
+    (docs/contract.md, WatchLane).
 ``LANE_ORPHAN_SECONDS``
     How long a leased run may sit with no live lease and no abort before the service ends it
     itself (aborted, every unfinished call settled; see docs/recovery.md); seconds >= 0.

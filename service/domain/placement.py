@@ -1,4 +1,4 @@
-"""Source-order prefix placement (harness-model §3.5).
+"""Source-order prefix placement (docs/contract.md, Tool calls).
 
 Placement flushes the contiguous run of outcome_ready calls that follows the completed prefix.
 It is not an all-tools barrier: a call that settled early waits, settled, until every earlier

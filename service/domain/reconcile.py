@@ -1,4 +1,4 @@
-"""The service ending a run no driver holds (harness-model §3.7, "reconciliation").
+"""The service ending a run no driver holds (docs/recovery.md).
 
 A leased run whose lease lapsed is reconciled once its abort was requested, or once it has been
 orphaned for a while without a new driver taking it over: planned calls get the cancelled

@@ -1,4 +1,4 @@
-"""Run commands: start, turns, assistant settlement, usage, abort, end (harness-model §2)."""
+"""Run commands: start, turns, assistant settlement, usage, abort, end (docs/contract.md)."""
 
 from __future__ import annotations
 

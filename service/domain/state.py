@@ -16,7 +16,7 @@ from lane.v1 import lane_service_pb2, messages_pb2, snapshot_pb2
 
 
 class CallStatus(StrEnum):
-    """A tool call's durable status (harness-model §3.1)."""
+    """A tool call's durable status (docs/contract.md, Tool calls)."""
 
     PLANNED = "planned"
     EFFECT_PENDING = "effect_pending"

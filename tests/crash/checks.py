@@ -1,4 +1,4 @@
-"""What must hold for a lane after any number of kill -9s (DESIGN.md §2 invariant 4, §8).
+"""What must hold for a lane after any number of kill -9s (docs/contract.md: invariant 4, Targets).
 
 :func:`check_lane` reads the lane's whole event log and its ``crash_executions`` rows from the
 database, its capture through GetLaneSnapshot, and returns :class:`LaneFindings`: the recovery
@@ -12,7 +12,7 @@ paths that happened and every violation found:
     again only by a recovery-tagged ReplayToolCall with the persisted arguments;
 (d) every operation ended, with its result recorded;
 (e) a watcher's fold equals the capture (when the caller hands one in);
-(f) the seed's recovery cases: a call staged before a takeover is placed and never executed
+(f) docs/recovery.md's cases: a call staged before a takeover is placed and never executed
     again; an effect_pending call at a takeover is either replayed (SAFE) or interrupted — a
     recovery-tagged tool_end with no new tool_start, carrying its latest checkpoint.
 """

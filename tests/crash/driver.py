@@ -7,7 +7,7 @@ survives (or is the victim of) kill -9 of itself or of the service.
 What it does, until the lane has ``--runs`` ended runs:
 
 * The lane has an open run: take it over with AcquireOperation (retried while another driver's
-  lease is live; a run that ends meanwhile is simply gone). Mid-batch it follows the seed's
+  lease is live; a run that ends meanwhile is simply gone). Mid-batch it follows the
   recovery rules: outcome_ready calls were placed by the takeover itself; an effect_pending SAFE
   call is replayed (ReplayToolCall, then executed again with the persisted arguments); an
   effect_pending NEVER call gets the synthetic INTERRUPTED outcome (never executed again);
@@ -119,7 +119,7 @@ class RunPlan:
 
 
 def plan_for(seed: int, operation_id: str, override: dict[str, Any] | None) -> RunPlan:
-    """The plan of ``operation_id``: from ``override`` (``--plan``) or drawn from the seed."""
+    """The plan of ``operation_id``: from ``override`` (``--plan``) or drawn at random."""
     if override is not None:
         mode = (
             pb.TOOL_EXECUTION_SEQUENTIAL

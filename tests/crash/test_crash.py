@@ -1,7 +1,7 @@
-"""kill -9 of services and drivers (DESIGN.md §2 invariant 4, §8 reliability).
+"""kill -9 of services and drivers (docs/contract.md: invariant 4, Targets).
 
 One randomized run of the harness (real service and driver processes, at least 20 kills), then
-focused deterministic cases of the seed's "Recovery" section, each against a real
+focused deterministic cases of docs/recovery.md, each against a real
 ``python -m service.app`` and real driver processes:
 
 (i)   a driver (and the service) killed right after a staging commit: the takeover places the

@@ -1,4 +1,4 @@
-"""Capture faults loudly on corrupt state (DESIGN.md §2 invariant 6; harness-model §3.5).
+"""Capture faults loudly on corrupt state (docs/contract.md: invariant 6, Tool calls).
 
 Each test drives a dedicated lane into a tool batch through the RPCs, then corrupts its rows
 with SQL. Capture must answer DATA_LOSS (reason LANE_STATE_CORRUPT) naming the lane and the
@@ -196,7 +196,7 @@ async def test_placement_faults_instead_of_placing_a_corrupt_result(
     lane_stub, store, corruption: str
 ) -> None:
     # Staging c0 makes [c0, c1] the ready prefix; c1's staged result is corrupt, so placement
-    # must fault (harness-model §3.5: "else invariant fault") and never place it.
+    # must fault (docs/contract.md, invariant 6) and never place it.
     ctx = await corruptible_lane(lane_stub)
     c1_entry = await result_entry_id(store, ctx, "c1")
     call_id = await CORRUPTIONS[corruption](store, ctx)

@@ -1,4 +1,4 @@
-"""Request ids (lane_service.proto, DESIGN.md §6): a retry with the same id returns the first
+"""Request ids (lane_service.proto, docs/contract.md): a retry with the same id returns the first
 answer and commits nothing new; the same id with different content is refused with
 ALREADY_EXISTS / REQUEST_ID_REUSED; ids are scoped to their lane.
 

@@ -1,10 +1,10 @@
-"""Refused commands change nothing and emit nothing (DESIGN.md §2 invariant 5, §6 error codes).
+"""Refused commands change nothing and emit nothing (docs/contract.md: invariant 5; docs/errors.md).
 
 Three parts:
 
 1. A table of mutating commands by lane states. The expected outcome of every combination is
-   written out below, derived from the contract (lane_service.proto), DESIGN.md and the
-   harness model (reference/harness-model.md §2-§3), not from running the service.
+   written out below, derived from the contract (lane_service.proto, docs/contract.md, recovery.md),
+   not from running the service.
 2. Malformed requests: INVALID_ARGUMENT with an ErrorInfo reason, nothing stored.
 3. Mutated wire bytes (hypothesis): only the documented codes, and capture never faults.
 
@@ -299,7 +299,7 @@ OUTCOMES: dict[str, Outcome] = {
     "forbid": refused(Code.FAILED_PRECONDITION, ANY_REASON),
 }
 
-# Rules (lane_service.proto, DESIGN.md §2/§6, harness-model §2.4-§3.7):
+# Rules (lane_service.proto, docs/contract.md, docs/recovery.md):
 # - a missing lane: NOT_FOUND; an operation id that is not the open run: OPERATION_NOT_OPEN
 #   (also once the run ended).
 # - StartRun needs a lane without an open operation (LANE_BUSY otherwise).
@@ -550,7 +550,7 @@ async def _run_case(
 async def test_end_run_completed_after_a_tool_batch_needs_the_assistant(lane_stub, store) -> None:
     # After a batch whose results do not all terminate, the run needs an assistant step
     # (continuation need_assistant): it is not at a finishing point, so it cannot complete
-    # (harness-model §2.7, §3.5). FAILED and ABORTED stay possible.
+    # (docs/contract.md, Tool calls). FAILED and ABORTED stay possible.
     ctx = await build(lane_stub, "completed")
     await stage(lane_stub, ctx, "c1", synthetic=UNKNOWN_TOOL)  # the batch completes
     before = await picture(lane_stub, store, ctx.lane_id)
@@ -1487,7 +1487,7 @@ async def test_undecodable_requests_are_invalid_argument(
     lane_stub, lane_channel, fuzz_state, method: str, mutations: list[Mutation]
 ) -> None:
     # Bytes that are not a valid request message are a malformed request: INVALID_ARGUMENT,
-    # never UNKNOWN or INTERNAL (DESIGN.md §6), and nothing changes.
+    # never UNKNOWN or INTERNAL (docs/contract.md: Requests and errors), and nothing changes.
     fuzzer = fuzz_state.setdefault("undecodable", Fuzzer(lane_stub, lane_channel))
     body = await fuzzer.body(method, mutations)
     assume(not _parses(method, body))

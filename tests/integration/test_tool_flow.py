@@ -370,5 +370,5 @@ async def test_concurrent_commands_on_one_lane_get_consecutive_revisions(lane_st
 
 
 async def test_event_kinds_cover_the_catalog() -> None:
-    # The envelope's oneof is the catalog: 28 kinds (harness-model §4).
+    # The envelope's oneof is the catalog: 28 kinds (docs/contract.md, Commits and their events).
     assert len(events_pb2.HarnessEvent.DESCRIPTOR.oneofs_by_name["kind"].fields) == 28

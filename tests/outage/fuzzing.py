@@ -1,7 +1,7 @@
 """Random and mutated requests for every LaneService RPC, checked against the documented errors.
 
 Shared by ``tests/outage/test_fuzz.py`` (CI: a few thousand requests) and
-``bench/fuzz_requests.py`` (as many as asked). Issue 8 item 5, DESIGN.md §6 and §8. The parts:
+``bench/fuzz_requests.py`` (as many as asked). See docs/contract.md. The parts:
 :mod:`~tests.outage.fuzz_world` (lanes and ids), :mod:`~tests.outage.fuzz_values` (field values,
 random messages), :mod:`~tests.outage.fuzz_templates` (plausible requests),
 :mod:`~tests.outage.fuzz_encoding` (raw wire tricks); this module draws cases, sends them and
@@ -102,7 +102,7 @@ __all__ = [
 Code = grpc.StatusCode
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ERROR_DOMAIN = "lane.v1"
-#: Codes a request may be answered with (DESIGN.md §6, docs/errors.md). UNAVAILABLE is
+#: Codes a request may be answered with (docs/errors.md). UNAVAILABLE is
 #: documented too, but only for an unreachable database or a stopping server: not here.
 ALLOWED_CODES = frozenset(
     {

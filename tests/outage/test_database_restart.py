@@ -1,4 +1,4 @@
-"""PostgreSQL restarts mid-workload (issue 8 item 6; DESIGN.md §8 "PostgreSQL restart and killed
+"""PostgreSQL restarts mid-workload (docs/contract.md, Targets: "PostgreSQL restart and killed
 LISTEN connection: service recovers on its own, no watcher gap").
 
 One scenario, run once for the module (:func:`scenario`), observed by the tests below:

@@ -1,4 +1,4 @@
-"""Random and mutated requests against a live server (issue 8 item 5; DESIGN.md §6, §8).
+"""Random and mutated requests against a live server (docs/contract.md, Targets).
 
 Every RPC of lane_service.proto gets thousands of generated requests (see
 :mod:`tests.outage.fuzzing` for the generator and the checks): every answer must be OK or one of
@@ -31,7 +31,7 @@ from tests.outage.fuzzing import METHODS, Fuzzer, World, drive, populate
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 #: The CI run (issue 8 asks for at least 5,000 requests). Which RPCs get accepted depends on
-#: timing as well as the seed: at 5,000 requests runs here accepted 27-28 of the 32 RPCs (one
+#: timing as well as the random seed: at 5,000 requests runs here accepted 27-28 of the 32 RPCs (one
 #: CI run failed the bar below), at 12,000 all 32, in about 100 s.
 REQUESTS = int(os.environ.get("LANE_FUZZ_REQUESTS", "12000"))
 SEED = int(os.environ.get("LANE_FUZZ_SEED", "8005"))
@@ -112,7 +112,7 @@ async def test_a_lane_filled_by_accepted_requests_still_captures(lane_stub) -> N
     # lane they fill no longer fits one GetLaneSnapshot answer: capture then fails for good
     # with gRPC's own RESOURCE_EXHAUSTED "Sent message larger than max" (no ErrorInfo), and
     # so does a watcher's snapshot and any event group over the limit. Either the request that
-    # would overflow is refused (issue 8 item 3: limits), or the lane still captures.
+    # would overflow is refused (the limits in README.md), or the lane still captures.
     lane = new_lane_id("big-lane")
     await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane))
     accepted = 0

@@ -1,6 +1,6 @@
 """Free-form JSON fields (``*_json`` strings) round-trip unchanged; google.protobuf.Struct does not.
 
-DESIGN.md §6: tool arguments, details and custom data must round-trip unchanged, integers stay
+docs/contract.md: tool arguments, details and custom data must round-trip unchanged, integers stay
 integers, including beyond 2^53. The protos carry such values as JSON text in string fields
 (messages.proto header). These tests pin that down through both protobuf encodings, and record
 why ``google.protobuf.Struct`` was not used.

@@ -272,7 +272,7 @@ def settled_row(snapshot: snapshot_pb2.LaneSnapshot, call_id: str) -> snapshot_p
     raise AssertionError(f"{call_id} has no settled row")
 
 
-# === the seed's scenarios =====================================================================
+# === the contract's scenarios (docs/contract.md) ==================================================
 
 
 def test_parallel_batch_early_settle_has_no_gap_or_overlap() -> None:

@@ -3,7 +3,7 @@
  *
  * Every refusal of the service carries a gRPC status code and exactly one
  * `google.rpc.ErrorInfo` (domain `lane.v1`) whose `reason` is stable (UPPER_SNAKE_CASE) and
- * whose `metadata` holds the dynamic values of the message (DESIGN.md §6). connect-es exposes the
+ * whose `metadata` holds the dynamic values of the message (docs/contract.md). connect-es exposes the
  * details of a `ConnectError` through `findDetails()`; this module turns them into a `LaneError`.
  */
 import { Code, ConnectError } from "@connectrpc/connect";

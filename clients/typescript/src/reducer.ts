@@ -5,7 +5,7 @@
  * states the rules; both run the language-neutral vectors in tests/conformance. A watcher
  * receives one `LaneSnapshot` at revision R and then every `HarnessEvent` committed after it;
  * folding those events gives exactly what a fresh snapshot at the last folded revision shows
- * (DESIGN.md §2, invariant 2 "fold equals capture").
+ * (docs/contract.md, invariant 2 "fold equals capture").
  *
  * The fold is immutable: `apply` and `fold` clone the snapshot once (`clone()` from
  * @bufbuild/protobuf), change the clone and return it. Every message taken from an event is

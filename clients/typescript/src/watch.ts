@@ -6,7 +6,7 @@
  * chunks), one after each event group (folded into the snapshot with the reducer) and, when
  * `heartbeats` is set, one per idle heartbeat.
  *
- * The watcher survives the stream ending under it (DESIGN.md §5):
+ * The watcher survives the stream ending under it (docs/contract.md, WatchLane):
  * - UNAVAILABLE (server shutdown, database down), RESOURCE_EXHAUSTED WATCHER_TOO_SLOW, and a
  *   dropped connection: a transport failure (CANCELED, ABORTED, INTERNAL or UNKNOWN without a
  *   lane.v1 ErrorInfo), a stream that ends without an error, or no message within

@@ -1,5 +1,5 @@
 /**
- * Focused tests of the seed's tool-row rules and of the fold's immutability; the conformance
+ * Focused tests of the contract's tool-row rules (docs/contract.md) and of the fold's immutability; the conformance
  * vectors cover every kind, these pin the rules the service is built around one by one.
  */
 import assert from "node:assert/strict";

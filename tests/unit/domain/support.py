@@ -11,7 +11,7 @@ checks every accepted commit against the contract:
   whose revision is its ``seq``;
 * the command did not mutate the state object it was given;
 * fold equals capture: folding the events into the snapshot captured before the command gives
-  the snapshot captured after it (DESIGN.md §2, invariant 2).
+  the snapshot captured after it (docs/contract.md, invariant 2).
 
 Refused commands are checked by :meth:`Lane.refuse`: the documented error class and reason, and
 the input state unchanged.

@@ -1,4 +1,4 @@
-"""Abort and the terminal commit (harness-model §3.7; DESIGN.md §2 "unsafe interruption")."""
+"""Abort and the terminal commit (docs/recovery.md; docs/contract.md, "unsafe interruption")."""
 
 from __future__ import annotations
 

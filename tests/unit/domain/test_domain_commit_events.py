@@ -1,4 +1,4 @@
-"""Commits and their event groups (DESIGN.md §2 table, invariant 3).
+"""Commits and their event groups (docs/contract.md: Commits and their events, invariant 3).
 
 Every ``Lane`` commit here is also checked for consecutive revisions, entry seq, parent chain,
 an untouched input state and fold == capture (tests/unit/domain/support.py).

@@ -1,4 +1,4 @@
-"""The core invariants over random command sequences (DESIGN.md §2, invariants 1, 2 and 5).
+"""The core invariants over random command sequences (docs/contract.md, invariants 1, 2 and 5).
 
 A random driver issues commands against the pure domain: runs, turns, assistant messages with
 0-4 tool calls (JSON arguments with integers beyond 2^53), intents, progress with and without

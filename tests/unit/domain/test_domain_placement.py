@@ -1,4 +1,4 @@
-"""Source-order prefix placement and sequential order (seed "Goal", harness-model §3.4-3.5)."""
+"""Source-order prefix placement and sequential order (docs/contract.md, Tool calls)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _fold_checking_presence(
     active: set[str],
 ) -> snapshot_pb2.LaneSnapshot:
     """Fold ``events`` one at a time; after each, every started call of the batch is in exactly
-    one of runningTools or the transcript's toolResult entries (DESIGN.md §2, invariant 1)."""
+    one of runningTools or the transcript's toolResult entries (docs/contract.md, invariant 1)."""
     assistant_entry = lane.batch.assistant_entry_id if _has_batch(lane) else None
     for event in events:
         snapshot = apply(snapshot, event).snapshot
@@ -206,7 +206,7 @@ def test_sequential_batch_with_a_synthetic_first_call() -> None:
 
 
 def test_sequential_batch_refuses_staging_a_later_call_while_an_earlier_one_is_open() -> None:
-    """harness-model §3.1 shape rule: a sequential batch has at most one non-planned call after
+    """Shape rule (docs/contract.md): a sequential batch has at most one non-planned call after
     the completed prefix (the sequential driver settles one call at a time, in source order).
     Staging a later call's synthetic outcome while the first call is still running makes two;
     StartToolCall already refuses the same order with SEQUENTIAL_ORDER."""
@@ -223,12 +223,12 @@ def test_sequential_batch_refuses_staging_a_later_call_while_an_earlier_one_is_o
 
 
 def test_parallel_batch_rows_of_a_fold_and_a_capture_agree_when_a_later_call_starts_first() -> None:
-    """Fold equals capture (DESIGN.md §2, invariant 2) must hold for every accepted command.
+    """Fold equals capture (docs/contract.md, invariant 2) must hold for every accepted command.
 
     Capture lists rows in source order; a fold appends a row at its tool_start. If the domain
     accepts B's intent while the earlier call A is still planned, A's later tool_start puts A
     after B in the fold but before B in a capture. Either the out-of-order intent is refused
-    (the reference harness runs intents in source order, harness-model §3.4) or the two
+    (the reference harness runs intents in source order, docs/contract.md, Tool calls) or the two
     projections agree; Lane.commit checks the latter after every accepted commit.
     """
     lane = lane_with_batch(*CALLS)

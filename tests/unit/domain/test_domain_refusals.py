@@ -1,5 +1,5 @@
 """Every command in every state: accepted (and checked), or refused with the documented class
-and reason while the input state stays unchanged (DESIGN.md §2, invariant 5).
+and reason while the input state stays unchanged (docs/contract.md, invariant 5).
 
 The table is written out by hand from the contract, one row per command and one column per
 state, so a change in what the state machine admits shows up as a failing cell.

@@ -2,7 +2,7 @@
 
 :func:`call` sends one unary request. A mutating request (one with a ``request_id`` field)
 gets a fresh request id when it has none, and every retry reuses it, so a command whose answer
-was lost commits once and the retry returns the first answer (DESIGN.md §6). Retried: the
+was lost commits once and the retry returns the first answer (docs/contract.md). Retried: the
 transport failures UNAVAILABLE and DEADLINE_EXCEEDED (a restarting or overloaded server) and
 RESOURCE_EXHAUSTED ``DATABASE_BUSY`` (every database connection of the server was busy; nothing
 was written), with capped exponential backoff, until ``retry_seconds`` have passed; each

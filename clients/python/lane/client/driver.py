@@ -9,8 +9,8 @@
 A run: ``StartRun`` leased to this driver (the lease is renewed in the background and its
 fencing token goes on every command), then turns until the model answers without tool calls,
 then ``EndRun`` COMPLETED. Each turn: ``StartTurn``, the model is asked with the lane's durable
-transcript, ``SettleAssistantMessage``; its tool calls form a batch, run as the seed's tool
-flow (harness-model §3.2):
+transcript, ``SettleAssistantMessage``; its tool calls form a batch, run as the tool
+flow (docs/contract.md, Tool calls):
 
 prepare
     the assistant stopped for length → TRUNCATED; the tool is unknown, or not among the lane's

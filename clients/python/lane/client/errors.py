@@ -2,7 +2,7 @@
 
 The service answers every refusal with a gRPC status carrying one ``google.rpc.ErrorInfo``
 (domain ``lane.v1``) whose ``reason`` is stable and whose ``metadata`` holds the values of the
-message (DESIGN.md §6). :func:`lane_error` turns a failed call into a :class:`LaneError` that
+message (docs/contract.md). :func:`lane_error` turns a failed call into a :class:`LaneError` that
 exposes them directly::
 
     try:

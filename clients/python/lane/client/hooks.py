@@ -1,4 +1,4 @@
-"""Hooks around each tool call (harness-model §3.6).
+"""Hooks around each tool call (docs/contract.md, Tool calls).
 
 ``before_tool`` runs for a fresh call after its arguments were validated, before its intent is
 committed. It returns None (go ahead), :class:`ReplaceArguments` (run with these arguments

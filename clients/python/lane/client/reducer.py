@@ -2,7 +2,7 @@
 
 A watcher receives one ``LaneSnapshot`` at revision R and then every ``HarnessEvent`` committed
 after it. Folding those events with this reducer gives exactly what a fresh snapshot at the
-last folded revision would show (DESIGN.md §2, invariant 2 "fold equals capture").
+last folded revision would show (docs/contract.md, invariant 2 "fold equals capture").
 
 API (an immutable fold)::
 
@@ -18,7 +18,7 @@ event (for ``fold``: any folded event) was ``navigation_end``: the lane's histor
 client, which must fetch a fresh snapshot (or re-watch). The fold keeps going after a rebase
 signal; what it returns is then only a best effort until the client has re-snapshotted.
 
-Rules (harness-model.md §5.3 adapted to the service, seed work package 09):
+Rules (docs/contract.md: Tool calls, Commits and their events):
 
 Envelope
     * An event with a non-empty ``lane_id`` different from ``snapshot.lane_id`` is ignored

@@ -1,4 +1,4 @@
-"""The seed's tool flow for one batch (harness-model §3.2-§3.8), as the driver runs it.
+"""The tool flow for one batch (docs/contract.md, Tool calls), as the driver runs it.
 
 For each call, in source order: prepare (TRUNCATED when the assistant stopped for length,
 UNKNOWN_TOOL, INVALID_ARGUMENTS from the tool's JSON Schema), the before_tool hooks (replace

@@ -18,7 +18,7 @@ policy and an async ``execute(args, ctx)``::
 ``execute`` returns a :data:`ToolResultLike`: a plain string (one text block), a
 :class:`ToolResult` (content, details, usage, added tool names, terminate, is_error) or a
 ``lane.v1.ToolResult`` message. A tool that raises produces an error result whose text is the
-exception's message (harness-model §3.2 step 4).
+exception's message (docs/contract.md, Tool calls).
 
 :class:`ToolContext` is the running call's view of the world: its ids, ``progress(result)``
 and ``checkpoint(result)`` (each one ``UpdateToolCall``; a checkpoint is also the call's

@@ -1,6 +1,6 @@
 """Follow a lane live: one snapshot, then every commit folded into it, resumed transparently.
 
-:func:`watch_lane` wraps the WatchLane stream (DESIGN.md §5) in an async iterator of
+:func:`watch_lane` wraps the WatchLane stream (docs/contract.md, WatchLane) in an async iterator of
 :class:`LaneView`::
 
     async for view in watch_lane(stub, "lane-1"):
