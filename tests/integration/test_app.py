@@ -269,6 +269,9 @@ async def test_process_exits_1_when_the_database_is_unreachable(tmp_path: Path) 
         ("LANE_POLL_INTERVAL_SECONDS", "0"),
         ("LANE_DATABASE_URL", "not a url"),
         ("LANE_EVENT_LOOP", "trio"),
+        ("LANE_DB_POOL_SIZE", "0"),
+        ("LANE_DB_CHECKOUT_TIMEOUT_SECONDS", "-1"),
+        ("LANE_REQUEST_RETENTION_SECONDS", "59"),
     ],
 )
 async def test_process_refuses_a_bad_config_value(
