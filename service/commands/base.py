@@ -102,3 +102,19 @@ async def run(
     or runs the step, writes its transition with the answer and commits, then rings the
     doorbell."""
     return await store.command(lane, step, recording(key, result_type))
+
+
+async def run_for_revision(
+    store: Store,
+    command: Command,
+    transition: Callable[[LaneState, datetime], Transition],
+    result_type: type[R],
+) -> R:
+    """:func:`run` for the commands whose result is only the lane's revision after them:
+    ``result_type`` has the one field ``revision``."""
+
+    def step(state: LaneState, now: datetime) -> tuple[Transition, R]:
+        t = transition(state, now)
+        return t, cast(Callable[..., R], result_type)(revision=t.state.revision)
+
+    return await run(store, command.lane, command.request, step, result_type)

@@ -11,7 +11,7 @@ from google.protobuf import timestamp_pb2
 from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service.commands.base import Command, Result, cancel_requested, run
+from service.commands.base import Command, Result, cancel_requested, run, run_for_revision
 from service.commands.operation_state import lease_of
 from service.domain import assistant, compaction, lane_values, navigation
 from service.domain.errors import NotFound
@@ -146,19 +146,19 @@ class RunSuspended(Result[pb.SuspendRunResponse]):
 
 async def suspend_run(store: Store, command: SuspendRun) -> RunSuspended:
     """The model answered with a deferred handle: the run waits for it."""
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, RunSuspended]:
-        t = assistant.suspend_run(
+    return await run_for_revision(
+        store,
+        command,
+        lambda state, now: assistant.suspend_run(
             state,
             command.operation_id,
             command.turn_id,
             command.deferred,
             now,
             command.lease_token,
-        )
-        return t, RunSuspended(revision=t.state.revision)
-
-    return await run(store, command.lane, command.request, step, RunSuspended)
+        ),
+        RunSuspended,
+    )
 
 
 @dataclass(frozen=True)
@@ -175,12 +175,14 @@ class RunResumed(Result[pb.ResumeRunResponse]):
 
 async def resume_run(store: Store, command: ResumeRun) -> RunResumed:
     """The deferred response arrived: the run goes on."""
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, RunResumed]:
-        t = assistant.resume_run(state, command.operation_id, now, command.lease_token)
-        return t, RunResumed(revision=t.state.revision)
-
-    return await run(store, command.lane, command.request, step, RunResumed)
+    return await run_for_revision(
+        store,
+        command,
+        lambda state, now: assistant.resume_run(
+            state, command.operation_id, now, command.lease_token
+        ),
+        RunResumed,
+    )
 
 
 # -- compaction -----------------------------------------------------------------------------
@@ -341,12 +343,12 @@ class FaultReported(Result[pb.ReportFaultResponse]):
 
 async def report_fault(store: Store, command: ReportFault) -> FaultReported:
     """The lane faulted."""
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, FaultReported]:
-        t = lane_values.report_fault(state, command.code, command.message, now)
-        return t, FaultReported(revision=t.state.revision)
-
-    return await run(store, command.lane, command.request, step, FaultReported)
+    return await run_for_revision(
+        store,
+        command,
+        lambda state, now: lane_values.report_fault(state, command.code, command.message, now),
+        FaultReported,
+    )
 
 
 @dataclass(frozen=True)
@@ -363,12 +365,12 @@ class HandlerErrorReported(Result[pb.ReportHandlerErrorResponse]):
 
 async def report_handler_error(store: Store, command: ReportHandlerError) -> HandlerErrorReported:
     """A driver's hook or handler threw."""
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, HandlerErrorReported]:
-        t = lane_values.report_handler_error(state, command.error, now)
-        return t, HandlerErrorReported(revision=t.state.revision)
-
-    return await run(store, command.lane, command.request, step, HandlerErrorReported)
+    return await run_for_revision(
+        store,
+        command,
+        lambda state, now: lane_values.report_handler_error(state, command.error, now),
+        HandlerErrorReported,
+    )
 
 
 @dataclass(frozen=True)
@@ -385,9 +387,9 @@ class LaneValueSet(Result[pb.SetLaneValueResponse]):
 
 async def set_lane_value(store: Store, command: SetLaneValue) -> LaneValueSet:
     """Session metadata changed."""
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, LaneValueSet]:
-        t = lane_values.set_value(state, command.value, now)
-        return t, LaneValueSet(revision=t.state.revision)
-
-    return await run(store, command.lane, command.request, step, LaneValueSet)
+    return await run_for_revision(
+        store,
+        command,
+        lambda state, now: lane_values.set_value(state, command.value, now),
+        LaneValueSet,
+    )
