@@ -51,9 +51,6 @@ class LaneCache:
         """Drop the lane (its state is unknown)."""
         self._lanes.pop(lane, None)
 
-    def __len__(self) -> int:
-        return len(self._lanes)
-
     @contextlib.asynccontextmanager
     async def turn(self, lane: LaneRef) -> AsyncIterator[None]:
         """Hold the lane's turn among this process's commands for the block."""
