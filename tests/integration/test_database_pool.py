@@ -20,7 +20,7 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 
 from service import metrics
-from service.app.config import Settings
+from service.app.config import ConfigError, Settings
 from service.app.server import RunningServer, start_server
 from service.store.pool import LanePool
 from tests.integration.lanes import new_lane_id, user
@@ -162,3 +162,27 @@ async def _lane_revision(conn: psycopg.AsyncConnection[tuple[int]], lane_id: str
     row = await cur.fetchone()
     assert row is not None
     return row[0]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("LANE_DB_POOL_SIZE", "0"),
+        ("LANE_DB_POOL_SIZE", "-3"),
+        ("LANE_DB_POOL_SIZE", "2.5"),
+        ("LANE_DB_POOL_SIZE", "many"),
+        ("LANE_DB_CHECKOUT_TIMEOUT_SECONDS", "0"),
+        ("LANE_DB_CHECKOUT_TIMEOUT_SECONDS", "-1"),
+        ("LANE_DB_CHECKOUT_TIMEOUT_SECONDS", "10000"),
+        ("LANE_DB_CHECKOUT_TIMEOUT_SECONDS", "inf"),
+        ("LANE_DB_CHECKOUT_TIMEOUT_SECONDS", "soon"),
+        ("LANE_REQUEST_RETENTION_SECONDS", "59"),
+        ("LANE_REQUEST_RETENTION_SECONDS", "0"),
+        ("LANE_REQUEST_RETENTION_SECONDS", "nan"),
+        ("LANE_REQUEST_RETENTION_SECONDS", "a day"),
+    ],
+)
+def test_pool_settings_name_the_bad_variable(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{variable}=") as caught:
+        Settings.from_env({variable: value})
+    assert caught.value.variable == variable
