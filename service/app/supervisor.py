@@ -306,8 +306,9 @@ class Supervisor:
                     describe_exit(status),
                     retry,
                 )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), retry)
+                with contextlib.suppress(TimeoutError):  # not wait_for: see Hub._send_doorbells
+                    async with asyncio.timeout(retry):
+                        await self._stopping.wait()
                 retry = min(retry * 2, START_RETRY_MAX_SECONDS)
         except Exception:
             _log.exception("supervising worker %d failed", number)

@@ -305,10 +305,11 @@ class Hub:
         refresh_at = time.monotonic() + interest.REFRESH_SECONDS
         try:
             while True:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
+                # lands as the event is set, and this task then outlives Hub.stop for ever.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._dirty_event.wait(), max(0.0, refresh_at - time.monotonic())
-                    )
+                    async with asyncio.timeout(max(0.0, refresh_at - time.monotonic())):
+                        await self._dirty_event.wait()
                 # Coalesce: commits landing within this window share one NOTIFY transaction.
                 await asyncio.sleep(DOORBELL_COALESCE_SECONDS)
                 self._dirty_event.clear()
