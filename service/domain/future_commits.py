@@ -264,6 +264,14 @@ def _cancelled_result(call_id: int, name: int) -> _ResultBound:
     return _ResultBound(_synthetic_message(call_id, name, content), 1, 0, None, 0)
 
 
+def _truncated_result(call_id: int, name: int, tool_name: str) -> _ResultBound:
+    # The notice names the tool: measured per call (one small message).
+    outcome = lane_service_pb2.SyntheticOutcome(cause=lane_service_pb2.SYNTHETIC_CAUSE_TRUNCATED)
+    block = synthetic_result(outcome, tool_name, None).content[-1].ByteSize()
+    content = delimited(_t(_TRM, "content"), block)
+    return _ResultBound(_synthetic_message(call_id, name, content), 1, 0, None, 0)
+
+
 def _interrupted_result(
     call_id: int, name: int, checkpoint: messages_pb2.ToolResult | None
 ) -> _ResultBound:
@@ -352,8 +360,9 @@ def run_end_bytes(state: LaneState) -> int:
 
     The events follow ``runs.end_run``: the ready prefix placed, then each planned call
     (tool_start, tool_end) or effect_pending one (tool_end, its checkpoint kept) given its
-    cancellation result and placed with the outcome_ready calls after it (message_start,
-    message_end, entry_added, [usage]; [config_update] per step whose results add tools);
+    cancellation (or truncation) result and placed with the outcome_ready calls after it
+    (message_start, message_end, entry_added, [usage]; [config_update] per step whose results
+    add tools);
     turn_end with the assistant message and every result; run_end. Each is summed from the
     call's own sizes, in one pass over the batch.
     """
@@ -398,7 +407,11 @@ def run_end_bytes(state: LaneState) -> int:
             end_step()  # a new step starts with this call
             if call.status == CallStatus.PLANNED:
                 arguments, staging = _source_arguments(state, batch, call), _STARTED_AND_STAGED
-                result = _cancelled_result(call_id, name)
+                result = (
+                    _truncated_result(call_id, name, call.tool_name)
+                    if batch.cut_for_length
+                    else _cancelled_result(call_id, name)
+                )
             else:
                 staging = _STAGED
                 result = _interrupted_result(call_id, name, call.checkpoint)

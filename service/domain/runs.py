@@ -244,7 +244,9 @@ def settle_assistant(
     new_id: Callable[[], str],
     lease_token: int = 0,
 ) -> AssistantSettled:
-    """Place the settled assistant message; its tool calls become the planned batch."""
+    """Place the settled assistant message; its tool calls become the planned batch. Without
+    tool calls the turn ends; the run may then finish, unless the message stopped for
+    TOOL_USE (it asked for tools and named none: docs/contract.md, Tool calls)."""
     operation = open_turn(state, operation_id, turn_id, lease_token, streaming_ok=True)
     log = EventLog(state.lane_id, state.revision, now)
     entry_id = new_id()
@@ -293,8 +295,14 @@ def settle_assistant(
             "turn_end",
             events_pb2.TurnEndEvent(run_id=operation_id, turn_id=turn_id, message=message),
         )
+        # A message that stopped to use tools but asked for none is a failed turn, not an
+        # answer: the run cannot complete on it (it ends FAILED or ABORTED, or takes a turn).
+        no_answer = message.stop_reason == messages_pb2.STOP_REASON_TOOL_USE
         next_operation = replace(
-            operation, phase=Phase.IDLE, turn_id=None, continuation=Continuation.MAY_FINISH
+            operation,
+            phase=Phase.IDLE,
+            turn_id=None,
+            continuation=Continuation.NEED_ASSISTANT if no_answer else Continuation.MAY_FINISH,
         )
     next_state = replace(
         state,
@@ -328,7 +336,8 @@ def settle_unfinished_calls(
 ) -> LaneState:
     """Give every unfinished call of the batch its cancellation outcome, then place them all.
 
-    planned → cancelled synthetic (tool_start + tool_end); effect_pending → interruption result
+    planned → cancelled synthetic, or truncated when the assistant message stopped for length
+    (tool_start + tool_end); effect_pending → interruption result
     from its checkpoint (tool_end only; the running row already exists); outcome_ready → placed.
     No tool runs.
 
@@ -349,11 +358,12 @@ def settle_unfinished_calls(
         if call.status != CallStatus.OUTCOME_READY:
             if step:
                 placer.place(step)
-            cause = (
-                lane_service_pb2.SYNTHETIC_CAUSE_CANCELLED
-                if call.status == CallStatus.PLANNED
-                else lane_service_pb2.SYNTHETIC_CAUSE_INTERRUPTED
-            )
+            if call.status != CallStatus.PLANNED:
+                cause = lane_service_pb2.SYNTHETIC_CAUSE_INTERRUPTED
+            elif batch.cut_for_length:
+                cause = lane_service_pb2.SYNTHETIC_CAUSE_TRUNCATED
+            else:
+                cause = lane_service_pb2.SYNTHETIC_CAUSE_CANCELLED
             result = synthetic_result(
                 lane_service_pb2.SyntheticOutcome(cause=cause), call.tool_name, call.checkpoint
             )

@@ -68,6 +68,12 @@ class ToolBatch:
     assistant: messages_pb2.AssistantMessage
     calls: tuple[ToolCall, ...]
 
+    @property
+    def cut_for_length(self) -> bool:
+        """Whether the assistant message stopped for length: its calls' arguments may be cut
+        short, so every call gets the truncated outcome and none runs."""
+        return self.assistant.stop_reason == messages_pb2.STOP_REASON_LENGTH
+
     def call(self, tool_call_id: str) -> ToolCall | None:
         """The call with this batch-local id, if any (a dictionary lookup: commands that look
         calls up in a loop stay linear in the batch)."""

@@ -49,6 +49,33 @@ class ToolCallReplayed(Transition):
     arguments_json: str
 
 
+def _message_truncated(call: ToolCall) -> FailedPrecondition:
+    return FailedPrecondition(
+        "MESSAGE_TRUNCATED",
+        f"tool call {call.tool_call_id} belongs to an assistant message that stopped for length; "
+        "it can only be staged with the TRUNCATED synthetic outcome",
+        toolCallId=call.tool_call_id,
+    )
+
+
+def require_truncation_rule(batch: ToolBatch, call: ToolCall, outcome: Outcome) -> None:
+    """The service decides truncation from the settled message: a call of a message that
+    stopped for length takes the TRUNCATED outcome and nothing else; no other call may."""
+    truncated = (
+        isinstance(outcome, lane_service_pb2.SyntheticOutcome)
+        and outcome.cause == SyntheticCause.SYNTHETIC_CAUSE_TRUNCATED
+    )
+    if batch.cut_for_length and not truncated:
+        raise _message_truncated(call)
+    if truncated and not batch.cut_for_length:
+        raise FailedPrecondition(
+            "MESSAGE_NOT_TRUNCATED",
+            f"tool call {call.tool_call_id} belongs to an assistant message that did not stop "
+            "for length; the TRUNCATED outcome is only for calls of such a message",
+            toolCallId=call.tool_call_id,
+        )
+
+
 def source_arguments(batch: ToolBatch, call: ToolCall) -> str:
     """The arguments the assistant wrote for ``call`` (its source block)."""
     return batch.assistant.content[call.source_index].tool_call.arguments_json
@@ -134,6 +161,8 @@ def start_tool_call(
     batch, call = guards.batch_call(operation, tool_call_id)
     if call.status != CallStatus.PLANNED:
         raise _not_status(call, "planned")
+    if batch.cut_for_length:
+        raise _message_truncated(call)
     guards.require_not_cancelled(operation)
     require_start_order(operation, batch, call)
     log = EventLog(state.lane_id, state.revision, now)
@@ -239,6 +268,7 @@ def stage_tool_outcome(
         raise _not_status(call, "planned or effect_pending")
     if call.status == CallStatus.PLANNED:
         require_start_order(operation, batch, call)
+    require_truncation_rule(batch, call, outcome)
     if isinstance(outcome, lane_service_pb2.ExecutedOutcome):
         if call.status != CallStatus.EFFECT_PENDING:
             raise _not_status(call, "effect_pending (an executed result needs an intent first)")

@@ -58,6 +58,8 @@ STEER = snapshot_pb2.QUEUE_KIND_STEER
 FOLLOW_UP = snapshot_pb2.QUEUE_KIND_FOLLOW_UP
 NEXT_RUN = snapshot_pb2.QUEUE_KIND_NEXT_RUN
 WRITE = snapshot_pb2.QUEUE_KIND_WRITE
+TOOL_USE = messages_pb2.STOP_REASON_TOOL_USE
+LENGTH = messages_pb2.STOP_REASON_LENGTH
 
 #: Every refusal the state machine documents for the commands under test: reason → class.
 DOCUMENTED_REFUSALS: dict[str, type[LaneError]] = {
@@ -71,6 +73,8 @@ DOCUMENTED_REFUSALS: dict[str, type[LaneError]] = {
     "START_ORDER": FailedPrecondition,
     "OPERATION_NOT_CANCELLED": FailedPrecondition,
     "RUN_NEEDS_ASSISTANT": FailedPrecondition,
+    "MESSAGE_TRUNCATED": FailedPrecondition,
+    "MESSAGE_NOT_TRUNCATED": FailedPrecondition,
     "TURN_MISMATCH": FailedPrecondition,
     "TOOL_CALL_NOT_FOUND": NotFound,
     "EMPTY_PROMPT": InvalidArgument,
@@ -433,8 +437,10 @@ def lane_with_batch(
     *calls: tuple[str, str, str],
     mode: lane_service_pb2.ToolExecution.ValueType = PARALLEL,
     usage_of_assistant: messages_pb2.Usage | None = None,
+    stop_reason: messages_pb2.StopReason.ValueType = TOOL_USE,
 ) -> Lane:
-    """A lane whose run has a settled assistant with ``calls`` (id, name, args), all planned.
+    """A lane whose run has a settled assistant with ``calls`` (id, name, args), all planned,
+    that stopped for ``stop_reason``.
 
     A text block precedes the calls, so source indices start at 1.
     """
@@ -442,7 +448,7 @@ def lane_with_batch(
     lane.start_run(user("do it"), settings=run_settings(mode))
     lane.start_turn("turn-1")
     blocks = [text("On it.")] + [tool_call(*call) for call in calls]
-    lane.settle("turn-1", assistant(*blocks, usage=usage_of_assistant))
+    lane.settle("turn-1", assistant(*blocks, usage=usage_of_assistant, stop_reason=stop_reason))
     return lane
 
 

@@ -13,11 +13,13 @@ from service.domain import lanes, results, runs, tools
 from service.domain.state import CallStatus, Continuation, Phase
 from tests.unit.domain.support import (
     LANE,
+    LENGTH,
     NEVER,
     NEXT_RUN,
     RUN,
     SAFE,
     STEER,
+    TOOL_USE,
     WRITE,
     Cause,
     Lane,
@@ -286,7 +288,9 @@ SYNTHETIC_FROM_PLANNED = [
 def test_staging_a_planned_call_emits_tool_start_with_source_args_then_tool_end(
     outcome: lane_service_pb2.SyntheticOutcome, expected_text: str, terminate: bool
 ) -> None:
-    lane = lane_with_batch(("c-0", "nope", BIG_ARGS))
+    # A truncated outcome is for calls of a message cut off for length.
+    stop = LENGTH if outcome.cause == Cause.SYNTHETIC_CAUSE_TRUNCATED else TOOL_USE
+    lane = lane_with_batch(("c-0", "nope", BIG_ARGS), stop_reason=stop)
     if outcome.cause == Cause.SYNTHETIC_CAUSE_CANCELLED:
         lane.abort()  # a cancelled outcome follows a durable abort
     t = lane.stage("c-0", outcome)

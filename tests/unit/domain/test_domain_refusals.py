@@ -22,9 +22,11 @@ from tests.unit.domain.support import (
     COMPLETED,
     DOCUMENTED_REFUSALS,
     FAILED,
+    LENGTH,
     RUN,
     STEER,
     T0,
+    TOOL_USE,
     Cause,
     Lane,
     assistant,
@@ -55,9 +57,14 @@ STATES = (
     "c_effect_pending",
     "c_outcome_ready",
     "compaction",
+    "truncated",
+    "c_truncated",
+    "no_calls",
 )
 # The call every tool command targets; in the tools states the batch is [X, Y] and X has the
-# status the state is named after (Y is planned, so the batch stays open).
+# status the state is named after (Y is planned, so the batch stays open). In ``truncated`` the
+# batch's assistant message stopped for length (X and Y planned); in ``no_calls`` the run is
+# idle after a message that stopped for TOOL_USE without any tool call.
 X = "call-x"
 
 
@@ -80,10 +87,16 @@ def build(name: str) -> Lane:
         return lane
     cancelled = name.startswith("c_")
     base = name.removeprefix("c_")
-    if base in ("idle", "turn_open"):
+    if base in ("idle", "turn_open", "no_calls"):
         lane.start_run(user("go"))
-        if base == "turn_open":
+        if base != "idle":
             lane.start_turn("turn-1")
+        if base == "no_calls":
+            lane.settle("turn-1", assistant(text("let me look"), stop_reason=TOOL_USE))
+    elif base == "truncated":
+        lane = lane_with_batch(
+            (X, "read", '{"p":1}'), ("call-y", "bash", '{"p":'), stop_reason=LENGTH
+        )
     else:
         lane = lane_with_batch((X, "read", '{"p":1}'), ("call-y", "bash", '{"p":2}'))
         if base != "planned":
@@ -159,38 +172,46 @@ TM = "TURN_MISMATCH"
 CAUSE = "INVALID_SYNTHETIC_CAUSE"
 NCX = "OPERATION_NOT_CANCELLED"
 RNA = "RUN_NEEDS_ASSISTANT"
+MT = "MESSAGE_TRUNCATED"
+MNT = "MESSAGE_NOT_TRUNCATED"
 
 # Columns, in STATES order: no_op idle turn_open planned effect_pending outcome_ready completed,
-# then the c_ (aborting) idle turn_open planned effect_pending outcome_ready, then compaction.
-BEFORE_INTENT = (NOP, PH, PH, OK, ST, ST, ST, PH, PH, OK, ST, ST, NAR)
-NEEDS_INTENT = (NOP, PH, PH, ST, OK, ST, ST, PH, PH, ST, OK, ST, NAR)
-UNKNOWN_CALL = (NOP, PH, PH, NF, NF, NF, NF, PH, PH, NF, NF, NF, NAR)
+# then the c_ (aborting) idle turn_open planned effect_pending outcome_ready, then compaction,
+# truncated, c_truncated, no_calls.
+# The calls of a message cut off for length take the TRUNCATED outcome and nothing else
+# (checked after the call's status and start order, before the cause's own rules).
+BEFORE_INTENT = (NOP, PH, PH, OK, ST, ST, ST, PH, PH, OK, ST, ST, NAR, MT, MT, PH)
+NEEDS_INTENT = (NOP, PH, PH, ST, OK, ST, ST, PH, PH, ST, OK, ST, NAR, MT, MT, PH)
+UNKNOWN_CALL = (NOP, PH, PH, NF, NF, NF, NF, PH, PH, NF, NF, NF, NAR, NF, NF, PH)
+NO_CAUSE = (NOP, PH, PH, CAUSE, CAUSE, ST, ST, PH, PH, CAUSE, CAUSE, ST, NAR, MT, MT, PH)
 TABLE: dict[str, tuple[str, ...]] = {
-    "start_run": (OK, BUSY, BUSY, BUSY, BUSY, BUSY, BUSY, BUSY, BUSY, BUSY, BUSY, BUSY, BUSY),
-    "abort": (NOP, OK, OK, OK, OK, OK, OK, OK, OK, OK, OK, OK, OK),
-    "start_turn": (NOP, OK, PH, PH, PH, PH, PH, CAN, PH, PH, PH, PH, NAR),
-    "settle_assistant": (NOP, PH, OK, PH, PH, PH, PH, PH, OK, PH, PH, PH, NAR),
-    "settle_wrong_turn": (NOP, PH, TM, PH, PH, PH, PH, PH, TM, PH, PH, PH, NAR),
-    "start_tool": (NOP, PH, PH, OK, ST, ST, ST, PH, PH, CAN, ST, ST, NAR),
+    "start_run": (OK,) + (BUSY,) * (len(STATES) - 1),
+    "abort": (NOP,) + (OK,) * (len(STATES) - 1),
+    "start_turn": (NOP, OK, PH, PH, PH, PH, PH, CAN, PH, PH, PH, PH, NAR, PH, PH, OK),
+    "settle_assistant": (NOP, PH, OK, PH, PH, PH, PH, PH, OK, PH, PH, PH, NAR, PH, PH, PH),
+    "settle_wrong_turn": (NOP, PH, TM, PH, PH, PH, PH, PH, TM, PH, PH, PH, NAR, PH, PH, PH),
+    # A call of a message cut off for length never runs, not even before an abort.
+    "start_tool": (NOP, PH, PH, OK, ST, ST, ST, PH, PH, CAN, ST, ST, NAR, MT, MT, PH),
     "start_unknown_call": UNKNOWN_CALL,
-    "update_tool": NEEDS_INTENT,
+    "update_tool": (NOP, PH, PH, ST, OK, ST, ST, PH, PH, ST, OK, ST, NAR, ST, ST, PH),
     "update_unknown_call": UNKNOWN_CALL,
     "stage_executed": NEEDS_INTENT,
     "stage_unknown_call": UNKNOWN_CALL,
     "stage_unknown_tool": BEFORE_INTENT,
     "stage_invalid_arguments": BEFORE_INTENT,
     "stage_denied": BEFORE_INTENT,
-    "stage_truncated": BEFORE_INTENT,
+    # TRUNCATED is the service's decision: only for calls of a message cut off for length.
+    "stage_truncated": (NOP, PH, PH, MNT, MNT, ST, ST, PH, PH, MNT, MNT, ST, NAR, OK, OK, PH),
     # A cancelled outcome needs the abort to be durable first.
-    "stage_cancelled": (NOP, PH, PH, NCX, NCX, ST, ST, PH, PH, OK, OK, ST, NAR),
+    "stage_cancelled": (NOP, PH, PH, NCX, NCX, ST, ST, PH, PH, OK, OK, ST, NAR, MT, MT, PH),
     "stage_interrupted": NEEDS_INTENT,
-    "stage_unspecified": (NOP, PH, PH, CAUSE, CAUSE, ST, ST, PH, PH, CAUSE, CAUSE, ST, NAR),
-    "stage_no_outcome": (NOP, PH, PH, CAUSE, CAUSE, ST, ST, PH, PH, CAUSE, CAUSE, ST, NAR),
-    # Just started, the run awaits an assistant response: it cannot complete (an aborting run
-    # always ends, as ABORTED).
-    "end_completed": (NOP, RNA, PH, PH, PH, PH, PH, OK, OK, OK, OK, OK, NAR),
-    "end_failed": (NOP, OK, OK, OK, OK, OK, OK, OK, OK, OK, OK, OK, NAR),
-    "end_aborted": (NOP, OK, OK, OK, OK, OK, OK, OK, OK, OK, OK, OK, NAR),
+    "stage_unspecified": NO_CAUSE,
+    "stage_no_outcome": NO_CAUSE,
+    # Just started, or after a TOOL_USE stop without tool calls, the run awaits an assistant
+    # response: it cannot complete (an aborting run always ends, as ABORTED).
+    "end_completed": (NOP, RNA, PH, PH, PH, PH, PH, OK, OK, OK, OK, OK, NAR, PH, OK, RNA),
+    "end_failed": (NOP,) + (OK,) * 11 + (NAR, OK, OK, OK),
+    "end_aborted": (NOP,) + (OK,) * 11 + (NAR, OK, OK, OK),
     "place_ready": (OK,) * len(STATES),
     "record_usage": (OK,) * len(STATES),
     "update_config": (OK,) * len(STATES),
