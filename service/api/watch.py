@@ -22,6 +22,8 @@ from typing import Any
 import grpc
 from google.rpc import code_pb2
 from lane.v1 import lane_service_pb2 as pb
+from psycopg import OperationalError
+from psycopg_pool import PoolTimeout
 
 from service import metrics
 from service.api.errors import status_of
@@ -30,7 +32,8 @@ from service.api.instrument import error_reason, status_code_name
 from service.api.snapshot_stream import snapshot_frames
 from service.domain.errors import LaneError, OutOfRange, ResourceExhausted
 from service.hub import Hub, Subscription
-from service.store import LaneRef, Store
+from service.store import LaneRef, Store, read_was_full
+from service.store.pool import DatabaseBusy
 
 
 @dataclass(frozen=True)
@@ -38,15 +41,24 @@ class WatchSettings:
     """Published watch limits."""
 
     heartbeat_seconds: float = 10.0
+    #: A write the client has not taken within this long ends the stream WATCHER_TOO_SLOW.
     write_deadline_seconds: float = 30.0
-    #: Events read per batch (whole commit groups, so a batch may run over).
+    #: Events read per catch-up batch (whole commit groups, so a batch may run over by one).
     read_batch: int = 500
+    #: The byte budget of one stream: a catch-up batch holds whole groups within half of it
+    #: (at least one group), the other half covers the frame in flight and gRPC's copy of it.
+    stream_bytes: int = 8 << 20
     #: Transcript bytes per snapshot message.
     chunk_bytes: int = 1 << 20
     #: Concurrent WatchLane streams of one lane, and of all lanes, in this process; a stream
     #: over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
     max_watchers_per_lane: int = 1000
     max_watchers_per_process: int = 10_000
+
+    @property
+    def read_bytes(self) -> int:
+        """Bytes of events one catch-up batch reads at most (beyond its first group)."""
+        return self.stream_bytes // 2
 
 
 def admit(hub: Hub, lane: LaneRef, settings: WatchSettings) -> None:
@@ -74,8 +86,20 @@ def admit(hub: Hub, lane: LaneRef, settings: WatchSettings) -> None:
         )
 
 
+#: How long a stream let go waits for its status to go out (see _let_go).
+_STATUS_SEND_SECONDS = 1.0
+
+
 class WatcherGone(Exception):
     """The client cancelled or the connection dropped: stop quietly."""
+
+
+class WatcherTooSlow(Exception):
+    """The client did not take a write within the deadline; it had ``revision``."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(revision)
+        self.revision = revision
 
 
 async def _write(
@@ -88,22 +112,33 @@ async def _write(
         # A timeout scope rather than wait_for: no task per write (one per watcher per commit).
         async with asyncio.timeout(settings.write_deadline_seconds):
             await context.write(message)
-        return
     except TimeoutError:
-        pass  # the client stopped reading: cut it off below, outside this handler
+        # HTTP/2 flow control: the client's window and the sockets are full, it is not reading.
+        raise WatcherTooSlow(revision) from None
     except Exception as exc:
         # grpcio raises an internal error type when the peer is already gone.
         raise WatcherGone from exc
-    await _end(
-        context,
-        status_of(
-            code_pb2.RESOURCE_EXHAUSTED,
-            "WATCHER_TOO_SLOW",
-            f"the watcher did not read for {settings.write_deadline_seconds}s; resume after the "
-            f"last revision received (the stream had delivered at least revision {revision})",
-            {"lastRevision": str(revision)},
-        ),
+
+
+async def _let_go(
+    context: grpc.aio.ServicerContext[Any, Any], settings: WatchSettings, revision: int
+) -> None:
+    """End a stream whose client stopped reading (its slot is free already)."""
+    status = status_of(
+        code_pb2.RESOURCE_EXHAUSTED,
+        "WATCHER_TOO_SLOW",
+        f"the watcher did not read for {settings.write_deadline_seconds:g}s; resume after the "
+        f"last revision received (the stream had delivered at least revision {revision})",
+        {"lastRevision": str(revision)},
     )
+    try:
+        # The status queues behind the writes the client has not taken: it reads it when it
+        # reads again. Waiting for that would keep this handler for as long as the client
+        # sleeps, so wait briefly; gRPC sends the status either way.
+        async with asyncio.timeout(_STATUS_SEND_SECONDS):
+            await _end(context, status)
+    except TimeoutError:
+        return
 
 
 async def _end(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
@@ -136,6 +171,11 @@ async def watch_lane(
     except WatcherGone:
         ended = "client_left"
         return
+    except WatcherTooSlow as slow:
+        # Out of the subscription: the slot is free now, whenever the client reads again.
+        ended = "too_slow"
+        await _let_go(context, settings, slow.revision)
+        return
     except asyncio.CancelledError:
         # The client cancelled, or shutdown's grace period ran out during a write.
         ended = "shutdown" if subscription is not None and subscription.closed else "client_left"
@@ -145,6 +185,9 @@ async def watch_lane(
         raise
     except LaneError as exc:
         ended = exc.code.name.lower()  # out_of_range, not_found, ...
+        raise
+    except (OperationalError, PoolTimeout, DatabaseBusy):
+        ended = "database"  # an outage or a full pool, not a fault of the service
         raise
     finally:
         metrics.WATCHERS_ACTIVE.dec()
@@ -168,9 +211,24 @@ async def _serve(
     lane_id = lane.lane_id
     if request.HasField("after_revision"):
         revision = request.after_revision
-        head, floor = await store.lane_head(lane)
+        head, floor, inside_group = await store.resume_point(lane, revision)
         if not floor <= revision <= head:
             raise _out_of_range(lane_id, revision, floor, head)
+        if inside_group is not None:
+            # Sending the rest of the group would hand the client part of a commit, which no
+            # fold can apply: a client only ever holds whole groups, so this revision was not
+            # one it reached by folding the stream. Refuse; it resumes at a boundary instead.
+            first, last = inside_group
+            raise OutOfRange(
+                "REVISION_INSIDE_GROUP",
+                f"cannot resume lane {lane_id} after revision {revision}: it is inside the "
+                f"event group of revisions {first}-{last}, which is sent whole; resume after "
+                f"revision {first - 1} or {last}",
+                laneId=lane_id,
+                afterRevision=revision,
+                groupFirst=first,
+                groupLast=last,
+            )
         subscription.delivered(revision)
         if revision == head:
             subscription.caught_up()
@@ -183,21 +241,31 @@ async def _serve(
         if shared is None:
             # Behind the lane's feed (just resumed, or slow), or the feed has no position yet:
             # read the log from this watcher's revision, a batch at a time.
-            groups = await store.read_events(lane, revision, settings.read_batch)
-            for first, bodies, commit_time in groups:
+            groups = await store.read_events(
+                lane, revision, settings.read_batch, settings.read_bytes
+            )
+            full = read_was_full(groups, settings.read_batch, settings.read_bytes)
+            got_any = bool(groups)
+            groups.reverse()
+            while groups:
+                # Popped, so each group's bodies are freed once framed and written.
+                first, bodies, commit_time = groups.pop()
                 if first != revision + 1:
                     # Retention removed events this watcher had not read yet.
                     head, floor = await store.lane_head(lane)
                     raise _out_of_range(lane_id, revision, floor, head)
-                await _write(context, event_group_frame(bodies), settings, revision)
+                last = first + len(bodies) - 1
+                frame = event_group_frame(bodies)
+                del bodies  # the frame holds them now
+                await _write(context, frame, settings, revision)
                 metrics.DELIVERY_SECONDS.observe(max(0.0, time.time() - commit_time.timestamp()))
-                revision += len(bodies)
+                revision = last
                 subscription.delivered(revision)
-            if sum(len(bodies) for _, bodies, _ in groups) >= settings.read_batch:
-                continue  # a full batch: more may be waiting
+            if full:
+                continue  # more may be waiting
             # A short batch: this watcher read to the head. The feed serves it from here on.
             subscription.caught_up()
-            if groups:
+            if got_any:
                 continue
         elif shared:
             for group in shared:

@@ -32,8 +32,8 @@ from collections.abc import Iterator
 
 from service import metrics
 from service.hub import interest
-from service.hub.feed import Feed, SharedGroup
-from service.store import ChannelError, EventGroup, LaneRef, Notifier, Store
+from service.hub.feed import FEED_MAX_BYTES, Feed, SharedGroup
+from service.store import ChannelError, EventGroup, LaneRef, Notifier, Store, read_was_full
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,10 @@ LISTENER_NAME = "lane-hub"
 #: After announcing a lane, its feed is brought up to date again this much later: a commit made
 #: elsewhere before the announcement arrived got no doorbell.
 ANNOUNCE_SETTLE_SECONDS = 0.2
-#: Events one shared read of a lane's log takes at most (whole groups, so it may run over).
+#: Events, and bytes, one shared read of a lane's log takes at most (whole groups, so it may run
+#: over by one): no more than its feed keeps.
 SHARED_READ_BATCH = 500
+SHARED_READ_BYTES = FEED_MAX_BYTES
 #: A failed shared read is tried again after this long, doubling up to the maximum.
 SHARED_READ_RETRY_SECONDS = 0.1
 SHARED_READ_RETRY_MAX_SECONDS = 1.0
@@ -281,7 +283,9 @@ class Hub:
                 watched.read_wanted = False
                 assert feed.end is not None
                 try:
-                    groups = await self.store.read_events(lane, feed.end, SHARED_READ_BATCH)
+                    groups = await self.store.read_events(
+                        lane, feed.end, SHARED_READ_BATCH, SHARED_READ_BYTES
+                    )
                 except Exception as exc:  # the database: transient, as for every other read
                     log.warning("could not read the events of lane %s: %s", lane, exc)
                     watched.read_wanted = True
@@ -291,8 +295,8 @@ class Hub:
                 retry = SHARED_READ_RETRY_SECONDS
                 if feed.add(groups):
                     watched.ring()
-                if sum(len(group.bodies) for group in groups) >= SHARED_READ_BATCH:
-                    watched.read_wanted = True  # a full batch: more may be waiting
+                if read_was_full(groups, SHARED_READ_BATCH, SHARED_READ_BYTES):
+                    watched.read_wanted = True  # more may be waiting
         finally:
             watched.reader = None
 

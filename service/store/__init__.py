@@ -1,8 +1,8 @@
 """PostgreSQL persistence: schema, migrations, commands as transactions, snapshot capture."""
 
-from service.store.event_log import EventGroup
+from service.store.event_log import EventGroup, read_was_full
 from service.store.lane_ref import DEFAULT_NAMESPACE, LANE_SCAN, LaneRef
-from service.store.lane_store import SnapshotOutline, Store
+from service.store.lane_store import ResumePoint, SnapshotOutline, Store
 from service.store.notify import ChannelError, Listener, Notification, Notifier
 
 __all__ = [
@@ -14,6 +14,8 @@ __all__ = [
     "Listener",
     "Notification",
     "Notifier",
+    "ResumePoint",
     "SnapshotOutline",
     "Store",
+    "read_was_full",
 ]

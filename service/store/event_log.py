@@ -8,6 +8,7 @@ store's commit listeners (the hub), so that a commit made in this process needs 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import NamedTuple
 
@@ -25,3 +26,11 @@ class EventGroup(NamedTuple):
     def last_revision(self) -> int:
         """The revision of the group's last event."""
         return self.first_revision + len(self.bodies) - 1
+
+
+def read_was_full(groups: Sequence[EventGroup], limit: int, max_bytes: int) -> bool:
+    """Whether a :meth:`~service.store.Store.read_events` that returned ``groups`` reached one
+    of its bounds: then more may be waiting after it."""
+    events = sum(len(group.bodies) for group in groups)
+    size = sum(len(body) for group in groups for body in group.bodies)
+    return events >= limit or size >= max_bytes

@@ -248,18 +248,24 @@ async def load_entry_bodies(conn: Conn, lane: LaneRef, entry_ids: Sequence[str])
 
 
 async def load_events(
-    conn: Conn, lane: LaneRef, after_revision: int, limit: int
+    conn: Conn, lane: LaneRef, after_revision: int, limit: int, max_bytes: int
 ) -> list[tuple[int, int, bytes, datetime]]:
-    """Up to ``limit`` events after ``after_revision`` as (revision, group_end, body,
-    commit_time), whole groups only (a group is never cut)."""
+    """Events after ``after_revision`` as (revision, group_end, body, commit_time), whole
+    groups only (a group is never cut): the groups that start within the first ``limit``
+    events and within the first ``max_bytes`` bytes of bodies. The first group always comes,
+    whatever its size, so a read makes progress; it can run over by at most one group."""
     cur = await conn.execute(
-        "SELECT revision, group_end, body, commit_time FROM events"
-        " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND revision > %(after)s"
-        " AND revision <= (SELECT COALESCE(MAX(group_end), %(after)s) FROM ("
-        "   SELECT group_end FROM events"
+        "WITH head AS ("
+        "   SELECT revision, group_end,"
+        "   sum(octet_length(body)) OVER (ORDER BY revision) - octet_length(body) AS bytes_before"
+        "   FROM events"
         "   WHERE namespace = %(ns)s AND lane_id = %(lane)s AND revision > %(after)s"
-        "   ORDER BY revision LIMIT %(limit)s) AS head)"
+        "   ORDER BY revision LIMIT %(limit)s)"
+        " SELECT revision, group_end, body, commit_time FROM events"
+        " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND revision > %(after)s"
+        " AND revision <= (SELECT COALESCE(MAX(group_end), %(after)s) FROM head"
+        "   WHERE bytes_before < %(max_bytes)s OR revision = %(after)s + 1)"
         " ORDER BY revision",
-        {**lane.params, "after": after_revision, "limit": limit},
+        {**lane.params, "after": after_revision, "limit": limit, "max_bytes": max_bytes},
     )
     return [(r, g, bytes(b), t) for (r, g, b, t) in await cur.fetchall()]

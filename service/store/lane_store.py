@@ -77,7 +77,29 @@ class LaneRow(NamedTuple):
     cancel_requested: bool
 
 
+class ResumePoint(NamedTuple):
+    """Where a watch resuming after a revision stands (:meth:`Store.resume_point`)."""
+
+    head: int
+    floor: int
+    #: (first, last) revisions of the event group the revision is inside of; None when it is a
+    #: group boundary (the end of a group, the floor, or the head).
+    inside_group: tuple[int, int] | None
+
+
 _VERSION = "SELECT version FROM lanes WHERE namespace = %(ns)s AND lane_id = %(lane)s"
+# The lane's head and floor; and, when the event at %(after)s is not its group's last, its
+# group's end and the revision before the group (the previous group's last event, found by
+# scanning back at most one group's events).
+_RESUME_POINT = (
+    "SELECT l.revision, l.retention_floor, e.group_end,"
+    " (SELECT coalesce(max(p.revision), l.retention_floor) FROM events p"
+    "   WHERE p.namespace = l.namespace AND p.lane_id = l.lane_id"
+    "   AND p.revision <= %(after)s AND p.group_end < e.group_end)"
+    " FROM lanes l LEFT JOIN events e"
+    "   ON e.namespace = l.namespace AND e.lane_id = l.lane_id AND e.revision = %(after)s"
+    " WHERE l.namespace = %(ns)s AND l.lane_id = %(lane)s"
+)
 # The runs the domain's leases.reconcilable would end now: leased, no live lease, and aborted or
 # orphaned for the given interval; a page after (lease_expires, operation_id).
 _RECONCILABLE = (
@@ -391,6 +413,18 @@ class Store:
             raise lane_not_found(lane)
         return row[0], row[1]
 
+    async def resume_point(self, lane: LaneRef, after_revision: int) -> ResumePoint:
+        """Where a watch resuming after ``after_revision`` stands: the lane's head and
+        retention floor, and the group ``after_revision`` is inside of, if it is inside one."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_RESUME_POINT, {**lane.params, "after": after_revision})
+            row = await cur.fetchone()
+        if row is None:
+            raise lane_not_found(lane)
+        head, floor, group_end, before_group = row
+        inside = group_end is not None and group_end != after_revision
+        return ResumePoint(head, floor, (before_group + 1, group_end) if inside else None)
+
     async def lane_heads(self, lanes: Iterable[LaneRef]) -> dict[LaneRef, int]:
         """The head revisions of ``lanes``, in one statement (lanes that do not exist are left
         out)."""
@@ -405,13 +439,16 @@ class Store:
             rows = await cur.fetchall()
         return {LaneRef(namespace, lane_id): revision for namespace, lane_id, revision in rows}
 
-    async def read_events(self, lane: LaneRef, after_revision: int, limit: int) -> list[EventGroup]:
-        """Whole event groups after ``after_revision`` (at least one group when any exists,
-        about ``limit`` events at most). Counted in :attr:`event_log_reads`."""
+    async def read_events(
+        self, lane: LaneRef, after_revision: int, limit: int, max_bytes: int
+    ) -> list[EventGroup]:
+        """Whole event groups after ``after_revision``: at least one group when any exists,
+        then more while they start within ``limit`` events and ``max_bytes`` bytes (so the read
+        holds at most ``max_bytes`` plus one group). Counted in :attr:`event_log_reads`."""
         self.event_log_reads += 1
         metrics.EVENT_LOG_READS.inc()
         async with self.pool.connection() as conn:
-            rows = await load_events(conn, lane, after_revision, limit)
+            rows = await load_events(conn, lane, after_revision, limit, max_bytes)
         groups: list[EventGroup] = []
         group_end = None
         for revision, end, body, commit_time in rows:

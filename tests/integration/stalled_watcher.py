@@ -29,13 +29,11 @@ async def main(target: str, lane_id: str) -> None:
                 received += 1
             outcome = {"code": "OK"}
         except grpc.aio.AioRpcError as error:
-            reason = ""
+            info = error_details_pb2.ErrorInfo()
             status = rpc_status.from_call(error)
             for detail in status.details if status else ():
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    reason = info.reason
-            outcome = {"code": error.code().name, "reason": reason}
+                detail.Unpack(info)
+            outcome = {"code": error.code().name, "reason": info.reason, **info.metadata}
         print(json.dumps({**outcome, "received": received}), flush=True)
 
 

@@ -91,7 +91,7 @@ async def test_lanes_from_before_namespaces_belong_to_the_default_namespace(
         assert [e.id for e in snapshot.transcript] == ["e1"]
         assert snapshot.operation.id == "op1"
         assert (await store.open_operation(lane)) is not None
-        groups = await store.read_events(lane, 0, 10)
+        groups = await store.read_events(lane, 0, 10, 1 << 20)
         assert [group[0] for group in groups] == [1]
         async with store.pool.connection() as conn:
             key = RequestKey("req-1", "StartRun", b"digest")

@@ -4,6 +4,8 @@ NOTIFY on and off, several processes, a killed LISTEN connection, slow watchers,
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import signal
 import sys
@@ -155,6 +157,39 @@ async def test_resume_at_floor_and_refusal_outside_the_log(lane_stub, store) -> 
         assert (info.metadata["floor"], info.metadata["head"]) == (str(floor), str(head))
 
 
+async def test_resume_at_every_revision_of_a_multi_event_group(lane_stub) -> None:
+    lane_id = await new_lane(lane_stub)  # revision 1
+    run = await lane_stub.StartRun(
+        pb.StartRunRequest(lane_id=lane_id, prompt=[user("one"), user("two")])
+    )
+    # The groups as a watch from the start delivers them: the truth each resume is held to.
+    full = Watcher(lane_stub, lane_id, after=0)
+    try:
+        await full.reach(run.revision)
+    finally:
+        await full.close()
+    groups = full.groups
+    assert any(len(group) > 2 for group in groups), "the run's start is one multi-event group"
+    for group in groups:
+        first, last = group[0].revision, group[-1].revision
+        for after in range(first - 1, last):
+            resumed = Watcher(lane_stub, lane_id, after=after)
+            try:
+                if after == first - 1:  # a boundary: the whole group comes first
+                    await resumed.reach(last)
+                    assert resumed.groups[0] == group
+                    continue
+                await resumed.task
+            finally:
+                await resumed.close()
+            assert resumed.groups == [], f"part of a group sent after revision {after}"
+            assert resumed.error is not None
+            assert resumed.error.code() == grpc.StatusCode.OUT_OF_RANGE
+            assert error_reason(resumed.error) == "REVISION_INSIDE_GROUP"
+            metadata = error_info(resumed.error).metadata
+            assert (metadata["groupFirst"], metadata["groupLast"]) == (str(first), str(last))
+
+
 async def test_heartbeats_while_idle(session_database_url) -> None:
     watch = WatchSettings(heartbeat_seconds=0.1)
     async with extra_server(session_database_url, watch=watch) as (_, stub):
@@ -257,10 +292,27 @@ async def test_killed_listen_connection_recovers_without_gap(session_database_ur
             await watcher.close()
 
 
+def _has_snapshot(watcher: Watcher) -> bool:
+    return watcher.revision > 0
+
+
+async def admitted(stub, lane_id: str, within: float) -> Watcher:
+    """A watcher of ``lane_id`` that got its snapshot, trying again while the lane is full."""
+    async with asyncio.timeout(within):
+        while True:
+            watcher = Watcher(stub, lane_id)
+            with contextlib.suppress(AssertionError):
+                await watcher.until(functools.partial(_has_snapshot, watcher))
+                return watcher
+            assert watcher.error is not None
+            assert error_reason(watcher.error) == "TOO_MANY_WATCHERS", watcher.error
+            await asyncio.sleep(0.2)
+
+
 async def test_slow_watcher_is_cut_off_and_nobody_else_waits(session_database_url) -> None:
     # A deadline far above any scheduling hiccup of a loaded test machine, so only the client
-    # that stopped reading can miss it.
-    watch = WatchSettings(write_deadline_seconds=2.0)
+    # that stopped reading can miss it. Two slots: the stalled client's and a healthy one's.
+    watch = WatchSettings(write_deadline_seconds=2.0, max_watchers_per_lane=2)
     async with extra_server(session_database_url, watch=watch) as (running, stub):
         lane_id = new_lane_id("slow")
         await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
@@ -312,10 +364,13 @@ async def test_slow_watcher_is_cut_off_and_nobody_else_waits(session_database_ur
             try:
                 await healthy.reach(head, within=60)
                 assert healthy.snapshot == await snapshot_of(stub, lane_id)
+                # The stalled client's slot is freed at its deadline while it is still frozen:
+                # a third watcher gets in beside the healthy one.
+                third = await admitted(stub, lane_id, within=60)
+                await third.close()
             finally:
                 await healthy.close()
             # Once thawed, the stalled client finds what was buffered, then the cut-off.
-            await asyncio.sleep(watch.write_deadline_seconds * 2)
             stalled.send_signal(signal.SIGCONT)
             line = await asyncio.wait_for(stalled.stdout.readline(), 60)
             outcome = json.loads(line)
@@ -324,6 +379,9 @@ async def test_slow_watcher_is_cut_off_and_nobody_else_waits(session_database_ur
                 "WATCHER_TOO_SLOW",
             )
             assert outcome["received"] < 80  # it was cut off before the end
+            # ... naming a revision it had: at most what it received, events of 1 revision each.
+            snapshot_revision = head - 80
+            assert snapshot_revision <= int(outcome["lastRevision"]) <= head - 1
         finally:
             if stalled.returncode is None:
                 stalled.send_signal(signal.SIGCONT)

@@ -1576,7 +1576,10 @@ export type WatchLaneRequest = Message<"lane.v1.WatchLaneRequest"> & {
 
   /**
    * Resume: stream only events with a higher revision, no snapshot. Must be at or above the
-   * lane's retention floor (else OUT_OF_RANGE) and at most its head.
+   * lane's retention floor and at most its head (else OUT_OF_RANGE REVISION_OUT_OF_RANGE), and
+   * the end of an event group: the revision of a snapshot, of a group's last event, or of a
+   * heartbeat. A revision inside a group is refused (OUT_OF_RANGE REVISION_INSIDE_GROUP), as
+   * groups are never split: the stream never starts with part of a commit.
    *
    * @generated from field: optional int64 after_revision = 2;
    */
