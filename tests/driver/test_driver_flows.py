@@ -155,6 +155,20 @@ async def test_unknown_tool_invalid_arguments_and_length_get_synthetic_results(l
         assert not result_message.HasField("details_json")
 
 
+async def test_a_tool_use_stop_without_calls_fails_the_run(lane_stub) -> None:
+    # The service would refuse to complete the run on it (RUN_NEEDS_ASSISTANT): the driver
+    # ends it FAILED, with the message kept in the transcript.
+    lane = new_lane_id("drv-nocalls")
+    model = ScriptedModel([step("I'll look", stop=messages_pb2.STOP_REASON_TOOL_USE)])
+    result = await Driver(lane_stub, lane, []).run("go", model)
+    assert result.status == FAILED and result.turns == 1
+    assert result.result.error.code == "tool_use_without_calls"
+    transcript = (await snapshot(lane_stub, lane)).transcript
+    assert transcript[-1].message.message.assistant.stop_reason == (
+        messages_pb2.STOP_REASON_TOOL_USE
+    )
+
+
 async def test_a_tool_that_raises_gets_an_error_result_with_its_message(lane_stub) -> None:
     lane = new_lane_id("drv-raise")
 

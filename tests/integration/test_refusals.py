@@ -128,6 +128,17 @@ async def build(stub: Any, state: str, prefix: str = "refuse") -> Ctx:
     ctx.turn_id = turn.turn_id
     if state == "turn_open":
         return ctx
+    if state == "no_calls":
+        await settle(stub, ctx, text("let me look"), stop=messages_pb2.STOP_REASON_TOOL_USE)
+        return ctx
+    if state in ("truncated", "aborting_truncated"):
+        length = messages_pb2.STOP_REASON_LENGTH
+        await settle(
+            stub, ctx, text("cut"), tool_call("c0", "t", {}), tool_call("c1", "t", {}), stop=length
+        )
+        if state == "aborting_truncated":
+            await abort(stub, ctx)
+        return ctx
     if state in ("may_finish", "ended"):
         await settle(stub, ctx, text("done"))
         if state == "ended":
@@ -274,6 +285,9 @@ STATES = (
     "aborting",  # idle run whose abort was requested
     "aborting_tools",  # aborting run, target c0 effect_pending (c1 planned)
     "ended",  # the run ended COMPLETED; its operation id is no longer open
+    "truncated",  # tools phase of a message that stopped for LENGTH: c0 planned (c1 planned)
+    "aborting_truncated",  # the same, aborting
+    "no_calls",  # idle after a message that stopped for TOOL_USE without tool calls
 )
 
 ANY_REASON = "*"
@@ -295,6 +309,9 @@ OUTCOMES: dict[str, Outcome] = {
     "status": refused(Code.FAILED_PRECONDITION, "TOOL_CALL_WRONG_STATUS"),
     "call": refused(Code.NOT_FOUND, "TOOL_CALL_NOT_FOUND"),
     "turn": refused(Code.FAILED_PRECONDITION, "TURN_MISMATCH"),
+    "needs": refused(Code.FAILED_PRECONDITION, "RUN_NEEDS_ASSISTANT"),
+    "truncated": refused(Code.FAILED_PRECONDITION, "MESSAGE_TRUNCATED"),
+    "nottrunc": refused(Code.FAILED_PRECONDITION, "MESSAGE_NOT_TRUNCATED"),
     # A rule forbids it, but no reason is specified for it.
     "forbid": refused(Code.FAILED_PRECONDITION, ANY_REASON),
 }
@@ -322,30 +339,36 @@ OUTCOMES: dict[str, Outcome] = {
 # - Synthetic INTERRUPTED: only a started (effect_pending) call; no abort needed (recovery
 #   after a driver crash).
 # - A call already outcome_ready or completed never changes again.
+# - The service decides truncation from the settled message: a call of a message that stopped
+#   for LENGTH never starts and takes only the TRUNCATED synthetic (before an abort too); no
+#   other call may take it.
+# - A message that stopped for TOOL_USE without tool calls is no answer to finish on: the run
+#   awaits an assistant response (EndRun COMPLETED refused, a new turn allowed).
 TABLE_TEXT = """
-command                      no_lane  no_op  idle        turn        may_finish  planned     pending     ready       completed   aborting           abort_tools    ended
-start_run                    lane     ok     busy        busy        busy        busy        busy        busy        busy        busy               busy           ok
-abort                        lane     open   ok          ok          ok          ok          ok          ok          ok          ok                 ok             open
-end_run_completed            lane     open   forbid      phase       ok          phase       phase       phase       phase       ok                 ok             open
-start_turn                   lane     open   ok          phase       ok          phase       phase       phase       phase       cancel             phase|cancel   open
-settle                       lane     open   phase|turn  ok          phase|turn  phase|turn  phase|turn  phase|turn  phase|turn  phase|turn         phase|turn     open
-start_tool                   lane     open   phase|call  phase|call  phase|call  ok          status      status      status      phase|call|cancel  status|cancel  open
-update_tool                  lane     open   phase|call  phase|call  phase|call  status      ok          status      status      phase|call         ok             open
-stage_executed               lane     open   phase|call  phase|call  phase|call  status      ok          status      status      phase|call         ok             open
-stage_unknown_tool           lane     open   phase|call  phase|call  phase|call  ok          status      status      status      phase|call         status         open
-stage_cancelled              lane     open   phase|call  phase|call  phase|call  forbid      forbid      status      status      phase|call         ok             open
-stage_interrupted            lane     open   phase|call  phase|call  phase|call  status      ok          status      status      phase|call         ok             open
-abort_wrong_operation        lane     open   open        open        open        open        open        open        open        open               open           open
-end_run_wrong_operation      lane     open   open        open        open        open        open        open        open        open               open           open
-start_turn_wrong_operation   lane     open   open        open        open        open        open        open        open        open               open           open
-settle_wrong_operation       lane     open   open        open        open        open        open        open        open        open               open           open
-start_tool_wrong_operation   lane     open   open        open        open        open        open        open        open        open               open           open
-update_tool_wrong_operation  lane     open   open        open        open        open        open        open        open        open               open           open
-stage_wrong_operation        lane     open   open        open        open        open        open        open        open        open               open           open
-settle_wrong_turn            lane     open   phase|turn  turn        phase|turn  phase|turn  phase|turn  phase|turn  phase|turn  phase|turn         phase|turn     open
-start_tool_unknown_call      lane     open   phase|call  phase|call  phase|call  call        call        call        call        phase|call|cancel  call|cancel    open
-update_tool_unknown_call     lane     open   phase|call  phase|call  phase|call  call        call        call        call        phase|call         call           open
-stage_unknown_call           lane     open   phase|call  phase|call  phase|call  call        call        call        call        phase|call         call           open
+command                      no_lane  no_op  idle        turn        may_finish  planned     pending          ready       completed   aborting           abort_tools      ended  trunc             abort_trunc       no_calls
+start_run                    lane     ok     busy        busy        busy        busy        busy             busy        busy        busy               busy             ok     busy              busy              busy
+abort                        lane     open   ok          ok          ok          ok          ok               ok          ok          ok                 ok               open   ok                ok                ok
+end_run_completed            lane     open   forbid      phase       ok          phase       phase            phase       phase       ok                 ok               open   phase             ok                needs
+start_turn                   lane     open   ok          phase       ok          phase       phase            phase       phase       cancel             phase|cancel     open   phase             phase|cancel      ok
+settle                       lane     open   phase|turn  ok          phase|turn  phase|turn  phase|turn       phase|turn  phase|turn  phase|turn         phase|turn       open   phase|turn        phase|turn        phase|turn
+start_tool                   lane     open   phase|call  phase|call  phase|call  ok          status           status      status      phase|call|cancel  status|cancel    open   truncated         truncated|cancel  phase|call
+update_tool                  lane     open   phase|call  phase|call  phase|call  status      ok               status      status      phase|call         ok               open   status            status            phase|call
+stage_executed               lane     open   phase|call  phase|call  phase|call  status      ok               status      status      phase|call         ok               open   truncated|status  truncated|status  phase|call
+stage_unknown_tool           lane     open   phase|call  phase|call  phase|call  ok          status           status      status      phase|call         status           open   truncated         truncated         phase|call
+stage_cancelled              lane     open   phase|call  phase|call  phase|call  forbid      forbid           status      status      phase|call         ok               open   truncated         truncated         phase|call
+stage_interrupted            lane     open   phase|call  phase|call  phase|call  status      ok               status      status      phase|call         ok               open   truncated|status  truncated|status  phase|call
+stage_truncated              lane     open   phase|call  phase|call  phase|call  nottrunc    nottrunc|status  status      status      phase|call         nottrunc|status  open   ok                ok                phase|call
+abort_wrong_operation        lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
+end_run_wrong_operation      lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
+start_turn_wrong_operation   lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
+settle_wrong_operation       lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
+start_tool_wrong_operation   lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
+update_tool_wrong_operation  lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
+stage_wrong_operation        lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
+settle_wrong_turn            lane     open   phase|turn  turn        phase|turn  phase|turn  phase|turn       phase|turn  phase|turn  phase|turn         phase|turn       open   phase|turn        phase|turn        phase|turn
+start_tool_unknown_call      lane     open   phase|call  phase|call  phase|call  call        call             call        call        phase|call|cancel  call|cancel      open   call              call|cancel       phase|call
+update_tool_unknown_call     lane     open   phase|call  phase|call  phase|call  call        call             call        call        phase|call         call             open   call              call              phase|call
+stage_unknown_call           lane     open   phase|call  phase|call  phase|call  call        call             call        call        phase|call         call             open   call              call              phase|call
 """  # noqa: E501
 
 
@@ -363,6 +386,9 @@ COLUMNS = {
     "aborting": "aborting",
     "abort_tools": "aborting_tools",
     "ended": "ended",
+    "trunc": "truncated",
+    "abort_trunc": "aborting_truncated",
+    "no_calls": "no_calls",
 }
 
 
@@ -469,6 +495,10 @@ COMMANDS: dict[str, tuple[str, Callable[[Ctx], Message]]] = {
     "stage_interrupted": (
         "StageToolOutcome",
         lambda c: _stage(c, **_synthetic(pb.SYNTHETIC_CAUSE_INTERRUPTED)),
+    ),
+    "stage_truncated": (
+        "StageToolOutcome",
+        lambda c: _stage(c, **_synthetic(pb.SYNTHETIC_CAUSE_TRUNCATED)),
     ),
     "abort_wrong_operation": ("AbortOperation", lambda c: _abort(c, wrong=True)),
     "end_run_wrong_operation": ("EndRun", lambda c: _end_run(c, wrong=True)),

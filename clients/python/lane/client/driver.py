@@ -8,12 +8,14 @@
 
 A run: ``StartRun`` leased to this driver (the lease is renewed in the background and its
 fencing token goes on every command), then turns until the model answers without tool calls,
-then ``EndRun`` COMPLETED. Each turn: ``StartTurn``, the model is asked with the lane's durable
+then ``EndRun`` COMPLETED (FAILED, ``tool_use_without_calls``, when the model stops to use
+tools but names none). Each turn: ``StartTurn``, the model is asked with the lane's durable
 transcript, ``SettleAssistantMessage``; its tool calls form a batch, run as the tool
 flow (docs/contract.md, Tool calls):
 
 prepare
-    the assistant stopped for length → TRUNCATED; the tool is unknown, or not among the lane's
+    the assistant stopped for length → TRUNCATED (also once the run is aborted: the service
+    accepts no other outcome for such a call); the tool is unknown, or not among the lane's
     active tool names when its configuration names any → UNKNOWN_TOOL; the
     arguments fail the tool's JSON Schema → INVALID_ARGUMENTS (the validation message).
 before_tool hooks
@@ -630,6 +632,11 @@ class Driver:
                 "assistant_error", assistant.error_message or "the assistant stopped with an error"
             )
         if not settled.tool_calls:
+            if assistant.stop_reason == messages_pb2.STOP_REASON_TOOL_USE:
+                # The service will not complete a run on it (docs/contract.md, Tool calls).
+                raise _ModelFailed(
+                    "tool_use_without_calls", "the assistant stopped to use tools but named none"
+                )
             return True
         calls = [
             BatchCall(

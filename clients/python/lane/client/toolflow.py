@@ -215,11 +215,12 @@ class ToolFlow:
     ) -> Awaitable[None] | None:
         """Prepare, before_tool, intent. Returns the execution to run, or None when the call
         got an immediate (synthetic) outcome."""
+        if assistant.stop_reason == messages_pb2.STOP_REASON_LENGTH:
+            # Before the abort check: the service accepts no other outcome for such a call.
+            await self._synthetic(run, item, pb.SYNTHETIC_CAUSE_TRUNCATED)
+            return None
         if run.cancelled:
             await self._synthetic(run, item, pb.SYNTHETIC_CAUSE_CANCELLED)
-            return None
-        if assistant.stop_reason == messages_pb2.STOP_REASON_LENGTH:
-            await self._synthetic(run, item, pb.SYNTHETIC_CAUSE_TRUNCATED)
             return None
         tool = self._tool(item.tool_name, active)
         if tool is None:
