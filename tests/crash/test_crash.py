@@ -2,7 +2,9 @@
 
 One randomized run of the harness (real service and driver processes, at least 20 kills), then
 focused deterministic cases of docs/recovery.md, each against a real
-``python -m service.app`` and real driver processes:
+``python -m service.app`` and real driver processes. A driver process is the shipped
+``lane.client`` Driver (:mod:`tests.crash.driver`); a second one takes a killed one's run over
+with ``Driver.recover``:
 
 (i)   a driver (and the service) killed right after a staging commit: the takeover places the
       staged result; the call never runs again;
@@ -35,15 +37,8 @@ from lane.client.errors import lane_error
 from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from tests.crash.checks import LaneFindings, check_lane, load
-from tests.crash.driver import (
-    EXIT_DONE,
-    EXIT_LEASE_LOST,
-    INTERRUPTED_MARKER,
-    NEVER_TOOL,
-    SAFE_TOOL,
-    ensure_executions_table,
-)
+from tests.crash.checks import INTERRUPTED_MARKER, LaneFindings, check_lane, load
+from tests.crash.driver import EXIT_DONE, EXIT_LEASE_LOST
 from tests.crash.harness import (
     DriverProcess,
     HarnessConfig,
@@ -58,6 +53,7 @@ from tests.crash.harness import (
     tail,
     wait_until,
 )
+from tests.crash.recording import NEVER_TOOL, SAFE_TOOL, ensure_executions_table
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -131,10 +127,6 @@ class Rig:
 
     async def statuses(self, lane_id: str) -> dict[str, tuple[str, bool]]:
         return {c: (s, cp) for c, s, _, cp in await call_statuses(self.conn, lane_id)}
-
-    def reports(self) -> list[dict[str, Any]]:
-        path = self.workdir / "report.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line]
 
     async def findings(self, lane_id: str) -> LaneFindings:
         findings = await check_lane(self.conn, self.stub, lane_id)
@@ -290,8 +282,14 @@ async def test_staged_result_is_placed_by_the_takeover_and_never_rerun(
         assert [e.revision < taken for e in of_call(events, "tool_start", target)] == [True]
         assert len(of_call(events, "tool_end", target)) == 1
         assert await executions(r, target) == [(f"{lane}-d1", False)]
-        takeovers = [x for x in r.reports() if x["event"] == "takeover"]
-        assert takeovers[0]["calls"] == {}, "the takeover left the batch placed and closed"
+        # The takeover left the batch placed and closed: its turn_end is in the same group.
+        batch = next(e.turn_start.turn_id for e in events if e.revision == taken)
+        closed = [
+            e.revision
+            for e in events
+            if e.WhichOneof("kind") == "turn_end" and e.turn_end.turn_id == batch
+        ]
+        assert [data.group_end[at] for at in closed] == [data.group_end[taken]]
         findings = await r.findings(lane)
         assert findings.staged_at_takeover == 1 and findings.runs_completed == 1
 
@@ -501,7 +499,11 @@ async def test_stale_driver_is_refused_and_changes_nothing(
         await wait_until(checkpointed, within=30, what="a checkpoint")
         first.process.send_signal(signal.SIGSTOP)
         operation_id = await open_operation(r.stub, lane)
-        old_token = next(x["token"] for x in r.reports() if x["event"] == "start_run")
+        old_token = (
+            await r.stub.GetOperation(
+                pb.GetOperationRequest(lane_id=lane, operation_id=operation_id)
+            )
+        ).state.lease.token
 
         async def taken() -> pb.AcquireOperationResponse | None:
             try:
@@ -570,7 +572,6 @@ async def test_stale_driver_is_refused_and_changes_nothing(
         first.process.send_signal(signal.SIGCONT)
         await r.finished(first, EXIT_LEASE_LOST)
         assert await _state(r, lane, operation_id) == before
-        assert any(x["event"] == "lease_lost" for x in r.reports())
 
         # Hand the run on: a new driver interrupts the call (it ran once) and completes.
         await r.stub.ReleaseLease(
