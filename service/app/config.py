@@ -83,6 +83,9 @@ Every variable is optional; an empty value counts as unset.
     own where uvloop does not install); see ``service/app/event_loop.py``.
 
 A bad value raises :class:`ConfigError`, whose message names the variable.
+
+:data:`SETTINGS` is the one table of these variables with their defaults, for ``lane serve``'s
+flags and ``--help``; :meth:`Settings.from_env` reads no variable that is not in it.
 """
 
 from __future__ import annotations
@@ -120,6 +123,92 @@ class ConfigError(ValueError):
         super().__init__(f"{variable}={value!r}: {problem}")
         self.variable = variable
         self.value = value
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``LANE_*`` variable: its default as shown to people, and what it means."""
+
+    variable: str
+    default: str
+    meaning: str
+    #: A secret: no command-line flag for it (arguments show in every process listing).
+    secret: bool = False
+
+    @property
+    def flag(self) -> str:
+        """The ``lane serve`` flag: ``LANE_DB_POOL_SIZE`` is ``--db-pool-size``."""
+        return "--" + self.variable.removeprefix("LANE_").lower().replace("_", "-")
+
+
+#: Every setting, in the order ``lane serve --help`` lists them.
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "LANE_LISTEN",
+        "127.0.0.1:50051",
+        "host:port to serve gRPC on ([::1]:50051 for IPv6, port 0 for any free port)",
+    ),
+    Setting(
+        "LANE_DATABASE_URL",
+        "unset: embedded PostgreSQL in LANE_DATA_DIR",
+        "PostgreSQL URL or libpq key=value string (a password in a flag shows in process "
+        "listings: prefer the variable)",
+    ),
+    Setting("LANE_DATA_DIR", "./.lane-data", "directory of the embedded PostgreSQL"),
+    Setting(
+        "LANE_WORKERS",
+        "the number of CPUs",
+        "server processes sharing the port under one supervisor (1: a single process)",
+    ),
+    Setting("LANE_GRACE_SECONDS", "5", "on SIGTERM/SIGINT, seconds calls in flight may still run"),
+    Setting("LANE_NOTIFY", "on", "on/off: PostgreSQL NOTIFY doorbells between processes"),
+    Setting("LANE_POLL_INTERVAL_SECONDS", "1.0", "period of the polling fallback (0 < s <= 60)"),
+    Setting(
+        "LANE_ORPHAN_SECONDS", "600", "a leased run with no live lease is ended after this long"
+    ),
+    Setting(
+        "LANE_MAX_WATCHERS_PER_LANE", "1000", "WatchLane streams of one lane this process serves"
+    ),
+    Setting("LANE_MAX_WATCHERS", "10000", "WatchLane streams this process serves in all"),
+    Setting(
+        "LANE_DB_POOL_SIZE",
+        str(DEFAULT_POOL_SIZE),
+        "PostgreSQL connections this process opens at most (plus the hub's two)",
+    ),
+    Setting(
+        "LANE_DB_CHECKOUT_TIMEOUT_SECONDS",
+        f"{DEFAULT_CHECKOUT_TIMEOUT_SECONDS:g}",
+        "how long a command waits for a free connection before DATABASE_BUSY",
+    ),
+    Setting(
+        "LANE_REQUEST_RETENTION_SECONDS",
+        f"{KEEP_ANSWERS.total_seconds():g}",
+        "how long the answer to a request id is kept for retries (>= 60)",
+    ),
+    Setting("LANE_TLS_CERT_FILE", "unset", "PEM certificate chain: serve TLS (with the key)"),
+    Setting("LANE_TLS_KEY_FILE", "unset", "PEM private key of the certificate"),
+    Setting(
+        "LANE_TLS_CLIENT_CA_FILE",
+        "unset",
+        "PEM CA bundle: clients must present a certificate it signed (mutual TLS)",
+    ),
+    Setting(
+        "LANE_AUTH_TOKENS",
+        "unset: auth off, loopback only",
+        "bearer tokens as namespace:token pairs",
+        secret=True,
+    ),
+    Setting("LANE_AUTH_TOKENS_FILE", "unset", "a file of namespace:token pairs, # comments"),
+    Setting(
+        "LANE_METRICS_LISTEN",
+        "unset: no metrics",
+        "host:port to serve Prometheus metrics on over plain HTTP",
+    ),
+    Setting("LANE_LOG_FORMAT", "text", "text or json (one JSON object per line)"),
+    Setting("LANE_EVENT_LOOP", "uvloop", "uvloop or asyncio"),
+)
+_VARIABLES = frozenset(setting.variable for setting in SETTINGS)
 
 
 @dataclass(frozen=True)
@@ -159,6 +248,8 @@ class Settings:
         env = os.environ if environ is None else environ
 
         def get(name: str) -> str | None:
+            if name not in _VARIABLES:
+                raise KeyError(f"{name} is missing from config.SETTINGS")
             value = env.get(name, "").strip()
             return value or None
 

@@ -68,12 +68,13 @@ async def serve(
             loop.remove_signal_handler(sig)
 
 
-def main(workers: int | None = None) -> int:
+def main(workers: int | None = None, *, given_as: Mapping[str, str] | None = None) -> int:
     """Process entry point: read the environment, serve, return the exit status.
 
-    ``workers`` overrides ``LANE_WORKERS`` (``lane serve --workers N``). 0 after a graceful
-    shutdown, 2 for a bad configuration, 1 when start-up fails (with workers: also when they
-    keep failing to start).
+    ``workers`` overrides ``LANE_WORKERS``. ``given_as`` maps variables that came from
+    command-line flags (``lane serve --listen``) to those flags, so a bad value is reported as
+    the flag the person typed. 0 after a graceful shutdown, 2 for a bad configuration, 1 when
+    start-up fails (with workers: also when they keep failing to start).
     """
     environ: Mapping[str, str] = os.environ
     if workers is not None:
@@ -82,7 +83,9 @@ def main(workers: int | None = None) -> int:
         settings = Settings.from_env(environ)
         role = WorkerRole.from_env(environ)
     except ConfigError as err:
-        print(f"lane: configuration error: {err}", file=sys.stderr)
+        flag = (given_as or {}).get(err.variable)
+        shown = f"{flag} {err.value!r}: {err.problem}" if flag else str(err)
+        print(f"lane: configuration error: {shown}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format)
     if role is not None:

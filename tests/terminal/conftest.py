@@ -63,12 +63,23 @@ class Tmux:
     async def cmd(self, *args: str) -> str:
         return await run(self.tmux, "-u", "-L", self.socket, "-f", str(self.config), *args)
 
-    async def start(self, session: str, command: Sequence[str]) -> None:
-        """Open ``session`` (WIDTH x HEIGHT) running ``command``."""
+    async def start(
+        self, session: str, command: Sequence[str], *, width: int = WIDTH, height: int = HEIGHT
+    ) -> None:
+        """Open ``session`` (``width`` x ``height``, default WIDTH x HEIGHT) running
+        ``command``."""
         await self.cmd(
-            "new-session", "-d", "-s", session, "-x", str(WIDTH), "-y", str(HEIGHT),
+            "new-session", "-d", "-s", session, "-x", str(width), "-y", str(height),
             shlex.join(command),
         )  # fmt: skip
+
+    async def split(self, session: str, command: Sequence[str]) -> None:
+        """Split ``session``'s window side by side; the new right pane (``session:0.1``) runs
+        ``command``, the first one is ``session:0.0``."""
+        await self.cmd("split-window", "-h", "-t", session, shlex.join(command))
+
+    async def resize(self, session: str, width: int, height: int) -> None:
+        await self.cmd("resize-window", "-t", session, "-x", str(width), "-y", str(height))
 
     async def screen(self, session: str, *, escapes: bool = False) -> str:
         """The visible pane; with ``escapes`` its raw ANSI styling too (capture-pane -e)."""
@@ -168,6 +179,14 @@ async def processes(tmp_path: Path) -> AsyncIterator[Processes]:
         yield started
     finally:
         await started.stop_all()
+
+
+def visible_lines(screen: str) -> list[str]:
+    """The screen's lines without trailing blanks, and without the blank lines below them."""
+    lines = [line.rstrip() for line in screen.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
 
 
 def lines_matching(screen: str, pattern: str) -> list[int]:

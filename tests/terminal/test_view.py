@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from lane.client import view
 from lane.v1 import entries_pb2, messages_pb2, snapshot_pb2
 
@@ -46,9 +47,9 @@ def test_running_and_settled_rows() -> None:
     assert lines[0] == "lane l · revision 9 · 0 messages"
     assert "you: hi" in lines and "assistant: working" in lines
     assert '  → sleep {"s": 1}' in lines
-    assert f'  {view.SPINNER[3]} sleep {{"s": 1}} · running 2.5s' in lines
+    assert f'  {view.SPINNER[3]} sleep · running 2.5s · {{"s": 1}}' in lines
     assert "      │ latest progress" in lines
-    assert "  ✗ shell {} · error · waiting for placement" in lines
+    assert "  ✗ shell · error · waiting for placement · {}" in lines
     assert "      │ boom" in lines
 
 
@@ -77,6 +78,54 @@ def test_the_screen_keeps_the_transcript_tail_within_its_size() -> None:
     assert lines[-1] == "live"
     assert any("message 49" in line for line in lines)
     assert not any("message 40" in line for line in lines)
+
+
+def long_lane(messages: int) -> snapshot_pb2.LaneSnapshot:
+    """A lane of ``messages`` user messages and no operation: one content row each, then the
+    ``── no operation yet`` row."""
+    snap = snapshot_pb2.LaneSnapshot(lane_id="l", revision=messages)
+    for n in range(messages):
+        snap.transcript.append(entry(user(f"message {n}"), f"m{n}"))
+    return snap
+
+
+@pytest.mark.parametrize("messages", [0, 1, 5, 11, 12, 13, 20, 21, 22, 200])
+@pytest.mark.parametrize("height", [3, 4, 12, 24])
+def test_the_window_shows_the_tail_that_fits_for_every_length(messages: int, height: int) -> None:
+    snap = long_lane(messages)
+    frame = view.render_frame(snap, width=40, height=height, status="live", color=False)
+    room = height - 2  # the header and the status line
+    shown = min(room, messages + 1)
+    assert len(frame.lines) == 2 + shown  # never a blank gap: exactly what fits is drawn
+    assert frame.lines[0].startswith("lane l") and frame.lines[-1] == "live"
+    body = frame.lines[1:-1]
+    expected = [f"you: message {n}" for n in range(messages)] + ["── no operation yet"]
+    assert body == expected[len(expected) - shown :]
+    assert (frame.top, frame.room, frame.total) == (len(expected) - shown, room, messages + 1)
+
+
+def test_a_scrolled_window_stays_put_and_says_where_it_is() -> None:
+    snap = long_lane(30)
+    frame = view.render_frame(snap, width=80, height=12, status="live", color=False, top=5)
+    assert frame.lines[1:-1] == [f"you: message {n}" for n in range(5, 15)]
+    assert frame.lines[-1] == "live · rows 6-15 of 31 · End: follow"
+    past_the_end = view.render_frame(snap, height=12, status="live", color=False, top=99)
+    assert past_the_end.top == past_the_end.bottom == 21
+    assert past_the_end.lines[-2] == "── no operation yet"
+    assert past_the_end.lines[-1] == "live"
+
+
+def test_narrow_screens_keep_a_rows_status_before_its_arguments() -> None:
+    lines = view.render(lane_with_batch(), width=28, color=False)
+    assert "  ✗ shell · error · waiting…" in lines
+    assert all(view.cells(line) <= 28 for line in lines)
+    assert any(line.startswith(f"  {view.SPINNER[0]} sleep · running") for line in lines)
+
+
+def test_wide_characters_take_two_cells() -> None:
+    assert view.cells("漢字ab") == 6
+    assert view.fit_width("漢字漢字", 5) == "漢字…"
+    assert view.fit_width("short", 5) == "short"
 
 
 def test_last_result_and_progress_clock() -> None:

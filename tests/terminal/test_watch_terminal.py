@@ -50,7 +50,7 @@ async def test_escape_aborts_a_running_command_and_draws_the_error_result(
     await tmux.start("watch", lane_command("watch", lane, "--target", target))
     await tmux.wait_for(
         "watch",
-        lambda s: re.search(r'shell \{"command": "sleep 20"\} · running \d+\.\ds', s),
+        lambda s: re.search(r'shell · running \d+\.\ds · \{"command": "sleep 20"\}', s),
         "the running shell tool on screen",
     )
     await asyncio.sleep(2.0)
@@ -107,8 +107,8 @@ async def test_a_later_call_finishing_first_is_shown_waiting_then_placed_in_orde
         lambda s: "early bird" in s and "waiting for placement" in s and "· running" in s,
         "the shell result waiting while the sleep runs",
     )
-    waiting = lines_matching(screen, r"✓ shell .* · done · waiting for placement")
-    running = lines_matching(screen, r"sleep \{\"seconds\": 4\} · running \d+\.\ds")
+    waiting = lines_matching(screen, r"✓ shell · done · waiting for placement · ")
+    running = lines_matching(screen, r"sleep · running \d+\.\ds · \{\"seconds\": 4\}")
     assert waiting and running, screen
     assert "early bird" in screen.splitlines()[waiting[0] + 1]
     assert running[0] < waiting[0]  # rows in source order
@@ -141,7 +141,18 @@ async def test_the_view_resumes_after_a_service_restart(
         await tmux.start("watch", lane_command("watch", lane, "--target", f"127.0.0.1:{port}"))
         await tmux.wait_for("watch", lambda s: "you: before the restart" in s, "the first run")
         await server.stop(grace=0.2)
+        # The footer says so at once (not after a heartbeat's silence), with the cause.
+        screen = await tmux.wait_for(
+            "watch",
+            lambda s: re.search(r"reconnecting · attempt [2-9]\d* · connection refused", s),
+            "reconnecting with its attempt and cause",
+        )
+        assert "live" not in screen.splitlines()[-1]
         server = await start_server(fresh_database_url, listen=f"127.0.0.1:{port}")
+        # Back: the view is live again without waiting out a long backoff.
+        await tmux.wait_for(
+            "watch", lambda s: "live" in s and "reconnecting" not in s, "live again", seconds=5
+        )
         async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = lane_service_pb2_grpc.LaneServiceStub(channel)
             await one_prompt(stub, lane, "after the restart")

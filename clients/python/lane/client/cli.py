@@ -1,16 +1,18 @@
 """The ``lane`` command line.
 
-    lane serve [--workers N]            run the service (configured by LANE_* variables)
+    lane serve [--listen HOST:PORT ...]  run the service (a flag per LANE_* setting)
     lane watch LANE                     live terminal view; Escape aborts, q quits
     lane snapshot LANE [--json]         the lane now (protobuf JSON with --json)
     lane lanes                          every lane, its revision and open operation
+    lane send LANE TEXT                 queue a user message (steer, follow-up, next run)
     lane abort LANE                     abort the lane's open operation
     lane demo [--lane L] [--script S | --shell CMD]
                                         a scripted agent driving real tools
+    lane --version
 
-Client commands talk to ``--target HOST:PORT`` (default: ``$LANE_TARGET``, else
-``127.0.0.1:50051``), with the bearer token in ``$LANE_TOKEN`` when the service needs one (an
-environment variable, not an argument: arguments show in every process listing).
+Client commands share the connection options of :mod:`lane.client.cli_connection`
+(``--target``, ``--tls``, ``--ca-file``, ``--cert-file``/``--key-file``, ``--token``,
+``--connect-timeout``), each with an environment variable.
 
 Each subcommand is one ``_add_<name>(commands)`` function that declares its arguments and sets
 ``handler``: a function taking the parsed arguments and returning the exit status. A handler
@@ -20,114 +22,59 @@ imports what it needs itself, so ``lane --help`` and light subcommands never loa
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any
 
-Handler = Callable[[argparse.Namespace], int]
+from lane.client.cli_connection import (
+    DEFAULT_TARGET,
+    Connection,
+    add_connection_options,
+    run_client,
+)
+from lane.client.cli_serve import add_serve
 
-DEFAULT_TARGET = "127.0.0.1:50051"
+__all__ = ["DEFAULT_TARGET", "build_parser", "main"]
+
+Handler = Callable[[argparse.Namespace], int]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``lane`` command with ``argv`` (default: ``sys.argv[1:]``); return the status."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(serve_flags=bool(argv) and argv[0] == "serve")
+    args = parser.parse_args(argv)
     handler: Handler = args.handler
     return handler(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the parser of the ``lane`` command and all its subcommands."""
+def version() -> str:
+    """The installed lane-service distribution's version."""
+    try:
+        return metadata.version("lane-service")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser(*, serve_flags: bool = True) -> argparse.ArgumentParser:
+    """Return the parser of the ``lane`` command and all its subcommands (``serve`` without
+    its settings' flags unless ``serve_flags``)."""
     parser = argparse.ArgumentParser(
         prog="lane", description="Durable agent lanes: run the service or talk to it."
     )
+    parser.add_argument("--version", action="version", version=f"lane {version()}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
-    _add_serve(commands)
+    add_serve(commands, flags=serve_flags)
     _add_watch(commands)
     _add_snapshot(commands)
     _add_lanes(commands)
+    _add_send(commands)
     _add_abort(commands)
     _add_demo(commands)
     return parser
-
-
-def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = commands.add_parser(
-        "serve",
-        help="run the lane service until SIGTERM or Ctrl-C",
-        description=(
-            "Run the lane gRPC service. Configured by environment variables: "
-            "LANE_DATABASE_URL (unset: embedded PostgreSQL in LANE_DATA_DIR, default "
-            "./.lane-data), LANE_LISTEN (default 127.0.0.1:50051), LANE_GRACE_SECONDS "
-            "(default 5), LANE_NOTIFY (on|off, default on), LANE_POLL_INTERVAL_SECONDS "
-            "(default 1.0), LANE_WORKERS (default: the number of CPUs). Exit status: 0 after "
-            "a graceful shutdown, 1 if start-up failed, 2 for a bad configuration value."
-        ),
-    )
-    command.add_argument(
-        "--workers",
-        type=_whole_number_at_least_1,
-        metavar="N",
-        help=(
-            "server processes sharing the port, under one supervisor (default: $LANE_WORKERS, "
-            "else the number of CPUs; 1: a single process)"
-        ),
-    )
-    command.set_defaults(handler=_serve)
-
-
-def _whole_number_at_least_1(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
-def _serve(args: argparse.Namespace) -> int:
-    # Imported here: the server pulls in grpc servers, psycopg pools and pgserver, which
-    # client-only subcommands should not pay for (or need installed).
-    # As in service/app/__main__.py: no gRPC fork handlers for the pg_ctl the server may run.
-    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
-    from service.app.main import main as serve_main
-
-    return serve_main(workers=args.workers)
-
-
-# -- client commands ---------------------------------------------------------------------------
-
-
-def _add_target(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "--target",
-        default=os.environ.get("LANE_TARGET") or DEFAULT_TARGET,
-        metavar="HOST:PORT",
-        help=f"the lane service (default: $LANE_TARGET, else {DEFAULT_TARGET})",
-    )
-
-
-def _with_stub(target: str, work: Callable[[Any], Awaitable[int]]) -> int:
-    """Run ``work(stub)`` with a channel to ``target``; report failures as exit status 1."""
-    from lane.client.connect import open_channel
-    from lane.client.errors import LaneError
-    from lane.v1 import lane_service_pb2_grpc
-
-    async def main() -> int:
-        async with open_channel(target, token=os.environ.get("LANE_TOKEN") or None) as channel:
-            return await work(lane_service_pb2_grpc.LaneServiceStub(channel))
-
-    try:
-        return asyncio.run(main())
-    except LaneError as err:
-        print(f"lane: {err}", file=sys.stderr)
-        return 1
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        return 130
 
 
 def _add_watch(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -142,21 +89,32 @@ def _add_watch(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     command.add_argument("lane", metavar="LANE")
-    _add_target(command)
+    add_connection_options(command)
     command.set_defaults(handler=_watch)
 
 
 def _watch(args: argparse.Namespace) -> int:
+    from lane.client.connect import INTERACTIVE_OPTIONS
+    from lane.client.reach import normalize_target
     from lane.client.terminal import watch_terminal
 
-    return _with_stub(args.target, lambda stub: watch_terminal(stub, args.lane))
+    async def work(stub: Any, connection: Connection) -> int:
+        target = normalize_target(connection.target)
+        return await watch_terminal(stub, args.lane, target=target, tls=connection.tls)
+
+    return run_client(args, work, extra_options=INTERACTIVE_OPTIONS)
 
 
 def _add_snapshot(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = commands.add_parser("snapshot", help="print a lane as it is now")
+    command = commands.add_parser(
+        "snapshot",
+        help="print a lane as it is now",
+        description="Print a lane's snapshot: its transcript, the open operation and its "
+        "tools, or the last operation's result. Exit status 1 when the lane does not exist.",
+    )
     command.add_argument("lane", metavar="LANE")
     command.add_argument("--json", action="store_true", help="print the protobuf JSON")
-    _add_target(command)
+    add_connection_options(command)
     command.set_defaults(handler=_snapshot)
 
 
@@ -168,7 +126,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     from lane.client.view import render
     from lane.v1 import lane_service_pb2 as pb
 
-    async def work(stub: Any) -> int:
+    async def work(stub: Any, _: Connection) -> int:
         answer = await call(stub.GetLaneSnapshot, pb.GetLaneSnapshotRequest(lane_id=args.lane))
         if args.json:
             print(json_format.MessageToJson(answer.snapshot, indent=2))
@@ -178,12 +136,17 @@ def _snapshot(args: argparse.Namespace) -> int:
             print("\n".join(render(answer.snapshot, width=width, color=color)))
         return 0
 
-    return _with_stub(args.target, work)
+    return run_client(args, work)
 
 
 def _add_lanes(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = commands.add_parser("lanes", help="list the lanes")
-    _add_target(command)
+    command = commands.add_parser(
+        "lanes",
+        help="list the lanes",
+        description="List every lane of the caller's namespace: its id, revision, open "
+        "operation (- for none) and that operation's status (open, aborting; idle for none).",
+    )
+    add_connection_options(command)
     command.set_defaults(handler=_lanes)
 
 
@@ -192,7 +155,7 @@ def _lanes(args: argparse.Namespace) -> int:
     from lane.v1 import lane_service_pb2 as pb
     from lane.v1 import snapshot_pb2
 
-    async def work(stub: Any) -> int:
+    async def work(stub: Any, _: Connection) -> int:
         rows: list[tuple[str, str, str, str]] = []
         token = ""
         while True:
@@ -215,7 +178,60 @@ def _lanes(args: argparse.Namespace) -> int:
             print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         return 0
 
-    return _with_stub(args.target, work)
+    return run_client(args, work)
+
+
+_QUEUE_KINDS = ("steer", "follow-up", "next-run")
+
+
+def _add_send(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = commands.add_parser(
+        "send",
+        help="queue a user message on a lane",
+        description="Queue TEXT as a user message on the lane's inbox (EnqueueMessage). steer "
+        "(the default): delivered to the open run at its next turn; follow-up: delivered when "
+        "the open run would otherwise finish; next-run: taken by the next run. Without an open "
+        "run, the next run takes steer and follow-up messages too. Prints the queued entry id.",
+    )
+    command.add_argument("lane", metavar="LANE")
+    command.add_argument("text", metavar="TEXT", help="the message; - reads it from stdin")
+    command.add_argument(
+        "--as",
+        dest="kind",
+        choices=_QUEUE_KINDS,
+        default="steer",
+        help="how the lane delivers it (default: steer)",
+    )
+    add_connection_options(command)
+    command.set_defaults(handler=_send)
+
+
+def _send(args: argparse.Namespace) -> int:
+    from lane.client.commands import call
+    from lane.v1 import lane_service_pb2 as pb
+    from lane.v1 import messages_pb2, snapshot_pb2
+
+    kinds = {
+        "steer": snapshot_pb2.QUEUE_KIND_STEER,
+        "follow-up": snapshot_pb2.QUEUE_KIND_FOLLOW_UP,
+        "next-run": snapshot_pb2.QUEUE_KIND_NEXT_RUN,
+    }
+    text = sys.stdin.read() if args.text == "-" else args.text
+    message = messages_pb2.AgentMessage(
+        user=messages_pb2.UserMessage(
+            content=[messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=text))]
+        )
+    )
+
+    async def work(stub: Any, _: Connection) -> int:
+        answer = await call(
+            stub.EnqueueMessage,
+            pb.EnqueueMessageRequest(lane_id=args.lane, kind=kinds[args.kind], message=message),
+        )
+        print(f"queued {args.kind} message {answer.entry_id} (lane revision {answer.revision})")
+        return 0
+
+    return run_client(args, work)
 
 
 def _add_abort(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -226,7 +242,7 @@ def _add_abort(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "lane has none.",
     )
     command.add_argument("lane", metavar="LANE")
-    _add_target(command)
+    add_connection_options(command)
     command.set_defaults(handler=_abort)
 
 
@@ -234,7 +250,7 @@ def _abort(args: argparse.Namespace) -> int:
     from lane.client.commands import call
     from lane.v1 import lane_service_pb2 as pb
 
-    async def work(stub: Any) -> int:
+    async def work(stub: Any, _: Connection) -> int:
         answer = await call(stub.GetLaneSnapshot, pb.GetLaneSnapshotRequest(lane_id=args.lane))
         if not answer.snapshot.HasField("operation"):
             print(f"lane {args.lane} has no open operation", file=sys.stderr)
@@ -248,7 +264,7 @@ def _abort(args: argparse.Namespace) -> int:
         print(f"operation {operation_id}: {state}")
         return 0
 
-    return _with_stub(args.target, work)
+    return run_client(args, work)
 
 
 def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -263,7 +279,7 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         ),
     )
     command.add_argument("--lane", help="the lane to use (default: a new demo-... lane)")
-    _add_target(command)
+    add_connection_options(command)
     choice = command.add_mutually_exclusive_group()
     choice.add_argument(
         "--script",
@@ -299,9 +315,9 @@ def _demo(args: argparse.Namespace) -> int:
         return 2
     lane_id = args.lane or f"demo-{uuid.uuid4().hex[:8]}"
     configure_demo_logging()
-    return _with_stub(
-        args.target,
-        lambda stub: run_demo(
+    return run_client(
+        args,
+        lambda stub, connection: run_demo(
             stub,
             lane_id,
             steps,
@@ -309,6 +325,6 @@ def _demo(args: argparse.Namespace) -> int:
             lease_seconds=args.lease_seconds,
             sequential=args.sequential,
             model_delay=args.model_delay,
-            target=args.target,
+            target=connection.target,
         ),
     )

@@ -10,17 +10,40 @@ two-minute backoff::
         stub = lane_service_pb2_grpc.LaneServiceStub(channel)
 
 A service with auth on needs a bearer token on every call: ``open_channel(target,
-token=...)`` sends ``authorization: Bearer <token>`` with each one.
+token=...)`` sends ``authorization: Bearer <token>`` with each one. A service serving TLS needs
+``credentials``: :func:`tls_credentials` makes them from PEM files (a CA bundle to trust,
+a client certificate and key for mutual TLS).
+
+A target without a port means the service's default port, 50051. :func:`open_channel` connects
+lazily, on the first call; :func:`connect` also checks within :data:`CONNECT_TIMEOUT_SECONDS`
+that the service answers, and raises :class:`~lane.client.reach.Unreachable` (naming the
+target, the cause and the fix) when it does not::
+
+    channel = await connect("127.0.0.1", credentials=tls_credentials(ca_file="ca.pem"))
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
+from lane.client.reach import normalize_target, probe
 
-__all__ = ["CHANNEL_OPTIONS", "open_channel"]
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "CONNECT_TIMEOUT_SECONDS",
+    "INTERACTIVE_OPTIONS",
+    "connect",
+    "open_channel",
+    "tls_credentials",
+]
+
+#: How long :func:`connect` (and so every ``lane`` client command) waits for the service to
+#: answer before it gives up and says why. Long enough for a TLS handshake across the world,
+#: short enough that a wrong target is reported while the person still looks.
+CONNECT_TIMEOUT_SECONDS = 5.0
 
 #: Options of :func:`open_channel`; later entries of ``extra_options`` override these.
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -38,6 +61,56 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_reconnect_backoff_ms", 5_000),
 )
 
+#: ``extra_options`` for a person watching (``lane watch``): reconnect attempts at most half a
+#: second apart, so the view is live again within a second of the service answering. Library
+#: users keep the gentler :data:`CHANNEL_OPTIONS`.
+INTERACTIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 500),
+)
+
+
+def tls_credentials(
+    *,
+    ca_file: str | Path | None = None,
+    cert_file: str | Path | None = None,
+    key_file: str | Path | None = None,
+) -> grpc.ChannelCredentials:
+    """TLS credentials from PEM files: trust ``ca_file`` (None: the system's roots), and
+    present ``cert_file`` with ``key_file`` (both or neither) for mutual TLS."""
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("a client certificate needs both cert_file and key_file")
+    return grpc.ssl_channel_credentials(
+        root_certificates=Path(ca_file).read_bytes() if ca_file else None,
+        private_key=Path(key_file).read_bytes() if key_file else None,
+        certificate_chain=Path(cert_file).read_bytes() if cert_file else None,
+    )
+
+
+async def connect(
+    target: str,
+    *,
+    credentials: grpc.ChannelCredentials | None = None,
+    token: str | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+    extra_options: Sequence[tuple[str, str | int]] = (),
+) -> grpc.aio.Channel:
+    """:func:`open_channel`, then wait up to ``connect_timeout`` seconds for the service to answer.
+
+    Raises :class:`~lane.client.reach.Unreachable` (the channel closed) when it does not."""
+    channel = open_channel(
+        target, credentials=credentials, token=token, extra_options=extra_options
+    )
+    try:
+        await probe(
+            channel, normalize_target(target), within=connect_timeout, tls=credentials is not None
+        )
+    except BaseException:
+        await channel.close()
+        raise
+    return channel
+
 
 def open_channel(
     target: str,
@@ -46,8 +119,8 @@ def open_channel(
     token: str | None = None,
     extra_options: Sequence[tuple[str, str | int]] = (),
 ) -> grpc.aio.Channel:
-    """A channel to ``target`` (``host:port``): TLS with ``credentials``, else plaintext;
-    every call carries the bearer ``token`` when one is given.
+    """A channel to ``target`` (``host:port``; no port: 50051): TLS with ``credentials``, else
+    plaintext; every call carries the bearer ``token`` when one is given.
 
     Close it with ``await channel.close()`` or use it as an async context manager.
     """
@@ -57,6 +130,7 @@ def open_channel(
     # An interceptor rather than call credentials: gRPC refuses those on plaintext channels,
     # and a service on loopback may well run without TLS.
     interceptors = _bearer(token) if token else None
+    target = normalize_target(target)
     if credentials is None:
         return grpc.aio.insecure_channel(target, options=pairs, interceptors=interceptors)
     return grpc.aio.secure_channel(target, credentials, options=pairs, interceptors=interceptors)

@@ -35,6 +35,7 @@ from typing import Any
 from lane.client.driver import Driver, LeaseLost
 from lane.client.errors import LaneError
 from lane.client.model import ScriptedCall, ScriptedModel, ScriptStep, load_script
+from lane.client.reach import explain
 from lane.client.tools import Tool, ToolContext, ToolResult, ToolResultLike
 from lane.v1 import lane_service_pb2 as pb
 
@@ -320,7 +321,10 @@ async def run_demo(
         loop.add_signal_handler(signal.SIGTERM, on_terminate)
     try:
         result = await driver.run(prompt, ScriptedModel(steps, delay=model_delay))
-    except (LaneError, LeaseLost) as err:
+    except LaneError as err:
+        print(f"lane demo: {explain(err, target)}", file=out, flush=True)
+        return 1
+    except LeaseLost as err:
         print(f"lane demo: {err}", file=out, flush=True)
         return 1
     finally:
@@ -328,7 +332,8 @@ async def run_demo(
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
     print(
-        f"run {result.operation_id} ended {result.status_name} after {result.turns} turns",
+        f"run {result.operation_id} ended {result.status_name} after "
+        f"{result.turns} turn{'' if result.turns == 1 else 's'}",
         file=out,
         flush=True,
     )

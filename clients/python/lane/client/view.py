@@ -1,11 +1,17 @@
 """Drawing a lane snapshot as terminal lines (pure: no I/O), for ``lane watch`` and
 ``lane snapshot``.
 
-Layout, top to bottom: a header (lane, revision, message count); the transcript's tail (user
-and assistant text, each tool call the assistant asked for, each placed tool result); the open
-operation with its presentation-active tools — running ones with a spinner, the elapsed seconds
-and their latest progress line, settled ones with their final result marked
-``waiting for placement`` — or, with no operation open, the last run's result; a status line.
+Layout, top to bottom: a header (lane, revision, message count); the content, which is the
+transcript (user and assistant text, each tool call the assistant asked for, each placed tool
+result) followed by the open operation with its presentation-active tools — running ones with a
+spinner, the elapsed seconds and their latest progress line, settled ones with their final
+result marked ``waiting for placement`` — or, with no operation open, the last run's result;
+then a status line. A tool row names its status before its arguments, so a narrow screen, which
+cuts lines at its right edge, keeps the status.
+
+With a ``height``, the content is a window of the rows that fit between the header and the
+footer: its tail (follow mode), or the rows from ``top`` on (scrolled). :func:`render_frame`
+also says where that window stands, for scrolling.
 
 Styles (SGR escape sequences; all reset with ``ESC[0m`` at the end of the line):
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import json
 import time
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -41,9 +48,11 @@ __all__ = [
     "RUNNING",
     "SPINNER",
     "WAITING",
+    "Frame",
     "Line",
     "ToolClock",
     "render",
+    "render_frame",
 ]
 
 ERROR = "\x1b[31m"
@@ -206,8 +215,8 @@ def _tool_rows(
             outcome = "error" if settled.is_error else "done"
             out.append(
                 Line(
-                    f"  {mark} {settled.tool_name} {_compact_json(settled.arguments_json, 50)}"
-                    f" · {outcome} · {WAITING_MARK}",
+                    f"  {mark} {settled.tool_name} · {outcome} · {WAITING_MARK} · "
+                    f"{_compact_json(settled.arguments_json, 50)}",
                     style,
                 )
             )
@@ -220,8 +229,8 @@ def _tool_rows(
             elapsed = clock.elapsed(running.tool_call_id, now)
             out.append(
                 Line(
-                    f"  {spinner} {running.tool_name} {_compact_json(running.arguments_json, 50)}"
-                    f" · running {elapsed:.1f}s",
+                    f"  {spinner} {running.tool_name} · running {elapsed:.1f}s · "
+                    f"{_compact_json(running.arguments_json, 50)}",
                     RUNNING,
                 )
             )
@@ -230,6 +239,25 @@ def _tool_rows(
                 if progress:
                     out.append(Line(f"      │ {progress[-1]}", RUNNING))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A drawn screen, and where its window onto the content stands."""
+
+    #: The screen lines, each at most ``width`` cells wide plus its escape sequences.
+    lines: list[str]
+    #: Index of the first content row shown.
+    top: int
+    #: Content rows the screen has room for.
+    room: int
+    #: Content rows in all (transcript and operation section).
+    total: int
+
+    @property
+    def bottom(self) -> int:
+        """The ``top`` of the window showing the content's tail."""
+        return max(0, self.total - self.room)
 
 
 def render(
@@ -244,7 +272,34 @@ def render(
     color: bool = True,
 ) -> list[str]:
     """The screen for ``snapshot``: at most ``height`` lines (None: all), each at most
-    ``width`` characters wide plus its escape sequences."""
+    ``width`` cells wide plus its escape sequences; the content's tail when it does not fit."""
+    return render_frame(
+        snapshot,
+        clock=clock,
+        now=now,
+        width=width,
+        height=height,
+        frame=frame,
+        status=status,
+        color=color,
+    ).lines
+
+
+def render_frame(
+    snapshot: snapshot_pb2.LaneSnapshot,
+    *,
+    clock: ToolClock | None = None,
+    now: float | None = None,
+    width: int = 120,
+    height: int | None = None,
+    frame: int = 0,
+    status: str = "",
+    color: bool = True,
+    top: int | None = None,
+) -> Frame:
+    """Like :func:`render`, showing the content from row ``top`` on (None: its tail; clamped
+    so the window stays full), and saying where the window stands. Scrolled away from the
+    tail, the status line ends with the rows shown."""
     now = time.time() if now is None else now
     clock = clock or ToolClock()
     header = Line(
@@ -252,56 +307,93 @@ def render(
         f"{snapshot.stats.message_count} messages",
         BOLD,
     )
-    body: list[Line] = []
+    content: list[Line] = []
     for entry in snapshot.transcript:
-        body.extend(_entry_lines(entry))
-    section: list[Line] = []
+        content.extend(_entry_lines(entry))
+    content.extend(_operation_lines(snapshot, clock, now, frame))
+    footer_count = (1 if status or height is not None else 0) + (1 if snapshot.faulted else 0)
+    total = len(content)
+    room = total if height is None else max(0, height - 1 - footer_count)
+    bottom = max(0, total - room)
+    first = bottom if top is None else min(max(0, top), bottom)
+    shown = content[first : first + room]
+    if first < bottom:
+        where = f"rows {first + 1}-{first + len(shown)} of {total} · End: follow"
+        status = f"{status} · {where}" if status else where
+    footer = [Line(status, DIM)] if status or height is not None else []
+    if snapshot.faulted:
+        footer.insert(0, Line("the lane is faulted", ERROR))
+    lines = [header, *shown, *footer]
+    if height is not None:
+        lines = lines[-height:] if height > 0 else []
+    drawn = [_draw(line, width, color) for line in lines]
+    return Frame(lines=drawn, top=first, room=room, total=total)
+
+
+def _operation_lines(
+    snapshot: snapshot_pb2.LaneSnapshot, clock: ToolClock, now: float, frame: int
+) -> list[Line]:
+    """The open operation and its tools, or the last operation's result."""
     if snapshot.HasField("operation"):
         op = snapshot.operation
         aborting = op.status == snapshot_pb2.OPERATION_STATUS_ABORTING
         started = op.started_time.seconds + op.started_time.nanos / 1e9
         age = f" · {max(0.0, now - started):.1f}s" if op.HasField("started_time") else ""
-        section.append(
+        return [
             Line(
                 f"── {_KIND_NAMES.get(op.kind, 'operation')} {op.id} · "
                 f"{'aborting' if aborting else 'open'}{age}",
                 ERROR if aborting else BOLD,
-            )
-        )
-        section.extend(_tool_rows(op, clock, now, frame))
-    elif snapshot.HasField("last_result"):
+            ),
+            *_tool_rows(op, clock, now, frame),
+        ]
+    if snapshot.HasField("last_result"):
         last = snapshot.last_result
-        section.append(
+        return [
             Line(
                 f"── no open operation · last {_KIND_NAMES.get(last.kind, 'operation')} "
                 f"{last.operation_id} {_STATUS_NAMES.get(last.status, 'ended')}"
                 + (f": {last.error.message}" if last.HasField("error") else ""),
                 ERROR if last.status == snapshot_pb2.OPERATION_RESULT_STATUS_FAILED else BOLD,
             )
-        )
-    else:
-        section.append(Line("── no operation yet", DIM))
-    footer = [Line(status, DIM)] if status else []
-    if snapshot.faulted:
-        footer.insert(0, Line("the lane is faulted", ERROR))
-    if height is not None:
-        room = max(0, height - 1 - len(section) - len(footer))
-        if len(section) > height - 1 - len(footer):
-            section = section[: max(1, height - 1 - len(footer))]
-            room = 0
-        body = body[len(body) - room :] if room else []
-    lines = [header, *body, *section, *footer]
-    return [_draw(line, width, color) for line in lines]
+        ]
+    return [Line("── no operation yet", DIM)]
 
 
 def _draw(line: Line, width: int, color: bool) -> str:
     text = line.text.replace("\t", "    ")
     text = "".join(ch if ch.isprintable() else "?" for ch in text)
-    if len(text) > width:
-        text = text[: max(0, width - 1)] + "…"
+    text = fit_width(text, width)
     if color and line.style and text:
         return f"{line.style}{text}{RESET}"
     return text
+
+
+def cells(text: str) -> int:
+    """How many terminal cells ``text`` takes: wide (East Asian) characters take two,
+    combining marks none."""
+    return sum(_cell(ch) for ch in text)
+
+
+def _cell(ch: str) -> int:
+    if unicodedata.combining(ch):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def fit_width(text: str, width: int) -> str:
+    """``text`` cut to ``width`` cells, ending in ``…`` when cut."""
+    if cells(text) <= width:
+        return text
+    kept: list[str] = []
+    used = 0
+    for ch in text:
+        size = _cell(ch)
+        if used + size > width - 1:
+            break
+        kept.append(ch)
+        used += size
+    return "".join(kept) + ("…" if width > 0 else "")
 
 
 def plain(lines: Sequence[str]) -> str:

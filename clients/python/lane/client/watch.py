@@ -261,6 +261,7 @@ async def watch_lane(
     idle_timeout: float | None = 30.0,
     retry: RetryPolicy = DEFAULT_RETRY,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    on_retry: Callable[[int, LaneError], object] | None = None,
 ) -> AsyncGenerator[LaneView, None]:
     """Watch ``lane_id`` for ever, yielding a :class:`LaneView` per snapshot and commit.
 
@@ -274,8 +275,11 @@ async def watch_lane(
     idle heartbeat. A stream that sends nothing for ``idle_timeout`` seconds (default 30: three
     heartbeat intervals; None: wait for ever) counts as a dropped connection: a half-open TCP
     connection never fails on its own. ``retry`` paces resume attempts; ``sleep`` waits out a
-    backoff (inject a fake one in tests). Stop watching by leaving the ``async for`` (or
-    ``aclose()``): the stream is cancelled.
+    backoff (inject a fake one in tests). ``on_retry(attempt, error)``, if given, is called as
+    soon as a stream fails and the watch is about to resume or re-snapshot: ``attempt`` counts
+    the consecutive attempts without progress (1, 2, ...), ``error`` is what ended the last
+    one; a live view shows it. Stop watching by leaving the ``async for`` (or ``aclose()``):
+    the stream is cancelled.
 
     Raises :class:`LaneError` for failures the watch does not recover from and
     :class:`WatchProtocolError` when the stream breaks its contract.
@@ -345,6 +349,8 @@ async def watch_lane(
         attempt += 1
         if retry.max_attempts is not None and attempt > retry.max_attempts:
             raise error
+        if on_retry is not None:
+            on_retry(attempt, error)
         if recovery is Recovery.RESNAPSHOT:
             position.need_snapshot = True
             # At once the first time; a re-snapshot that made no progress backs off like a
