@@ -1,6 +1,7 @@
 """Background upkeep of a service process: retention (of the event log and of stored answers)
-and reconciling runs that no driver holds any more. Every process runs both; each step is an
-idempotent transaction. With the metrics endpoint on, also the NOTIFY queue gauge."""
+and reconciling runs that no driver holds any more (with the tool results a StageToolOutcome
+staged but could not place). Every process runs both; each step is an idempotent transaction.
+With the metrics endpoint on, also the NOTIFY queue gauge."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from datetime import timedelta
 import psycopg
 
 from service import metrics
+from service.commands.pending_placement import place_quiet_pending
 from service.store import Store
 from service.store.retention import KEEP_ANSWERS, enforce_retention, prune_answers
 
@@ -65,7 +67,20 @@ async def reconcile_forever(
         except Exception:
             # A bug must not end reconciliation for the life of the process: log, go on.
             log.exception("reconciliation failed")
+        await place_pending_pass(store)
         await asyncio.sleep(interval)
+
+
+async def place_pending_pass(store: Store) -> None:
+    """Place the ready calls a StageToolOutcome staged but could not place, on lanes quiet
+    since (service/commands/pending_placement.py); logged and survived when it fails."""
+    try:
+        for lane, ids in await place_quiet_pending(store):
+            log.info("placed %s on lane %s/%s", ", ".join(ids), lane.namespace, lane.lane_id)
+    except (psycopg.Error, OSError) as exc:
+        log.warning("placing pending tool results failed: %s", exc)
+    except Exception:
+        log.exception("placing pending tool results failed")
 
 
 NOTIFICATION_QUEUE_INTERVAL_SECONDS = 5.0

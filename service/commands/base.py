@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 from google.protobuf.message import Message
 
+from service.commands.pending_placement import finish_placement, known_pending
+from service.domain.errors import FailedPrecondition
 from service.domain.state import LaneState
 from service.domain.transition import Transition
 from service.store import LaneRef, Store
@@ -100,8 +102,18 @@ async def run(
     """Run ``step`` on ``lane`` as one transaction, its result recorded under ``key``: the
     store loads the lane (the kept state, or under its row lock), replays a recorded answer,
     or runs the step, writes its transition with the answer and commits, then rings the
-    doorbell."""
-    return await store.command(lane, step, recording(key, result_type))
+    doorbell.
+
+    A step refused on a lane whose batch has a placement pending (an earlier StageToolOutcome
+    staged but could not place) has that placement finished first and runs again
+    (pending_placement.py)."""
+    recorded = recording(key, result_type)
+    try:
+        return await store.command(lane, step, recorded)
+    except FailedPrecondition:
+        if not known_pending(store, lane) or not await finish_placement(store, lane):
+            raise
+    return await store.command(lane, step, recorded)
 
 
 async def run_for_revision(

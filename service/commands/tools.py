@@ -10,7 +10,8 @@ contract: the call's tool_end in one commit, its placement in the next):
 A retry replays the staging's answer and then the placement's, or runs the placement if it
 never committed (the service stopped between the two): what is ready is placed and the answer
 names it. A retry without a request id is a new request: its staging is refused (the call is
-staged already) and nothing is placed.
+staged already); the placement left pending is finished by the service all the same
+(pending_placement.py).
 """
 
 from __future__ import annotations

@@ -41,6 +41,14 @@ def ready_prefix(calls: tuple[ToolCall, ...]) -> list[ToolCall]:
     return ready
 
 
+def placement_pending(state: LaneState) -> bool:
+    """Whether the open batch has a ready prefix no commit placed yet: a StageToolOutcome whose
+    placement commit failed after its staging committed (or is about to run)."""
+    operation = state.operation
+    batch = operation.batch if operation is not None else None
+    return batch is not None and bool(ready_prefix(batch.calls))
+
+
 class Placer:
     """Places calls of the current batch into one commit's ``log``, in source order.
 

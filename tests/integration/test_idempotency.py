@@ -404,15 +404,19 @@ async def test_stage_retry_places_what_the_first_call_left_unplaced(
     assert_unchanged(committed, await picture(lane_stub, store, ctx.lane_id), "retry")
 
 
-async def test_stage_retry_without_request_id_is_a_new_request(lane_stub, monkeypatch) -> None:
+async def test_stage_retry_without_request_id_is_refused_and_the_placement_finished(
+    lane_stub, monkeypatch
+) -> None:
     # Without a request id a retry cannot be told from a second outcome for the call: the call
-    # is staged already, so it is refused, and what the first call left unplaced stays so.
+    # is staged already, so it is refused. What the first call left unplaced is placed all the
+    # same, in a placement commit of its own (service/commands/pending_placement.py).
     ctx = await build(lane_stub, "effect_pending", prefix="idem")
     probe = Probe(lane_stub, ctx.lane_id)
     await probe.start()
     request = _stage_c0(ctx, "")
     await _stage_without_placement(lane_stub, request, monkeypatch)
+    assert kinds(await probe.check()) == ["tool_end"]
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await lane_stub.StageToolOutcome(request)
     assert error_reason(refused.value) == "TOOL_CALL_WRONG_STATUS"
-    assert kinds(await probe.check()) == ["tool_end"]
+    assert kinds(await probe.check(["c0"])) == ["message_start", "message_end", "entry_added"]
