@@ -311,6 +311,7 @@ async def navigate_lane(store: Store, command: NavigateLane) -> LaneNavigated:
     lane, target = command.lane, command.target_entry_id
     # Entries are immutable and never deleted: a check before the command is enough.
     if not await store.entry_exists(lane, target):
+        await store.lane_head(lane)  # a lane that does not exist is refused as such
         raise NotFound(
             "ENTRY_NOT_FOUND",
             f"lane {lane.lane_id} has no entry {target}",

@@ -277,6 +277,16 @@ async def test_navigation_moves_the_tip_and_watchers_rebase(lane_stub) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await lane_stub.NavigateLane(pb.NavigateLaneRequest(lane_id=lane, target_entry_id="nope"))
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_reason(refused.value) == "ENTRY_NOT_FOUND"
+    # On a lane that does not exist the lane is what is missing, whatever the entry.
+    target = after.transcript[0].id
+    missing = new_lane_id("no-such-lane")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await lane_stub.NavigateLane(
+            pb.NavigateLaneRequest(lane_id=missing, target_entry_id=target)
+        )
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_reason(refused.value) == "LANE_NOT_FOUND"
 
 
 async def test_fault_handler_error_and_values(lane_stub) -> None:
