@@ -103,6 +103,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from service.api.auth import TokenError, parse_tokens
 from service.app.event_loop import EVENT_LOOPS
+from service.app.tls_files import TlsFileError, check_tls_files
 from service.logs import LOG_FORMATS
 from service.store.pool import DEFAULT_CHECKOUT_TIMEOUT_SECONDS, DEFAULT_POOL_SIZE
 from service.store.retention import KEEP_ANSWERS
@@ -286,6 +287,11 @@ class Settings:
             raise ConfigError(
                 "LANE_TLS_CLIENT_CA_FILE", str(client_ca), "client certificates need TLS on"
             )
+        if cert is not None and key is not None:
+            try:
+                check_tls_files(cert, key, client_ca)
+            except TlsFileError as err:
+                raise ConfigError(err.variable, str(err.path), err.problem) from None
         tokens = _tokens("LANE_AUTH_TOKENS", get("LANE_AUTH_TOKENS"))
         tokens_file = _file("LANE_AUTH_TOKENS_FILE", get("LANE_AUTH_TOKENS_FILE"))
         if tokens_file is not None:

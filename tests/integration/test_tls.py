@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from lane.v1 import lane_service_pb2_grpc
 
 from service.app.config import ConfigError, Settings
 from service.app.server import start_server
+from tests.integration.test_app import _service_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -155,3 +157,47 @@ async def test_tls_settings_come_in_pairs(certificates: Certificates) -> None:
         Settings.from_env({"LANE_TLS_CERT_FILE": str(certificates.server_cert_file)})
     with pytest.raises(ConfigError, match="LANE_TLS_CERT_FILE"):
         Settings.from_env({"LANE_TLS_CERT_FILE": "/nonexistent.pem", "LANE_TLS_KEY_FILE": "x"})
+
+
+@pytest.mark.parametrize(
+    ("variable", "case"),
+    [
+        ("LANE_TLS_CERT_FILE", "cert not PEM"),
+        ("LANE_TLS_KEY_FILE", "key not PEM"),
+        ("LANE_TLS_KEY_FILE", "key of another certificate"),
+        ("LANE_TLS_CLIENT_CA_FILE", "client CA not PEM"),
+    ],
+)
+async def test_a_bad_tls_file_stops_start_up_with_exit_2_naming_it(
+    certificates: Certificates, tmp_path: Path, variable: str, case: str
+) -> None:
+    der = tmp_path / "server.der"
+    der.write_bytes(
+        x509.load_pem_x509_certificate(certificates.server_cert_file.read_bytes()).public_bytes(
+            serialization.Encoding.DER
+        )
+    )
+    other_key = tmp_path / "other.key"
+    other_key.write_bytes(pem_key(ec.generate_private_key(ec.SECP256R1())))
+    not_pem = tmp_path / "notes.txt"
+    not_pem.write_text("not a certificate\n")
+    env = {
+        "LANE_DATA_DIR": str(tmp_path / "data"),
+        "LANE_LISTEN": "127.0.0.1:0",
+        "LANE_TLS_CERT_FILE": str(certificates.server_cert_file),
+        "LANE_TLS_KEY_FILE": str(certificates.server_key_file),
+    }
+    bad = {
+        "cert not PEM": der,
+        "key not PEM": not_pem,
+        "key of another certificate": other_key,
+        "client CA not PEM": not_pem,
+    }[case]
+    env[variable] = str(bad)
+    log = tmp_path / "service.log"
+    async with _service_process(env, log, tmp_path) as process:
+        status = await asyncio.wait_for(process.wait(), timeout=30)
+    output = log.read_text()
+    assert status == 2, output
+    assert f"configuration error: {variable}='{bad}'" in output
+    assert not (tmp_path / "data").exists()  # stopped before anything started
