@@ -21,9 +21,12 @@ from psycopg_pool import PoolTimeout
 
 from service.api.call import Call, Context
 from service.domain.errors import Code, LaneError
+from service.log_repeats import RepeatLimiter
 from service.store.pool import DatabaseBusy
 
 log = logging.getLogger(__name__)
+#: Every call fails alike while the database is away: one line, then a count per 10 s.
+_outage_log = RepeatLimiter(log)
 
 ERROR_DOMAIN = "lane.v1"
 
@@ -71,7 +74,7 @@ def error_answer(exc: Exception) -> tuple[status_pb2.Status, str]:
     if isinstance(exc, LaneError):
         return rich_status(_CODES[exc.code], exc.reason, exc.message, exc.metadata), exc.reason
     if isinstance(exc, DatabaseBusy):
-        log.warning("database busy: %s", exc)
+        _outage_log.warning("database busy: %s", exc)
         return (
             rich_status(
                 code_pb2.RESOURCE_EXHAUSTED,
@@ -82,7 +85,7 @@ def error_answer(exc: Exception) -> tuple[status_pb2.Status, str]:
             "DATABASE_BUSY",
         )
     if isinstance(exc, OperationalError | PoolTimeout):
-        log.warning("database unavailable: %s", exc)
+        _outage_log.warning("database unavailable: %s", exc)
         message = "database unavailable; retry"
         return rich_status(code_pb2.UNAVAILABLE, "UNAVAILABLE", message, {}), "UNAVAILABLE"
     log.exception("unexpected error", exc_info=exc)
