@@ -31,7 +31,7 @@ async def serving(port: int, process: asyncio.subprocess.Process) -> bool:
         while process.returncode is None:
             with contextlib.suppress(grpc.aio.AioRpcError):
                 answer = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                return answer.status == health_pb2.HealthCheckResponse.SERVING
+                return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
             await asyncio.sleep(0.1)
     return False
 
