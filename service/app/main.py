@@ -20,6 +20,7 @@ from typing import Any
 
 from service.app import event_loop
 from service.app.config import ConfigError, Settings
+from service.app.native_logs import route_native_stderr
 from service.app.server import StartupError, start_server
 from service.app.supervisor import WorkerRole, supervise
 from service.logs import configure as configure_log_format
@@ -107,7 +108,10 @@ def _run(serving: Coroutine[Any, Any, None], settings: Settings) -> int:
 
 def configure_logging(log_format: str = "text") -> None:
     """Log INFO and above to stderr as ``text`` or ``json`` lines carrying the served request's
-    ids (``service/logs.py``), unless the application configured logging already."""
+    ids (``service/logs.py``), unless the application configured logging already. With
+    ``json``, gRPC core's own lines become records too (``service/app/native_logs.py``)."""
+    if log_format == "json" and not logging.getLogger().handlers:
+        route_native_stderr()
     configure_log_format(log_format)
     # pgserver narrates every step of starting PostgreSQL at INFO; keep its warnings.
     logging.getLogger("pgserver").setLevel(logging.WARNING)
