@@ -27,7 +27,6 @@ from typing import Any
 import grpc
 import psycopg
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from lane.v1 import lane_service_pb2
 
 from service.api import LaneServicer, WatchSettings, add_lane_service
@@ -45,6 +44,7 @@ from service.app.maintenance import (
     reconcile_forever,
     retention_forever,
 )
+from service.app.reflection import add_reflection
 from service.hub import Hub
 from service.metrics import MetricsEndpoint, serve_metrics
 from service.store import DEFAULT_NAMESPACE, Store
@@ -71,6 +71,9 @@ MIN_CLIENT_PING_INTERVAL_MS = 10_000
 SERVER_KEEPALIVE_TIME_MS = 60_000
 SERVER_KEEPALIVE_TIMEOUT_MS = 20_000
 
+# Calls gRPC core may hold before the service takes them up (see SERVER_OPTIONS).
+MAX_PENDING_CALLS = 100_000
+
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_SEND_MESSAGE_BYTES),
@@ -83,6 +86,12 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     # gRPC sets SO_REUSEPORT by default on Linux, so a second server on the same port would
     # start "successfully" and silently share the traffic. Fail loudly instead.
     ("grpc.so_reuseport", 0),
+    # gRPC core queues calls the server has not taken up yet and, past a soft limit of 1,000
+    # (3,000 hard), cancels them at random with no status of their own: a reconnect storm of
+    # watchers lost 10-30 % of its streams so. Queue them all; the service itself admits or
+    # refuses each with a reason and a retry delay (service/api/watch.py, admit).
+    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
     # No max_connection_age: it ends long watch streams (clients would resume, but needlessly).
     # Deployments behind a load balancer that need rebalancing can add it.
 )
@@ -229,6 +238,8 @@ async def start_server(
         watch = watch or WatchSettings(
             max_watchers_per_lane=settings.max_watchers_per_lane,
             max_watchers_per_process=settings.max_watchers,
+            # Half the pool at most: a reconnect storm never keeps commands from the database.
+            max_concurrent_reads=max(1, settings.db_pool_size // 2),
         )
         health_servicer, lane_servicer = await _add_services(
             server, store, hub, watch, Authenticator(settings.auth_tokens)
@@ -368,7 +379,5 @@ async def _add_services(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in (health.OVERALL_HEALTH, LANE_SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection(
-        (LANE_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    add_reflection(server, (LANE_SERVICE_NAME, health.SERVICE_NAME))
     return health_servicer, lane_servicer

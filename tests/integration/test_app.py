@@ -65,6 +65,7 @@ async def test_reflection_lists_and_describes_the_services(
         "lane.v1.LaneService",
         "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection",
     }
     # grpcurl and friends need the descriptors too, not just the names.
     assert described.file_descriptor_response.file_descriptor_proto
