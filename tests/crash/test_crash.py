@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import signal
@@ -48,6 +49,7 @@ from tests.crash.harness import (
     lane_stub,
     open_operation,
     reap,
+    rpc,
     run_harness,
     spawn_driver,
     tail,
@@ -238,7 +240,12 @@ async def test_staged_result_is_placed_by_the_takeover_and_never_rerun(
 ) -> None:
     """(i) Placement is held in the database (a trigger sleeps in the placement commit), so the
     staging commit is durable and the placement commit is not: then the driver and the service
-    are SIGKILLed, the held transaction dies with its connection, and a new driver takes over."""
+    are SIGKILLed, the held transaction dies with its connection, and a new driver takes over.
+
+    The service would place such a result by itself too (docs/recovery.md): on a command
+    refused on the lane, or once the lane is quiet for 5 s. So that the takeover is what places
+    it here, the new driver starts once the old lease has lapsed (its AcquireOperation is not
+    refused) and the lane is kept busy until then."""
     lane = "staged"
     target = call_id(lane, 0)
     async with rig(fresh_database_url, tmp_path) as r:
@@ -266,10 +273,20 @@ async def test_staged_result_is_placed_by_the_takeover_and_never_rerun(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
         )
         await r.conn.execute("DELETE FROM crash_hold")
-        await r.service.start()
-        assert (await r.statuses(lane))[target][0] == "outcome_ready"  # staged, not placed
+        async with kept_busy(r.stub, lane):
+            await r.service.start()
+            assert (await r.statuses(lane))[target][0] == "outcome_ready"  # staged, not placed
 
-        second = await r.driver(lane, "d2", one_turn({"name": NEVER_TOOL, "steps": 1}))
+            async def lapsed() -> bool:
+                return await lease_state(r.conn, lane) == (1, False)
+
+            await wait_until(lapsed, within=LEASE_SECONDS + 10, what="the lease to lapse")
+            second = await r.driver(lane, "d2", one_turn({"name": NEVER_TOOL, "steps": 1}))
+
+            async def taken_over() -> bool:
+                return (await lease_state(r.conn, lane))[0] > 1
+
+            await wait_until(taken_over, within=30, what="the takeover")
         await r.finished(second)
 
         events = (await load(r.conn, lane)).events
@@ -292,6 +309,45 @@ async def test_staged_result_is_placed_by_the_takeover_and_never_rerun(
         assert [data.group_end[at] for at in closed] == [data.group_end[taken]]
         findings = await r.findings(lane)
         assert findings.staged_at_takeover == 1 and findings.runs_completed == 1
+
+
+@contextlib.asynccontextmanager
+async def kept_busy(stub: Stub, lane_id: str) -> AsyncIterator[None]:
+    """Commit something on the lane every half second meanwhile (a message queued for its next
+    run): a lane this busy is never quiet enough for the service to place results by itself."""
+
+    async def enqueue_forever() -> None:
+        for n in itertools.count():
+            message = messages_pb2.AgentMessage(
+                user=messages_pb2.UserMessage(
+                    content=[messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=f"{n}"))]
+                )
+            )
+            request = pb.EnqueueMessageRequest(
+                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=message
+            )
+            await rpc(stub, "EnqueueMessage", request)
+            await asyncio.sleep(0.5)
+
+    task = asyncio.create_task(enqueue_forever())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def lease_state(conn: psycopg.AsyncConnection[Any], lane_id: str) -> tuple[int, bool]:
+    """The lease token of the lane's one run, and whether its lease is live (open or ended)."""
+    cur = await conn.execute(
+        "SELECT lease_token, coalesce(lease_expires > now(), false) FROM operations"
+        " WHERE lane_id = %s",
+        (lane_id,),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), bool(row[1])
 
 
 def of_call_entry(
