@@ -8,6 +8,7 @@ from service.api import validation as v
 from service.api.auth import Authenticator, caller_namespace
 from service.api.call import Call
 from service.api.watch import WatchSettings
+from service.api.watcher_reads import WatcherReads
 from service.hub import Hub
 from service.store import LaneRef, Store
 from service.store.requests import RequestKey
@@ -27,6 +28,7 @@ class ServicerBase:
         self.store = store
         self.hub = hub
         self.watch_settings = watch_settings
+        self.watcher_reads = WatcherReads(store, watch_settings.max_concurrent_reads)
         self.authenticator = authenticator
 
     @staticmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import grpc
@@ -43,13 +44,23 @@ _CODES: dict[Code, int] = {
 
 
 def rich_status(
-    code: int, reason: str, message: str, metadata: dict[str, str]
+    code: int,
+    reason: str,
+    message: str,
+    metadata: dict[str, str],
+    retry_after_seconds: float | None = None,
 ) -> status_pb2.Status:
-    """A google.rpc.Status carrying one ErrorInfo: what a refusal's trailer holds, and what a
-    DriveLane answer's ``error`` is."""
-    detail = any_pb2.Any()
-    detail.Pack(error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata))
-    return status_pb2.Status(code=code, message=message, details=[detail])
+    """A google.rpc.Status carrying one ErrorInfo (and a RetryInfo when the refusal says how
+    long to wait): what a refusal's trailer holds, and what a DriveLane answer's ``error`` is."""
+    info = any_pb2.Any()
+    info.Pack(error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata))
+    details = [info]
+    if retry_after_seconds is not None:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromTimedelta(timedelta(seconds=retry_after_seconds))
+        details.append(any_pb2.Any())
+        details[-1].Pack(retry)
+    return status_pb2.Status(code=code, message=message, details=details)
 
 
 def status_of(code: int, reason: str, message: str, metadata: dict[str, str]) -> grpc.Status:
@@ -60,7 +71,14 @@ def status_of(code: int, reason: str, message: str, metadata: dict[str, str]) ->
 
 def lane_error_status(error: LaneError) -> grpc.Status:
     """The status for a domain refusal."""
-    return status_of(_CODES[error.code], error.reason, error.message, error.metadata)
+    converted: grpc.Status = rpc_status.to_status(_refusal(error))
+    return converted
+
+
+def _refusal(error: LaneError) -> status_pb2.Status:
+    return rich_status(
+        _CODES[error.code], error.reason, error.message, error.metadata, error.retry_after_seconds
+    )
 
 
 T = TypeVar("T")
@@ -72,7 +90,7 @@ def error_answer(exc: Exception) -> tuple[status_pb2.Status, str]:
     the error table for both the unary RPCs (:func:`unary`) and DriveLane's commands. A
     failure that is not the request's is logged here."""
     if isinstance(exc, LaneError):
-        return rich_status(_CODES[exc.code], exc.reason, exc.message, exc.metadata), exc.reason
+        return _refusal(exc), exc.reason
     if isinstance(exc, DatabaseBusy):
         _outage_log.warning("database busy: %s", exc)
         return (

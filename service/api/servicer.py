@@ -34,7 +34,9 @@ class LaneServicer(LaneRpcs, RunRpcs, ToolRpcs, OwnershipRpcs, HarnessRpcs, Driv
     @unary
     async def WatchLane(self, request: pb.WatchLaneRequest, call: Call) -> None:
         lane = self.lane(request.lane_id)
-        await watch_lane(self.store, self.hub, lane, request, call.context, self.watch_settings)
+        await watch_lane(
+            self.watcher_reads, self.hub, lane, request, call.context, self.watch_settings
+        )
 
 
 def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:

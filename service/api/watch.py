@@ -30,9 +30,10 @@ from service.api.errors import status_of
 from service.api.framing import event_group_frame
 from service.api.instrument import error_reason, status_code_name
 from service.api.snapshot_stream import snapshot_frames
+from service.api.watcher_reads import WatcherReads
 from service.domain.errors import LaneError, OutOfRange, ResourceExhausted
 from service.hub import Hub, Subscription
-from service.store import LaneRef, Store, read_was_full
+from service.store import LaneRef, read_was_full
 from service.store.pool import DatabaseBusy
 
 
@@ -54,6 +55,11 @@ class WatchSettings:
     #: over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
     max_watchers_per_lane: int = 1000
     max_watchers_per_process: int = 10_000
+    #: Database reads watchers make at once in this process (snapshots, resumes, catch-up):
+    #: a reconnect storm of thousands queues here, leaving the rest of the pool to commands.
+    max_concurrent_reads: int = 4
+    #: The retry delay a TOO_MANY_WATCHERS refusal asks for (google.rpc.RetryInfo).
+    full_retry_seconds: float = 2.0
 
     @property
     def read_bytes(self) -> int:
@@ -64,9 +70,16 @@ class WatchSettings:
 def admit(hub: Hub, lane: LaneRef, settings: WatchSettings) -> None:
     """Refuse a new watcher of ``lane`` over either watcher limit (RESOURCE_EXHAUSTED
     ``TOO_MANY_WATCHERS``). Called right before it subscribes, with no await between."""
+    refusal = _over_limits(hub, lane, settings)
+    if refusal is not None:
+        refusal.retry_after_seconds = settings.full_retry_seconds
+        raise refusal
+
+
+def _over_limits(hub: Hub, lane: LaneRef, settings: WatchSettings) -> ResourceExhausted | None:
     count = hub.watcher_count(lane)
     if count >= settings.max_watchers_per_lane:
-        raise ResourceExhausted(
+        return ResourceExhausted(
             "TOO_MANY_WATCHERS",
             f"lane {lane.lane_id} has {count} watchers on this server, its limit; retry later",
             laneId=lane.lane_id,
@@ -76,7 +89,7 @@ def admit(hub: Hub, lane: LaneRef, settings: WatchSettings) -> None:
         )
     count = hub.watcher_count()
     if count >= settings.max_watchers_per_process:
-        raise ResourceExhausted(
+        return ResourceExhausted(
             "TOO_MANY_WATCHERS",
             f"this server has {count} watchers, its limit; retry later or on another server",
             laneId=lane.lane_id,
@@ -84,6 +97,7 @@ def admit(hub: Hub, lane: LaneRef, settings: WatchSettings) -> None:
             watchers=count,
             limit=settings.max_watchers_per_process,
         )
+    return None
 
 
 #: How long a stream let go waits for its status to go out (see _let_go).
@@ -153,7 +167,7 @@ async def _end(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status)
 
 
 async def watch_lane(
-    store: Store,
+    store: WatcherReads,
     hub: Hub,
     lane: LaneRef,
     request: pb.WatchLaneRequest,
@@ -201,7 +215,7 @@ def _ended_by(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 
 
 async def _serve(
-    store: Store,
+    store: WatcherReads,
     subscription: Subscription,
     request: pb.WatchLaneRequest,
     context: grpc.aio.ServicerContext[Any, Any],
@@ -292,7 +306,7 @@ async def _serve(
 
 
 async def _send_snapshot(
-    store: Store,
+    store: WatcherReads,
     lane: LaneRef,
     context: grpc.aio.ServicerContext[Any, Any],
     settings: WatchSettings,

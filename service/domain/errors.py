@@ -37,6 +37,8 @@ class LaneError(Exception):
     """A refused command. Nothing was written."""
 
     code: Code = Code.FAILED_PRECONDITION
+    #: When set, how long the caller should wait before trying again (a transient refusal).
+    retry_after_seconds: float | None = None
 
     def __init__(self, reason: str, message: str, **metadata: object) -> None:
         super().__init__(message)
