@@ -36,6 +36,9 @@ from service.hub import Hub, Subscription
 from service.store import LaneRef, read_was_full
 from service.store.pool import DatabaseBusy
 
+DEFAULT_WRITE_DEADLINE_SECONDS = 30.0
+DEFAULT_STREAM_BYTES = 8 << 20
+
 
 @dataclass(frozen=True)
 class WatchSettings:
@@ -43,12 +46,12 @@ class WatchSettings:
 
     heartbeat_seconds: float = 10.0
     #: A write the client has not taken within this long ends the stream WATCHER_TOO_SLOW.
-    write_deadline_seconds: float = 30.0
+    write_deadline_seconds: float = DEFAULT_WRITE_DEADLINE_SECONDS
     #: Events read per catch-up batch (whole commit groups, so a batch may run over by one).
     read_batch: int = 500
     #: The byte budget of one stream: a catch-up batch holds whole groups within half of it
     #: (at least one group), the other half covers the frame in flight and gRPC's copy of it.
-    stream_bytes: int = 8 << 20
+    stream_bytes: int = DEFAULT_STREAM_BYTES
     #: Transcript bytes per snapshot message.
     chunk_bytes: int = 1 << 20
     #: Concurrent WatchLane streams of one lane, and of all lanes, in this process; a stream

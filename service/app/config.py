@@ -37,6 +37,17 @@ Every variable is optional; an empty value counts as unset.
     How many WatchLane streams this process serves at once of one lane, and of all lanes; a
     stream over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``. Whole numbers
     >= 1. Defaults ``1000`` and ``10000``.
+``LANE_WATCH_WRITE_DEADLINE_SECONDS``
+    How long a WatchLane stream may wait for its client to take what it was sent (HTTP/2 flow
+    control: the client stopped reading and the buffers between are full) before the service
+    ends it with RESOURCE_EXHAUSTED ``WATCHER_TOO_SLOW`` and its ``lastRevision``, freeing its
+    slot at that moment; ``0 < seconds <= 3600``. Default ``30``.
+``LANE_WATCH_STREAM_BYTES``
+    The byte budget of one WatchLane stream: reads of the event log for a watcher catching up
+    take whole event groups up to half of it (at least one group), the other half covers the
+    message in flight; a whole number >= 65536. Default ``8388608`` (8 MiB). A stream that
+    does not read holds about this much of the server's memory at most, whatever its lane
+    holds (docs/deploying.md).
 ``LANE_DB_POOL_SIZE``
     How many PostgreSQL connections this process opens at most for commands, reads and upkeep
     (the hub's LISTEN and doorbell connections come on top); a whole number >= 1. Default
@@ -102,6 +113,7 @@ from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from service.api.auth import TokenError, parse_tokens
+from service.api.watch import DEFAULT_STREAM_BYTES, DEFAULT_WRITE_DEADLINE_SECONDS
 from service.app.event_loop import EVENT_LOOPS
 from service.app.tls_files import TlsFileError, check_tls_files
 from service.logs import LOG_FORMATS
@@ -115,6 +127,9 @@ _MAX_POLL_INTERVAL_SECONDS = 60.0
 # The same for the checkout timeout; and answers are kept at least a minute (retries need them).
 _MAX_CHECKOUT_TIMEOUT_SECONDS = 300.0
 _MIN_REQUEST_RETENTION_SECONDS = 60.0
+# A deadline past an hour is a typo too; and a stream budget must hold a few messages.
+_MAX_WRITE_DEADLINE_SECONDS = 3600.0
+_MIN_STREAM_BYTES = 64 * 1024
 
 
 class ConfigError(ValueError):
@@ -173,6 +188,16 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("LANE_MAX_WATCHERS", "10000", "WatchLane streams this process serves in all"),
     Setting(
+        "LANE_WATCH_WRITE_DEADLINE_SECONDS",
+        f"{DEFAULT_WRITE_DEADLINE_SECONDS:g}",
+        "a watcher whose client takes nothing for this long is ended WATCHER_TOO_SLOW",
+    ),
+    Setting(
+        "LANE_WATCH_STREAM_BYTES",
+        str(DEFAULT_STREAM_BYTES),
+        "byte budget of one WatchLane stream's reads and message in flight (>= 65536)",
+    ),
+    Setting(
         "LANE_DB_POOL_SIZE",
         str(DEFAULT_POOL_SIZE),
         "PostgreSQL connections this process opens at most (plus the hub's two)",
@@ -227,6 +252,8 @@ class Settings:
     orphan_seconds: float = 600.0
     max_watchers_per_lane: int = 1000
     max_watchers: int = 10_000
+    watch_write_deadline_seconds: float = DEFAULT_WRITE_DEADLINE_SECONDS
+    watch_stream_bytes: int = DEFAULT_STREAM_BYTES
     db_pool_size: int = DEFAULT_POOL_SIZE
     db_checkout_timeout_seconds: float = DEFAULT_CHECKOUT_TIMEOUT_SECONDS
     request_retention_seconds: float = KEEP_ANSWERS.total_seconds()
@@ -267,6 +294,8 @@ class Settings:
         orphan = get("LANE_ORPHAN_SECONDS")
         watchers_per_lane = get("LANE_MAX_WATCHERS_PER_LANE")
         watchers = get("LANE_MAX_WATCHERS")
+        write_deadline = get("LANE_WATCH_WRITE_DEADLINE_SECONDS")
+        stream_bytes = get("LANE_WATCH_STREAM_BYTES")
         pool_size = get("LANE_DB_POOL_SIZE")
         checkout_timeout = get("LANE_DB_CHECKOUT_TIMEOUT_SECONDS")
         request_retention = get("LANE_REQUEST_RETENTION_SECONDS")
@@ -338,6 +367,21 @@ class Settings:
             ),
             max_watchers=(
                 defaults.max_watchers if watchers is None else _count("LANE_MAX_WATCHERS", watchers)
+            ),
+            watch_write_deadline_seconds=(
+                defaults.watch_write_deadline_seconds
+                if write_deadline is None
+                else _seconds(
+                    "LANE_WATCH_WRITE_DEADLINE_SECONDS",
+                    write_deadline,
+                    allow_zero=False,
+                    maximum=_MAX_WRITE_DEADLINE_SECONDS,
+                )
+            ),
+            watch_stream_bytes=(
+                defaults.watch_stream_bytes
+                if stream_bytes is None
+                else _bytes("LANE_WATCH_STREAM_BYTES", stream_bytes, minimum=_MIN_STREAM_BYTES)
             ),
             db_pool_size=(
                 defaults.db_pool_size
@@ -501,6 +545,16 @@ def _file(variable: str, value: str | None) -> Path | None:
     if not path.is_file():
         raise ConfigError(variable, value, "no such file")
     return path
+
+
+def _bytes(variable: str, value: str, *, minimum: int) -> int:
+    try:
+        size = int(value)
+    except ValueError:
+        raise ConfigError(variable, value, "expected a whole number of bytes") from None
+    if size < minimum:
+        raise ConfigError(variable, value, f"the number of bytes must be >= {minimum}")
+    return size
 
 
 def _count(variable: str, value: str) -> int:

@@ -238,6 +238,8 @@ async def start_server(
         watch = watch or WatchSettings(
             max_watchers_per_lane=settings.max_watchers_per_lane,
             max_watchers_per_process=settings.max_watchers,
+            write_deadline_seconds=settings.watch_write_deadline_seconds,
+            stream_bytes=settings.watch_stream_bytes,
             # Half the pool at most: a reconnect storm never keeps commands from the database.
             max_concurrent_reads=max(1, settings.db_pool_size // 2),
         )

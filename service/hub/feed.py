@@ -12,6 +12,9 @@ from the feed; one that is behind ``start`` (slow, or just resumed), or inside a
 the log itself, as every watcher used to, then takes from the feed again once it has caught up.
 The feed keeps at most :data:`FEED_MAX_GROUPS` groups and :data:`FEED_MAX_BYTES` bytes of
 events (always the newest group, whatever its size); older ones are dropped from its start.
+All the feeds of a process together keep at most :data:`FEEDS_MAX_BYTES` (:class:`FeedMemory`):
+past it, the feeds that went longest without a commit are emptied — their watchers, if behind,
+read the log instead.
 
 A feed is *positioned* once it knows a revision the log is read after: by the first commit
 handed over, or by the first watcher that reached the head (a snapshot, or a short read of the
@@ -21,7 +24,7 @@ log). Until then every watcher reads the log itself.
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 
 from service.store import EventGroup
@@ -32,6 +35,10 @@ FEED_MAX_GROUPS = 32
 #: ... and bytes of encoded events at most (the newest group is kept even when larger). A
 #: process holds at most this (plus one group of up to 4 MiB) per lane it has watchers of.
 FEED_MAX_BYTES = 256 * 1024
+
+#: Bytes of events all the feeds of a process hold together at most (a process with watchers
+#: on many busy lanes would otherwise hold 256 KiB and up to a 4 MiB group for each).
+FEEDS_MAX_BYTES = 64 * 1024 * 1024
 
 #: Frames encoded events as one stream message (``service.api.framing.event_group_frame``).
 Framer = Callable[[Sequence[bytes]], bytes]
@@ -60,12 +67,42 @@ class SharedGroup:
         return self._frame
 
 
+class FeedMemory:
+    """The bytes all the feeds of a process hold, kept under ``limit`` by emptying the feeds
+    that were appended to least recently."""
+
+    def __init__(self, limit: int = FEEDS_MAX_BYTES) -> None:
+        self.limit = limit
+        self.bytes = 0
+        #: Feeds holding bytes, least recently appended to first.
+        self._feeds: OrderedDict[Feed, None] = OrderedDict()
+
+    def changed(self, feed: Feed, delta: int) -> None:
+        """``feed`` now holds ``delta`` more bytes (it was just appended to when > 0)."""
+        self.bytes += delta
+        if delta > 0:
+            self._feeds[feed] = None
+            self._feeds.move_to_end(feed)
+        while self.bytes > self.limit and self._feeds:
+            oldest = next(iter(self._feeds))
+            if oldest is feed:
+                break  # the feed just appended to keeps its newest group, as always
+            del self._feeds[oldest]
+            self.bytes -= oldest.empty()
+
+    def forget(self, feed: Feed) -> None:
+        """``feed`` is gone (its lane has no watchers here any more)."""
+        self._feeds.pop(feed, None)
+        self.bytes -= feed.empty()
+
+
 class Feed:
     """A lane's recent groups (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory: FeedMemory | None = None) -> None:
         self._groups: deque[SharedGroup] = deque()
         self._bytes = 0
+        self._memory = memory
         #: The revision through which the feed is contiguous (None: not positioned yet).
         self.end: int | None = None
 
@@ -102,6 +139,7 @@ class Feed:
         where retention removed events, starts the feed over after it); True if any was
         appended. The feed must be positioned."""
         appended = False
+        held = self._bytes
         for group in groups:
             assert self.end is not None
             if group.last_revision <= self.end:
@@ -119,4 +157,12 @@ class Feed:
             len(self._groups) > FEED_MAX_GROUPS or self._bytes > FEED_MAX_BYTES
         ):
             self._bytes -= self._groups.popleft().size
+        if self._memory is not None and self._bytes != held:
+            self._memory.changed(self, self._bytes - held)
         return appended
+
+    def empty(self) -> int:
+        """Drop every group, staying positioned at the end; return the bytes freed."""
+        freed, self._bytes = self._bytes, 0
+        self._groups.clear()
+        return freed

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 from service import metrics
 from service.hub import interest
-from service.hub.feed import FEED_MAX_BYTES, Feed, SharedGroup
+from service.hub.feed import FEED_MAX_BYTES, Feed, FeedMemory, SharedGroup
 from service.store import ChannelError, EventGroup, LaneRef, Notifier, Store, read_was_full
 
 log = logging.getLogger(__name__)
@@ -124,9 +124,9 @@ class Subscription:
 class LaneFeed:
     """A watched lane in this process: its feed, its subscriptions, its shared reader."""
 
-    def __init__(self, lane: LaneRef) -> None:
+    def __init__(self, lane: LaneRef, memory: FeedMemory) -> None:
         self.lane = lane
-        self.feed = Feed()
+        self.feed = Feed(memory)
         self.subscriptions: set[Subscription] = set()
         #: A shared read is due (another process committed, or a watcher is ahead).
         self.read_wanted = False
@@ -145,6 +145,9 @@ class Hub:
         self.notify = notify
         self.poll_interval = poll_interval
         self._lanes: dict[LaneRef, LaneFeed] = {}
+        self._watchers = 0
+        #: What the feeds of all watched lanes hold together (bounded).
+        self.feed_memory = FeedMemory()
         self._readers: set[asyncio.Task[None]] = set()
         self._dirty: set[LaneRef] = set()
         self._dirty_event = asyncio.Event()
@@ -193,25 +196,28 @@ class Hub:
         """Register a watcher of ``lane`` for the duration of the block."""
         watched = self._lanes.get(lane)
         if watched is None:
-            watched = self._lanes[lane] = LaneFeed(lane)
+            watched = self._lanes[lane] = LaneFeed(lane, self.feed_memory)
             if self.notify:
                 self._announce.add(lane)  # the lane's first watcher here: tell the others
                 self._dirty_event.set()
         subscription = Subscription(self, lane, watched, closed=self._closing)
         watched.subscriptions.add(subscription)
+        self._watchers += 1
         try:
             yield subscription
         finally:
+            self._watchers -= 1
             watched.subscriptions.discard(subscription)
             if not watched.subscriptions and self._lanes.get(lane) is watched:
                 del self._lanes[lane]  # its reader, if any, sees that and stops
+                self.feed_memory.forget(watched.feed)
 
     def watcher_count(self, lane: LaneRef | None = None) -> int:
         """How many watchers this process has (on one lane, or in all)."""
         if lane is not None:
             watched = self._lanes.get(lane)
             return 0 if watched is None else len(watched.subscriptions)
-        return sum(len(watched.subscriptions) for watched in self._lanes.values())
+        return self._watchers
 
     def watched_elsewhere(self, lane: LaneRef) -> bool:
         """Whether another process announced watchers of ``lane`` (its commits ring them)."""

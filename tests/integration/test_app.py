@@ -315,9 +315,13 @@ def test_settings_read_every_variable(tmp_path: Path) -> None:
             "LANE_NOTIFY": "OFF",
             "LANE_POLL_INTERVAL_SECONDS": "0.25",
             "LANE_EVENT_LOOP": "asyncio",
+            "LANE_WATCH_WRITE_DEADLINE_SECONDS": "7.5",
+            "LANE_WATCH_STREAM_BYTES": "1048576",
         }
     )
     assert settings.event_loop == "asyncio"
+    assert settings.watch_write_deadline_seconds == 7.5
+    assert settings.watch_stream_bytes == 1 << 20
     assert settings.database_url == "postgresql://lane:pw@db:5432/lane"
     assert "pw" not in repr(settings)
     assert settings.data_dir == tmp_path
@@ -340,6 +344,10 @@ def test_settings_read_every_variable(tmp_path: Path) -> None:
         ("LANE_POLL_INTERVAL_SECONDS", "1000"),
         ("LANE_NOTIFY", "2"),
         ("LANE_EVENT_LOOP", "UVLOOP!"),
+        ("LANE_WATCH_WRITE_DEADLINE_SECONDS", "0"),
+        ("LANE_WATCH_WRITE_DEADLINE_SECONDS", "86400"),
+        ("LANE_WATCH_STREAM_BYTES", "8M"),
+        ("LANE_WATCH_STREAM_BYTES", "1024"),
     ],
 )
 def test_settings_name_the_bad_variable(variable: str, value: str) -> None:

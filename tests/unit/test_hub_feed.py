@@ -90,3 +90,29 @@ def test_a_group_is_framed_once_for_every_watcher() -> None:
     assert shared.committed_at == T.timestamp()
     assert shared.frame(framer) == shared.frame(framer) == b"frame"
     assert framed == [[b"a", b"b"]]
+
+
+def test_the_feeds_of_a_process_stay_within_their_memory_together() -> None:
+    memory = feed.FeedMemory(limit=10)
+    quiet, busy, newest = Feed(memory), Feed(memory), Feed(memory)
+    for f in (quiet, busy, newest):
+        f.position(0)
+    assert quiet.add([group(1, body=b"q" * 4)])
+    assert busy.add([group(1, body=b"b" * 4)])
+    assert memory.bytes == 8
+    assert busy.add([group(2, body=b"b" * 2)])  # busy is now the most recently appended to
+    assert memory.bytes == 10
+    # Over the limit: the feed that went longest without a commit (quiet) is emptied first,
+    # staying positioned: a watcher at its end waits, one behind reads the log.
+    assert newest.add([group(1, body=b"n" * 3)])
+    assert memory.bytes == 9
+    assert quiet.after(1) == [] and quiet.after(0) is None
+    assert firsts(busy.after(0)) == [1, 2]
+    # A single group over the limit is still kept by its own feed, the others emptied.
+    assert newest.add([group(2, body=b"n" * 20)])
+    assert firsts(newest.after(1)) == [2]
+    assert busy.after(0) is None and busy.after(2) == []
+    assert memory.bytes == 23
+    # A feed that goes (its lane's last watcher left) gives its bytes back.
+    memory.forget(newest)
+    assert memory.bytes == 0
