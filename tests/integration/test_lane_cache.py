@@ -113,7 +113,12 @@ async def test_a_hand_edit_is_seen_by_the_next_command(lane_stub: Any, store: An
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await update(lane_stub, probe.lane_id, run, token, "c0", "too late")
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert error_reason(refused.value) == "TOOL_CALL_WRONG_STATUS"
+    # The hand-staged call is a ready prefix no command placed: refused on the stored lane, the
+    # command had the service place it first (service/commands/pending_placement.py), so it
+    # finds the batch complete.
+    assert error_reason(refused.value) == "WRONG_RUN_PHASE"
+    placed = (await probe.capture()).transcript[-1].message.message.tool_result
+    assert (placed.tool_call_id, placed.content[0].text.text) == ("c0", "by hand")
 
 
 async def test_a_tool_calls_life_on_the_kept_lane_is_one_statement_per_commit(
