@@ -5,10 +5,13 @@ unseen. It then sends the groups after its revision from its lane's feed in the 
 (``service/hub/feed.py``): the groups of the lane's latest commits, the bytes the store wrote,
 framed once for all the lane's watchers (framing.py) — no read per watcher. A watcher the feed
 cannot serve (it resumed, or fell behind the feed's start) reads the log itself, a batch at a
-time, until it has caught up, then takes from the feed again. It takes the next group only
-after its previous write went out, so commits never wait for it. A watcher whose client stops
-reading is cut off after the write deadline with RESOURCE_EXHAUSTED naming its last delivered
-revision.
+time — whole groups within half its byte budget — until it has caught up, then takes from the
+feed again. It takes the next group only after its previous write went out, so commits never
+wait for it, and one message in flight is all it holds. A watcher whose client takes nothing
+for the write deadline is cut off with RESOURCE_EXHAUSTED naming its last delivered revision,
+its slot freed at once (:func:`_let_go`). Its database reads go through
+:class:`~service.api.watcher_reads.WatcherReads`, a few at a time per process, so a reconnect
+storm queues instead of taking the pool from commands.
 """
 
 from __future__ import annotations
@@ -213,7 +216,11 @@ async def watch_lane(
 
 def _ended_by(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     """The ``lane_watchers_ended_total`` reason of a stream ended with a status (see _end)."""
-    reasons = {"WATCHER_TOO_SLOW": "too_slow", "SERVER_SHUTTING_DOWN": "shutdown"}
+    reasons = {
+        "WATCHER_TOO_SLOW": "too_slow",
+        "SERVER_SHUTTING_DOWN": "shutdown",
+        "LANE_DELETED": "lane_deleted",
+    }
     return reasons.get(error_reason(context)) or status_code_name(context).lower()
 
 
@@ -253,7 +260,7 @@ async def _serve(
         revision = await _send_snapshot(store, lane, context, settings)
         subscription.delivered(revision)
         subscription.caught_up()
-    while not subscription.closed:
+    while not subscription.closed and not subscription.deleted:
         shared = subscription.take()
         if shared is None:
             # Behind the lane's feed (just resumed, or slow), or the feed has no position yet:
@@ -294,9 +301,21 @@ async def _serve(
         # Nothing new. Wait until rung: a commit here, a shared read after a doorbell or the
         # poll, or shutdown (a ring while this watcher wrote ends the wait at once). A
         # heartbeat needs no read: nothing rang, nothing is new.
-        while not await subscription.wait(settings.heartbeat_seconds) and not subscription.closed:
+        while not await subscription.wait(settings.heartbeat_seconds) and not (
+            subscription.closed or subscription.deleted
+        ):
             heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
             await _write(context, heartbeat, settings, revision)
+    if subscription.deleted and not subscription.closed:
+        await _end(
+            context,
+            status_of(
+                code_pb2.NOT_FOUND,
+                "LANE_DELETED",
+                f"lane {lane_id} was deleted (after revision {revision})",
+                {"laneId": lane_id, "lastRevision": str(revision)},
+            ),
+        )
     await _end(
         context,
         status_of(

@@ -267,5 +267,7 @@ async def load_events(
         "   WHERE bytes_before < %(max_bytes)s OR revision = %(after)s + 1)"
         " ORDER BY revision",
         {**lane.params, "after": after_revision, "limit": limit, "max_bytes": max_bytes},
+        # Binary results: bytea as text is hex, twice the bodies' size held while decoding.
+        binary=True,
     )
     return [(r, g, bytes(b), t) for (r, g, b, t) in await cur.fetchall()]

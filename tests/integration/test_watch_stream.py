@@ -190,6 +190,54 @@ async def test_resume_at_every_revision_of_a_multi_event_group(lane_stub) -> Non
             assert (metadata["groupFirst"], metadata["groupLast"]) == (str(first), str(last))
 
 
+async def test_event_log_reads_hold_whole_groups_within_a_byte_budget(lane_stub, store) -> None:
+    lane_id = await new_lane(lane_stub)
+    lane = LaneRef(DEFAULT_NAMESPACE, lane_id)
+    for n in range(12):  # one group of one event each, 10 KiB more each (the queue grows)
+        await lane_stub.EnqueueMessage(
+            pb.EnqueueMessageRequest(
+                lane_id=lane_id,
+                kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN,
+                message=user(f"{n}" + "x" * 10_000),
+            )
+        )
+    everything = await store.read_events(lane, 0, 1000, 1 << 30)
+    sizes = [sum(len(body) for body in group.bodies) for group in everything]
+    # A group comes when it starts within the budget: the bytes before it are fewer.
+    three = sum(sizes[1:4])
+    read = await store.read_events(lane, 1, 1000, three)
+    assert [g.first_revision for g in read] == [2, 3, 4]
+    read = await store.read_events(lane, 1, 1000, three + 1)
+    assert [g.first_revision for g in read] == [2, 3, 4, 5]
+    # The first group always comes, whatever its size: a read makes progress.
+    assert [g.first_revision for g in await store.read_events(lane, 1, 1000, 1)] == [2]
+
+
+async def test_a_resumed_watcher_catches_up_in_reads_within_its_budget(
+    session_database_url,
+) -> None:
+    watch = WatchSettings(stream_bytes=64 * 1024)  # catch-up reads of 32 KiB
+    async with extra_server(session_database_url, watch=watch) as (running, stub):
+        lane_id = await new_lane(stub)
+        for n in range(20):
+            answer = await stub.EnqueueMessage(
+                pb.EnqueueMessageRequest(
+                    lane_id=lane_id,
+                    kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN,
+                    message=user(f"{n}" + "x" * 10_000),
+                )
+            )
+        reads = running.store.event_log_reads
+        watcher = Watcher(stub, lane_id, after=0)
+        try:
+            await watcher.reach(answer.revision)
+        finally:
+            await watcher.close()
+        assert [g[0].revision for g in watcher.groups] == list(range(1, answer.revision + 1))
+        # 21 groups (the lane's creation, then 10, 20, ... 200 KiB): most alone in a 32 KiB read.
+        assert running.store.event_log_reads - reads >= 5
+
+
 async def test_heartbeats_while_idle(session_database_url) -> None:
     watch = WatchSettings(heartbeat_seconds=0.1)
     async with extra_server(session_database_url, watch=watch) as (_, stub):
