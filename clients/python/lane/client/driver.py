@@ -11,7 +11,9 @@ fencing token goes on every command), then turns until the model answers without
 then ``EndRun`` COMPLETED (FAILED, ``tool_use_without_calls``, when the model stops to use
 tools but names none). Each turn: ``StartTurn``, the model is asked with the lane's durable
 transcript, ``SettleAssistantMessage``; its tool calls form a batch, run as the tool
-flow (docs/contract.md, Tool calls):
+flow (docs/contract.md, Tool calls). The driver reads the lane from one WatchLane subscription
+per run (the snapshot in chunks, then every commit folded in), so a turn costs no snapshot
+read and a lane whose transcript is beyond GetLaneSnapshot's 4 MiB works as any other:
 
 prepare
     the assistant stopped for length → TRUNCATED (also once the run is aborted: the service
@@ -38,7 +40,7 @@ next turn starts.
 
 Abort: whoever calls ``AbortOperation`` (``lane abort``, Escape in ``lane watch``,
 :meth:`Driver.abort`), the driver sees it in a command's answer (``cancel_requested``), a
-lease renewal, or the lane's event stream (it watches its lane while running). From then on it
+lease renewal, or the lane's watch (the run's ``operation_abort``). From then on it
 starts nothing new: planned calls get CANCELLED results, running tools see
 ``ToolContext.abort_signal`` and finish with their real result (or, after
 ``abort_grace_seconds``, are cancelled and get an INTERRUPTED result), after_tool hooks are
@@ -54,7 +56,7 @@ the same answers and refusals as the unary RPCs, for less service CPU; a broken 
 is replaced and its unanswered commands sent again with their request ids). ``Driver(...,
 session=False)`` sends each command as its unary RPC instead; ``session=`` a
 :class:`~lane.client.session.LaneSession` of your own shares it (it is not closed by the
-driver). WatchLane (the abort watch) is its own stream either way.
+driver). WatchLane (the lane's watch) is its own stream either way.
 
 Recovery (:meth:`Driver.recover`): ``AcquireOperation`` (waiting for a live lease of a dead
 driver to lapse), then the open batch is finished: effect_pending calls of tools declared
@@ -79,12 +81,13 @@ from typing import Any, TypeAlias, TypeVar, cast
 import grpc
 from google.protobuf.message import Message
 from lane.client.commands import call, is_reason
-from lane.client.errors import LaneError, lane_error
+from lane.client.errors import LaneError
 from lane.client.hooks import Hooks
 from lane.client.model import Model, ModelRequest, user_message
 from lane.client.session import LaneSession
 from lane.client.toolflow import BatchCall, LeaseLost, RunControl, ToolFlow
 from lane.client.tools import Tool
+from lane.client.watch import RetryPolicy, watch_lane
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
@@ -137,6 +140,76 @@ def _active_tools(snapshot: snapshot_pb2.LaneSnapshot) -> frozenset[str] | None:
     return names or None
 
 
+#: The watch's backoff: capped like a command's retries (a turn waits for the watch).
+_WATCH_RETRY = RetryPolicy(initial_backoff=0.1, max_backoff=2.0)
+
+
+class _LaneFollower:
+    """The lane as one WatchLane subscription shows it (:func:`~lane.client.watch.watch_lane`:
+    a snapshot sent in chunks, then every commit folded in, resumed after failures): the
+    transcript and configuration a turn asks the model with, and the run's abort.
+
+    One subscription per run instead of a GetLaneSnapshot per turn: a snapshot is refused once
+    the lane is over 4 MiB, a watch is not, and a turn reads the lane without a round trip.
+    """
+
+    def __init__(self, stub: Any, lane_id: str) -> None:
+        self._stub = stub
+        self.lane_id = lane_id
+        self._snapshot: snapshot_pb2.LaneSnapshot | None = None
+        self._failure: Exception | None = None
+        #: Set (and replaced) whenever the snapshot or the failure changes.
+        self._changed = asyncio.Event()
+
+    def _update(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def follow(self, run: RunControl, watch_abort: bool) -> None:
+        """Follow the lane until cancelled; with ``watch_abort``, mark ``run`` cancelled once
+        the lane shows its abort. A lane too busy to watch now (TOO_MANY_WATCHERS) is tried
+        again; any other failure the watch does not recover from is kept for :meth:`at`."""
+        while True:
+            try:
+                async for view in watch_lane(
+                    self._stub, self.lane_id, snapshot=self._snapshot, retry=_WATCH_RETRY
+                ):
+                    self._snapshot = view.snapshot
+                    operation = view.snapshot.operation
+                    if (
+                        watch_abort
+                        and operation.id == run.operation_id
+                        and operation.status == snapshot_pb2.OPERATION_STATUS_ABORTING
+                    ):
+                        run.mark_cancelled("lane watch")
+                    self._update()
+            except Exception as err:  # kept for at(), which raises it
+                if not is_reason(err, grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_WATCHERS"):
+                    _log.warning("lane %s: the watch failed: %s", self.lane_id, err)
+                    self._failure = err
+                    self._update()
+                    return
+            await asyncio.sleep(1.0)
+
+    async def at(self, revision: int) -> snapshot_pb2.LaneSnapshot:
+        """The lane at ``revision`` or later (read-only: the watch's own snapshot)."""
+        while True:
+            snapshot = self._snapshot
+            if snapshot is not None and snapshot.revision >= revision:
+                return snapshot
+            if self._failure is not None:
+                raise DriverError(f"cannot follow lane {self.lane_id}: {self._failure}")
+            await self._changed.wait()
+
+
+async def _capture(stub: Any, lane_id: str) -> snapshot_pb2.LaneSnapshot:
+    """The lane now, from the first view of a watch (however large its transcript)."""
+    async with contextlib.aclosing(watch_lane(stub, lane_id)) as views:
+        async for view in views:
+            return view.snapshot
+    raise DriverError(f"the watch of lane {lane_id} ended without a snapshot")
+
+
 def _default_driver_id() -> str:
     return f"{socket.gethostname()[:64]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -149,7 +222,7 @@ class Driver:
     (it then ends FAILED ``max_turns``). ``abort_grace_seconds``: after an abort, how long a
     running tool may take to finish before it is cancelled and gets an INTERRUPTED result
     (None: wait for it). ``retry_seconds``: how long a command is retried while the service is
-    unavailable. ``watch_abort``: follow the lane's events to see an abort at once (else it is
+    unavailable. ``watch_abort``: see an abort at once in the lane's watch (else it is
     seen at the next command or lease renewal). ``model`` is the default model of
     :meth:`run` and :meth:`recover`. ``session``: send the commands of each run over one
     DriveLane stream (True, the default), as unary RPCs (False), or over the given
@@ -195,6 +268,8 @@ class Driver:
         #: The session the commands go through now (None: unary RPCs).
         self._session: LaneSession | None = None
         self._run: RunControl | None = None
+        #: The lane as the current run's watch shows it.
+        self._lane = _LaneFollower(stub, lane_id)
         self._flow = ToolFlow(
             stub=stub,
             lane_id=lane_id,
@@ -287,7 +362,7 @@ class Driver:
                 _log.info("operation %s: leased to another driver; waiting", operation_id)
                 await asyncio.sleep(0.25)
         if not taken.HasField("state"):
-            snapshot = await self._snapshot()
+            snapshot = await _capture(self._stub, self.lane_id)
             return RunResult(operation_id, snapshot.last_result.status, snapshot.last_result, 0)
         state = taken.state
         run = RunControl(operation_id, taken.lease.token, state.settings, taken.revision)
@@ -363,14 +438,16 @@ class Driver:
     async def _supervise(
         self, run: RunControl, model: Model | None, state: pb.OperationState | None
     ) -> RunResult:
-        """Drive ``run`` with the lease renewer and the abort watch running beside it."""
+        """Drive ``run`` with the lease renewer and the lane's watch running beside it."""
         self._run = run
+        self._lane = _LaneFollower(self._stub, self.lane_id)
         drive = asyncio.create_task(
             self._drive(run, model, state), name=f"drive {run.operation_id}"
         )
-        helpers = [asyncio.create_task(self._renew(run, drive), name="renew lease")]
-        if self.watch_abort:
-            helpers.append(asyncio.create_task(self._watch_abort(run), name="watch abort"))
+        helpers = [
+            asyncio.create_task(self._renew(run, drive), name="renew lease"),
+            asyncio.create_task(self._lane.follow(run, self.watch_abort), name="watch lane"),
+        ]
         try:
             return await drive
         except asyncio.CancelledError:
@@ -435,61 +512,6 @@ class Driver:
             if answer.cancel_requested:
                 run.mark_cancelled("lease renewal")
 
-    async def _watch_abort(self, run: RunControl) -> None:
-        """Follow the lane's events after the run's start; mark the run on operation_abort.
-
-        Resumes after the last event seen when the stream fails. If the lane's history before
-        that fell out of retention, polls the operation state instead.
-        """
-        after = run.revision
-        polling = False
-        while not run.cancelled:
-            if polling:
-                await self._poll_cancel(run)
-                await asyncio.sleep(1.0)
-                continue
-            stream = self._stub.WatchLane(
-                pb.WatchLaneRequest(lane_id=self.lane_id, after_revision=after)
-            )
-            try:
-                while True:
-                    async with asyncio.timeout(30.0):
-                        response = await stream.read()
-                    if response is grpc.aio.EOF:
-                        break
-                    for event in response.event_group.events:
-                        after = max(after, event.revision)
-                        kind = event.WhichOneof("kind")
-                        if (
-                            kind == "operation_abort"
-                            and event.operation_abort.operation_id == run.operation_id
-                        ):
-                            run.mark_cancelled("operation_abort event")
-                            return
-                        if kind == "run_end" and event.run_end.run_id == run.operation_id:
-                            return
-            except grpc.aio.AioRpcError as err:
-                error = lane_error(err)
-                if error.code in (grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND):
-                    polling = True
-            except TimeoutError:
-                pass
-            finally:
-                stream.cancel()
-            await self._poll_cancel(run)
-            await asyncio.sleep(0.5)
-
-    async def _poll_cancel(self, run: RunControl) -> None:
-        with contextlib.suppress(LaneError):
-            answer = await self._send(
-                self._stub.GetOperation,
-                pb.GetOperationRequest(lane_id=self.lane_id, operation_id=run.operation_id),
-                retry_seconds=0.0,
-                attempt_timeout=5.0,
-            )
-            if answer.state.cancel_requested:
-                run.mark_cancelled("operation state")
-
     async def _call(self, rpc: grpc.aio.UnaryUnaryMultiCallable[Req, Resp], request: Req) -> Resp:
         """Send a command of the current run: lease token, request id, retries, and the
         ``cancel_requested`` of its answer."""
@@ -538,7 +560,7 @@ class Driver:
                         continue  # marked cancelled: end ABORTED
                     raise
                 run.turns += 1
-                may_finish = await self._turn(run, self._model(model), turn.turn_id)
+                may_finish = await self._turn(run, self._model(model), turn.turn_id, turn.revision)
         except _ModelFailed as failure:
             _log.warning("operation %s: %s: %s", run.operation_id, failure.code, failure.message)
             return await self._end(
@@ -567,12 +589,12 @@ class Driver:
                 )
                 for c in state.tool_calls
             ]
-            active = _active_tools(await self._snapshot())
+            active = _active_tools(await self._lane.at(run.revision))
             await self._flow.run_batch(run, state.turn_id, state.assistant, calls, active)
             return await self._batch_may_finish(run)
         if state.phase == pb.RUN_PHASE_TURN_OPEN:
             run.turns += 1
-            return await self._turn(run, self._model(model), state.turn_id)
+            return await self._turn(run, self._model(model), state.turn_id, run.revision)
         return state.may_finish
 
     async def _end(
@@ -588,19 +610,10 @@ class Driver:
         _log.info("lane %s: run %s ended %s", self.lane_id, run.operation_id, result.status_name)
         return result
 
-    async def _snapshot(self) -> snapshot_pb2.LaneSnapshot:
-        answer = await self._send(
-            self._stub.GetLaneSnapshot,
-            pb.GetLaneSnapshotRequest(lane_id=self.lane_id),
-            retry_seconds=self.retry_seconds,
-        )
-        snapshot: snapshot_pb2.LaneSnapshot = answer.snapshot
-        return snapshot
-
-    async def _turn(self, run: RunControl, model: Model, turn_id: str) -> bool:
-        """One turn after StartTurn: ask the model, settle, run the batch. Returns whether the
-        run may finish now."""
-        snapshot = await self._snapshot()
+    async def _turn(self, run: RunControl, model: Model, turn_id: str, revision: int) -> bool:
+        """One turn after StartTurn (committed at ``revision``): ask the model, settle, run the
+        batch. Returns whether the run may finish now."""
+        snapshot = await self._lane.at(revision)
         active = _active_tools(snapshot)
         messages = tuple(
             entry.message.message
