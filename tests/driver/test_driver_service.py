@@ -1,5 +1,5 @@
 """The driver and the service over time: the lease is renewed while a tool outlives it, and a
-run rides out a service restart (commands retried with their request ids, the abort watch
+run rides out a service restart (commands retried with their request ids, the lane's watch
 resumed)."""
 
 from __future__ import annotations
