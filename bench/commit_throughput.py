@@ -682,7 +682,7 @@ async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> 
     from service.store.migrations import migrate
 
     recorded = replay.record(f"bench-{uuid.uuid4().hex[:12]}", args.calls, args.turns)
-    script = replay.replay_script(recorded)
+    script = replay.replay_script(recorded, args.replay_commits_per_transaction)
     path = work_dir / "replay.sql"
     path.write_text(script.text)
     clients = args.drivers
@@ -737,7 +737,12 @@ async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> 
             complete, lanes = (int(row[0]), int(row[1])) if row else (0, 0)
     runs = int(processed.group(1))
     return Replay(
-        method=f"pgbench -M prepared -c {clients} -j {clients} -T {round(args.seconds)}",
+        method=f"pgbench -M prepared -c {clients} -j {clients} -T {round(args.seconds)}"
+        + (
+            f", {args.replay_commits_per_transaction} commits per transaction"
+            if args.replay_commits_per_transaction > 1
+            else ""
+        ),
         runs=runs,
         commits=runs * script.commits,
         commits_per_second=float(tps.group(1)) * script.commits,
@@ -2051,6 +2056,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="after the baseline, pgbench replays the service's own statements for the drivers'"
         " lifecycle (no Python in the loop) for --seconds on a scratch database of its own"
         " (default: on; --no-replay skips it)",
+    )
+    parser.add_argument(
+        "--replay-commits-per-transaction",
+        type=int,
+        default=1,
+        metavar="K",
+        help="the replay commits K consecutive statements per transaction (default 1, as the"
+        " service does): PostgreSQL's side of a group commit of K commands",
     )
     parser.add_argument(
         "--single-baseline",

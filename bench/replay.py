@@ -335,10 +335,12 @@ class ReplayScript:
         return out
 
 
-def replay_script(recorded: RecordedRun) -> ReplayScript:
+def replay_script(recorded: RecordedRun, commits_per_transaction: int = 1) -> ReplayScript:
     """Turn ``recorded`` into a pgbench script: each ``%(name)s`` becomes ``:ns`` for the
     namespace, ``NULL`` for a null, else a variable holding the recorded value (equal values
-    share one)."""
+    share one). ``commits_per_transaction`` > 1 wraps that many consecutive commit statements in
+    one transaction: what PostgreSQL would spend if the service committed several commands in
+    one transaction (group commit), the statements themselves unchanged."""
     variables: dict[str, str] = {}
     by_value: dict[str, str] = {}
 
@@ -381,13 +383,17 @@ def replay_script(recorded: RecordedRun) -> ReplayScript:
         render(insert),
         render(created),
         "COMMIT;",
-        *(render(step.statement) for step in recorded.run),
     ]
+    commits = [render(step.statement) for step in recorded.run]
+    group = max(1, commits_per_transaction)
+    for start in range(0, len(commits), group):
+        chunk = commits[start : start + group]
+        lines += ["BEGIN;", *chunk, "COMMIT;"] if group > 1 else chunk
     return ReplayScript(
         text="\n".join(lines) + "\n",
         variables=variables,
         commits=len(recorded.run),
-        transactions=len(recorded.run) + 1,
+        transactions=-(-len(recorded.run) // group) + 1,
         version_after=1 + len(recorded.run),
         revision_after=recorded.revision_after,
     )
