@@ -20,9 +20,10 @@ several servers in one process (as in the tests) add to the same series.
 ``lane_watchers_ended_total{reason}`` (counter)
     WatchLane streams that ended: ``client_left`` (the client cancelled or went away),
     ``too_slow`` (RESOURCE_EXHAUSTED ``WATCHER_TOO_SLOW``), ``shutdown`` (UNAVAILABLE
-    ``SERVER_SHUTTING_DOWN``), ``out_of_range`` (resume below the retention floor or past the
-    head), ``not_found`` (no such lane), another refusal's code name in lower case
-    (``resource_exhausted``, ...), or ``error`` (anything unexpected).
+    ``SERVER_SHUTTING_DOWN``), ``lane_deleted`` (NOT_FOUND ``LANE_DELETED``), ``out_of_range``
+    (resume below the retention floor or past the head), ``not_found`` (no such lane), another
+    refusal's code name in lower case (``resource_exhausted``, ...), or ``error`` (anything
+    unexpected).
 ``lane_delivery_latency_seconds`` (histogram)
     From an event group's commit time (``HarnessEvent.commit_time``, stamped by the committing
     process) to the moment a watcher wrote the group to its stream; one observation per group

@@ -1,4 +1,4 @@
-"""RPCs about lanes themselves: create, read, list, configure, enqueue."""
+"""RPCs about lanes themselves: create, read, list, configure, enqueue, delete."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def lane_summary(row: LaneRow) -> pb.LaneSummary:
 
 
 class LaneRpcs(ServicerBase):
-    """RPCs about lanes themselves: create, read, list, configure, enqueue."""
+    """RPCs about lanes themselves: create, read, list, configure, enqueue, delete."""
 
     @unary
     async def CreateLane(self, request: pb.CreateLaneRequest, call: Call) -> pb.CreateLaneResponse:
@@ -138,3 +138,9 @@ class LaneRpcs(ServicerBase):
         lane, key = self.addressed(call, request)
         command = lanes.EnqueueMessage(lane, key, kind=request.kind, item=item)
         return (await lanes.enqueue_message(self.store, command)).to_proto()
+
+    @unary
+    async def DeleteLane(self, request: pb.DeleteLaneRequest, call: Call) -> pb.DeleteLaneResponse:
+        lane, key = self.addressed(call, request)
+        command = lanes.DeleteLane(lane, key, force=request.force)
+        return (await lanes.delete_lane(self.store, command)).to_proto()

@@ -21,6 +21,7 @@ from service.api.lane_rpcs import LaneRpcs
 from service.api.ownership_rpcs import OwnershipRpcs
 from service.api.run_rpcs import RunRpcs
 from service.api.tool_rpcs import ToolRpcs
+from service.api.transfer_rpcs import TransferRpcs
 from service.api.validation import check_counts
 from service.api.watch import WatchSettings, watch_lane
 from service.domain.errors import InvalidArgument
@@ -28,7 +29,9 @@ from service.hub import Hub
 from service.store import Store
 
 
-class LaneServicer(LaneRpcs, RunRpcs, ToolRpcs, OwnershipRpcs, HarnessRpcs, DriveRpcs):
+class LaneServicer(
+    LaneRpcs, RunRpcs, ToolRpcs, OwnershipRpcs, HarnessRpcs, TransferRpcs, DriveRpcs
+):
     """Implements lane.v1.LaneService on a :class:`Store` and a :class:`Hub`."""
 
     @unary
@@ -49,6 +52,13 @@ def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[
     """
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in pb.DESCRIPTOR.services_by_name["LaneService"].methods:
+        if method.client_streaming and not method.server_streaming:
+            # ImportLane: the file in pieces; the handler authenticates and decodes them itself.
+            handlers[method.name] = grpc.stream_unary_rpc_method_handler(
+                observed(method.name, False, getattr(servicer, method.name)),
+                response_serializer=serialize,
+            )
+            continue
         if method.client_streaming:
             # DriveLane: many commands on one stream, each served by its unary handler
             # (drive.py), which authenticates the stream and decodes each message itself.

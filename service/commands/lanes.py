@@ -1,4 +1,4 @@
-"""Commands on a lane itself: create, configure, enqueue."""
+"""Commands on a lane itself: create, configure, enqueue, delete."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ async def create_lane(store: Store, command: CreateLane) -> LaneCreated:
 class UpdateLaneConfig(Command):
     #: None: left as it is (each field).
     model: snapshot_pb2.ModelRef | None
-    thinking_level: int | None
+    thinking_level: snapshot_pb2.ThinkingLevel.ValueType | None
     active_tool_names: tuple[str, ...] | None
 
 
@@ -104,3 +104,34 @@ async def enqueue_message(store: Store, command: EnqueueMessage) -> MessageQueue
         return t, MessageQueued(entry_id=item.entry_id, revision=t.state.revision)
 
     return await run(store, command.lane, command.request, step, MessageQueued)
+
+
+@dataclass(frozen=True)
+class DeleteLane(Command):
+    #: Delete the lane even with an operation open (the operation goes with it).
+    force: bool
+
+
+@dataclass(frozen=True)
+class LaneDeleted(Result[pb.DeleteLaneResponse]):
+    response = pb.DeleteLaneResponse
+    #: The lane's revision when it was deleted.
+    revision: int
+    #: The open operation deleted with the lane ('' when none was open).
+    operation_id: str
+
+
+async def delete_lane(store: Store, command: DeleteLane) -> LaneDeleted:
+    """Delete the lane and everything of it, in one transaction (refused while an operation is
+    open, unless forced: the operation is deleted with the lane, not ended first, since no
+    event of its end could outlive the lane)."""
+
+    def answer(state: LaneState) -> LaneDeleted:
+        operation = state.operation
+        return LaneDeleted(
+            revision=state.revision, operation_id=operation.operation_id if operation else ""
+        )
+
+    return await store.delete_lane(
+        command.lane, command.force, answer, recording(command.request, LaneDeleted)
+    )

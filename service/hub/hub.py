@@ -12,6 +12,11 @@ as the store wrote them, shared by all of the lane's watchers. Three things brin
   for each lane whose head moved past its feed — the fallback when NOTIFY is off, lost, or the
   listener is down.
 
+A deleted lane's watchers are ended (:attr:`Subscription.deleted`): at once when the lane was
+deleted in this process (the store's delete listener); on a deletion notice (payload
+``-namespace/lane_id``) from the process that deleted it; and, failing that, by the poll, which
+finds the lane gone.
+
 Correctness never depends on NOTIFY, nor on the feed: the log is the source of truth, a feed
 holds only whole groups that continue each other, and a watcher the feed cannot serve reads the
 log itself (``Subscription.take``).
@@ -71,11 +76,22 @@ class Subscription:
         self._feed = feed
         self._wake = asyncio.Event()
         self._closed = closed
+        self._deleted = False
 
     @property
     def closed(self) -> bool:
         """Whether the server is shutting down (the watcher must end its stream)."""
         return self._closed
+
+    @property
+    def deleted(self) -> bool:
+        """Whether the lane was deleted (the watcher must end its stream, NOT_FOUND)."""
+        return self._deleted
+
+    def lane_deleted(self) -> None:
+        """Ask the watcher to end its stream: its lane is gone."""
+        self._deleted = True
+        self._wake.set()
 
     def delivered(self, revision: int) -> None:
         """The watcher has delivered every event through ``revision``."""
@@ -150,6 +166,8 @@ class Hub:
         self.feed_memory = FeedMemory()
         self._readers: set[asyncio.Task[None]] = set()
         self._dirty: set[LaneRef] = set()
+        #: Lanes deleted here, still to tell the other processes about.
+        self._deleted: set[LaneRef] = set()
         self._dirty_event = asyncio.Event()
         self._notifier: Notifier | None = None
         #: The lanes other processes watch; our watched lanes still to announce.
@@ -160,6 +178,7 @@ class Hub:
         self.listening = asyncio.Event()
         self._closing = False
         store.add_commit_listener(self.committed)
+        store.add_delete_listener(self.lane_deleted)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -180,6 +199,7 @@ class Hub:
     async def stop(self) -> None:
         """Stop every task."""
         self.store.remove_commit_listener(self.committed)
+        self.store.remove_delete_listener(self.lane_deleted)
         tasks = [*self._tasks, *self._readers]
         for task in tasks:
             task.cancel()
@@ -244,6 +264,22 @@ class Hub:
         if self.notify and self._remote.watched(lane):
             self._dirty.add(lane)
             self._dirty_event.set()
+
+    def lane_deleted(self, lane: LaneRef) -> None:
+        """The lane was deleted in this process (the store's delete listener): end its watchers
+        here now, and tell the other processes."""
+        self._lane_gone(lane)
+        if self.notify:
+            self._deleted.add(lane)
+            self._dirty_event.set()
+
+    def _lane_gone(self, lane: LaneRef) -> None:
+        """End the watchers of a deleted lane. Its feed is dropped at once, so a watcher of a
+        lane created again under the id starts on a feed of its own."""
+        watched = self._lanes.pop(lane, None)
+        if watched is not None:
+            for subscription in watched.subscriptions:
+                subscription.lane_deleted()
 
     def refresh(self, lane: LaneRef) -> None:
         """Bring ``lane``'s feed up to the log (another process committed to it)."""
@@ -328,8 +364,10 @@ class Hub:
                     refresh_at = time.monotonic() + interest.REFRESH_SECONDS
                 announced = self._to_announce()
                 doorbells = [interest.doorbell(lane) for lane in sorted(self._dirty)]
-                payloads = doorbells + interest.announcements(announced)
+                deletions = [interest.deletion(lane) for lane in sorted(self._deleted)]
+                payloads = doorbells + deletions + interest.announcements(announced)
                 self._dirty = set()
+                self._deleted = set()
                 if not payloads:
                     continue
                 metrics.DOORBELLS_SENT.inc(len(doorbells))
@@ -389,6 +427,8 @@ class Hub:
             self._dirty_event.set()
         elif payload.startswith(interest.ANNOUNCE):
             self._remote.heard(payload)
+        elif payload.startswith(interest.DELETED):
+            self._lane_gone(interest.rung_lane(payload[len(interest.DELETED) :]))
         else:
             self.refresh(interest.rung_lane(payload))
 
@@ -405,10 +445,14 @@ class Hub:
             for lane, watched in list(self._lanes.items()):
                 head = heads.get(lane)
                 end = watched.feed.end
-                if head is None or end is None:
-                    # Gone, or no feed position yet: the watchers behind read the log themselves.
+                if self._lanes.get(lane) is not watched:
+                    continue  # deleted, or deleted and watched again, during the poll's read
+                if head is None:
+                    self._lane_gone(lane)  # deleted (its deletion notice did not reach us)
+                elif end is None:
+                    # No feed position yet: the watchers behind read the log themselves.
                     for subscription in watched.subscriptions:
-                        if head is None or head > subscription.revision:
+                        if head > subscription.revision:
                             subscription.ring()
                 elif head > end:
                     self._want_read(watched)

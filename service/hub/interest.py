@@ -11,8 +11,8 @@ Every hub tells the others which lanes its watchers follow, on the doorbell chan
 A hub sends a doorbell for a commit only when some other process announced the lane. A lane
 announced a moment after a commit there misses that doorbell; the announcing hub rings its own
 watchers again shortly after announcing (and polling covers anything else), so the only cost of
-the race is latency. Namespace names never contain ``+`` or ``/``, so the payloads cannot be
-mistaken for one another.
+the race is latency. Namespace names never contain ``+`` or ``/`` and never start with ``-``
+(a deletion notice's prefix), so the payloads cannot be mistaken for one another.
 """
 
 from __future__ import annotations
@@ -29,11 +29,18 @@ TTL_SECONDS = 3 * REFRESH_SECONDS
 #: The largest NOTIFY payload sent (PostgreSQL's limit is 8,000 bytes).
 MAX_PAYLOAD_BYTES = 7_000
 ANNOUNCE = "+"
+#: The prefix of a deletion notice (``-ns/lane``): the lane was deleted; its watchers end.
+DELETED = "-"
 
 
 def doorbell(lane: LaneRef) -> str:
     """The payload ringing ``lane``."""
     return f"{lane.namespace}/{lane.lane_id}"
+
+
+def deletion(lane: LaneRef) -> str:
+    """The payload saying ``lane`` was deleted."""
+    return DELETED + doorbell(lane)
 
 
 def rung_lane(payload: str) -> LaneRef:

@@ -16,6 +16,8 @@ from psycopg_pool import AsyncConnectionPool
 from service import metrics
 from service.domain.capture import capture
 from service.domain.errors import AlreadyExists, LaneError, NotFound
+from service.domain.export_format import LaneExport
+from service.domain.guards import require_no_operation
 from service.domain.ids import new_id
 from service.domain.limits import check_commit
 from service.domain.reconcile import reconcile
@@ -34,6 +36,8 @@ from service.store.lane_reads import (
     load_versioned,
 )
 from service.store.lane_ref import LANE_SCAN, LaneRef
+from service.store.lane_removal import delete_lane_rows, record_answer
+from service.store.lane_transfer import read_export, write_import
 from service.store.lane_writes import (
     CommitStatement,
     RecordedAnswer,
@@ -55,6 +59,8 @@ Decide = Callable[[LaneState, datetime], tuple[Transition, A]]
 #: the lane's turn (``LaneCache.turn``): must not block, and must not keep the list it is given
 #: for anything but reading.
 CommitListener = Callable[[LaneRef, EventGroup], None]
+#: Called after a lane was deleted in this process (the hub ends its watchers). Must not block.
+DeleteListener = Callable[[LaneRef], None]
 
 
 class SnapshotOutline(NamedTuple):
@@ -151,6 +157,7 @@ class Store:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self.pool = pool
         self._commit_listeners: list[CommitListener] = []
+        self._delete_listeners: list[DeleteListener] = []
         #: The lanes this process commanded lately (see lane_cache.py).
         self.cache = LaneCache()
         #: Reads of the event log by this store (:meth:`read_events`); also counted, for all
@@ -192,6 +199,15 @@ class Store:
         """Stop calling ``listener`` (added with :meth:`add_commit_listener`)."""
         with contextlib.suppress(ValueError):
             self._commit_listeners.remove(listener)
+
+    def add_delete_listener(self, listener: DeleteListener) -> None:
+        """Call ``listener`` after every lane deletion in this process."""
+        self._delete_listeners.append(listener)
+
+    def remove_delete_listener(self, listener: DeleteListener) -> None:
+        """Stop calling ``listener`` (added with :meth:`add_delete_listener`)."""
+        with contextlib.suppress(ValueError):
+            self._delete_listeners.remove(listener)
 
     def listen(
         self, channel: str, *, hello: str | None = None, application_name: str = ""
@@ -345,6 +361,55 @@ class Store:
             self.cache.put(lane, VersionedLane(transition.state, version))
             self._committed(lane, statement)
         return result
+
+    async def delete_lane(
+        self,
+        lane: LaneRef,
+        force: bool,
+        answer: Callable[[LaneState], A],
+        request: Recording[A] | None = None,
+    ) -> A:
+        """Delete the lane and all its rows in one transaction under its row lock; the answer is
+        ``answer(the lane's state when deleted)``. Refused (LANE_BUSY) while an operation is
+        open, unless ``force``. The answer is recorded under the request's key and outlives the
+        lane: a retry returns it, even once the lane id is in use again."""
+        async with self.cache.turn(lane):
+            async with self.pool.connection() as conn, conn.transaction():
+                if request is not None:
+                    replay = await replayed_answer(conn, lane, request.key, request.form)
+                    if replay is not None:
+                        return request.decode(replay)
+                loaded = await load_versioned(conn, lane, lock=True)
+                if loaded is None:
+                    raise lane_not_found(lane)
+                if not force:
+                    require_no_operation(loaded.state)
+                result = answer(loaded.state)
+                await delete_lane_rows(conn, lane)
+                for recorded in _recorded(request, result):
+                    await record_answer(conn, lane, recorded)
+            self.cache.forget(lane)
+        for listener in self._delete_listeners:
+            listener(lane)
+        return result
+
+    async def export_lane(self, lane: LaneRef) -> LaneExport:
+        """Every row of the idle lane, read in one REPEATABLE READ transaction (LANE_BUSY while
+        an operation is open)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            export = await read_export(conn, lane)
+        if export is None:
+            raise lane_not_found(lane)
+        return export
+
+    async def import_lane(self, lane: LaneRef, export: LaneExport) -> None:
+        """Create ``lane`` from a checked export, in one transaction (ALREADY_EXISTS
+        ``LANE_EXISTS`` when the id is in use)."""
+        async with self.cache.turn(lane):
+            async with self.pool.connection() as conn, conn.transaction():
+                await write_import(conn, lane, export)
+            self.cache.forget(lane)
 
     async def snapshot_outline(self, lane: LaneRef) -> SnapshotOutline:
         """Capture the lane without its transcript's bodies, in one REPEATABLE READ

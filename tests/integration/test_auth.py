@@ -175,6 +175,8 @@ def aimed_request(method: str, run: MidRun, lane_id: str) -> Message:
         request.reason = 1
     if method == "SetLaneValue":
         request.session_name.name = "renamed"
+    if method == "ImportLane":
+        request.data = b"not an export"  # refused after auth and the lane lookup it needs
     if method == "DriveLane":
         # A session: one command in it, aimed like the unary request of the same method.
         request.sequence = 7
@@ -190,6 +192,15 @@ async def answer_of(stub: Stub, method: str, request: Any) -> tuple[str, str, st
             call: Any = stub.WatchLane(request)
             await asyncio.wait_for(call.read(), 5)
             call.cancel()
+        elif method == "ExportLane":
+            exported = [piece async for piece in stub.ExportLane(request, timeout=10)]
+            assert exported
+        elif method == "ImportLane":
+
+            async def pieces() -> AsyncIterator[Any]:
+                yield request
+
+            await stub.ImportLane(pieces(), timeout=10)
         elif method == "DriveLane":
             # The stream's own refusal (auth) ends it; a command's is its answer's error.
             call = stub.DriveLane()
@@ -259,7 +270,10 @@ async def test_undecodable_bytes_without_a_token_are_unauthenticated(
     assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS if m not in ("CreateLane", "ListLanes")])
+# ImportLane creates a lane in the caller's namespace: see test_an_import_lands_in_the_callers_...
+@pytest.mark.parametrize(
+    "method", [m for m in METHODS if m not in ("CreateLane", "ListLanes", "ImportLane")]
+)
 async def test_another_namespaces_lane_answers_as_a_missing_one(
     stubs: tuple[Stub, Stub], method: str
 ) -> None:
@@ -579,3 +593,37 @@ async def test_the_reconciler_ends_abandoned_runs_in_every_namespace(
         await asyncio.sleep(0.2)
     assert snapshot.last_result.operation_id == started.operation_id
     assert snapshot.last_result.status == snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED
+
+
+async def test_an_import_lands_in_the_callers_namespace(stubs: tuple[Stub, Stub]) -> None:
+    stub_a, stub_b = stubs
+    lane_id = new_lane_id("exported")
+    await stub_a.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    await stub_a.EnqueueMessage(
+        pb.EnqueueMessageRequest(
+            lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user("a's")
+        )
+    )
+    before = await stub_a.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    data = b"".join(
+        [p.data async for p in stub_a.ExportLane(pb.ExportLaneRequest(lane_id=lane_id))]
+    )
+
+    async def pieces() -> AsyncIterator[pb.ImportLaneRequest]:
+        yield pb.ImportLaneRequest(lane_id=lane_id, data=data)
+
+    # Team-b imports team-a's file under the same id: a lane of its own; a's is untouched, and
+    # team-b deleting "its" lane leaves a's alone.
+    await stub_b.ImportLane(pieces())
+    theirs = await stub_b.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    assert theirs.snapshot.queues == before.snapshot.queues
+    await stub_b.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
+    after = await stub_a.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    assert after == before
+    # Team-a importing under its own lane's id is refused: the id is in use.
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub_a.ImportLane(pieces())
+    assert (raised.value.code(), error_info(raised.value).reason) == (
+        grpc.StatusCode.ALREADY_EXISTS,
+        "LANE_EXISTS",
+    )

@@ -331,6 +331,9 @@ CASES: list[tuple[str, Callable[[Ctx], Message]]] = [
             lane_id=c.lane, session_name=events_pb2.SessionNameValue(name="n")
         ),
     ),
+    ("create a second lane", lambda c: pb.CreateLaneRequest(lane_id=f"{c.lane}-x")),
+    ("delete the second lane", lambda c: pb.DeleteLaneRequest(lane_id=f"{c.lane}-x")),
+    ("delete it again", lambda c: pb.DeleteLaneRequest(lane_id=f"{c.lane}-x")),
     ("snapshot at the end", lambda c: pb.GetLaneSnapshotRequest(lane_id=c.lane)),
 ]
 

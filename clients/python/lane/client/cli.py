@@ -6,6 +6,9 @@
     lane lanes                          every lane, its revision and open operation
     lane send LANE TEXT                 queue a user message (steer, follow-up, next run)
     lane abort LANE                     abort the lane's open operation
+    lane delete LANE [--force]          delete a lane and everything of it
+    lane export LANE > FILE             the lane as an export file (docs/export-format.md)
+    lane import FILE [--lane NEW_ID]    a new lane from an export file
     lane demo [--lane L] [--script S | --shell CMD]
                                         a scripted agent driving real tools
     lane --version
@@ -73,6 +76,9 @@ def build_parser(*, serve_flags: bool = True) -> argparse.ArgumentParser:
     _add_lanes(commands)
     _add_send(commands)
     _add_abort(commands)
+    _add_delete(commands)
+    _add_export(commands)
+    _add_import(commands)
     _add_demo(commands)
     return parser
 
@@ -262,6 +268,126 @@ def _abort(args: argparse.Namespace) -> int:
         )
         state = "abort requested" if aborted.newly_requested else "already aborting"
         print(f"operation {operation_id}: {state}")
+        return 0
+
+    return run_client(args, work)
+
+
+def _add_delete(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = commands.add_parser(
+        "delete",
+        help="delete a lane and everything of it",
+        description="Send DeleteLane: the lane, its transcript, events, usage rows, inbox and "
+        "recorded answers go, in one transaction; its watchers are ended. Refused while an "
+        "operation is open, unless --force (the operation is deleted with the lane; its driver's "
+        "next command is refused LANE_NOT_FOUND).",
+    )
+    command.add_argument("lane", metavar="LANE")
+    command.add_argument("--force", action="store_true", help="delete even with an operation open")
+    add_connection_options(command)
+    command.set_defaults(handler=_delete)
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from lane.client.commands import call
+    from lane.v1 import lane_service_pb2 as pb
+
+    async def work(stub: Any, _: Connection) -> int:
+        request = pb.DeleteLaneRequest(
+            lane_id=args.lane, force=args.force, request_id=str(uuid.uuid4())
+        )
+        answer = await call(stub.DeleteLane, request)
+        also = f" with its open operation {answer.operation_id}" if answer.operation_id else ""
+        print(f"deleted lane {args.lane} at revision {answer.revision}{also}")
+        return 0
+
+    return run_client(args, work)
+
+
+def _add_export(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = commands.add_parser(
+        "export",
+        help="write a lane as an export file to standard output",
+        description="Send ExportLane and write the lane's export file (JSON Lines: a header "
+        "with the format version, the lane, its entries, usage rows and event groups; see "
+        "docs/export-format.md) to standard output. The lane must have no open operation.",
+    )
+    command.add_argument("lane", metavar="LANE")
+    add_connection_options(command)
+    command.set_defaults(handler=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    import grpc
+    from lane.client.errors import lane_error
+    from lane.v1 import lane_service_pb2 as pb
+
+    async def work(stub: Any, _: Connection) -> int:
+        out = sys.stdout.buffer
+        try:
+            async for piece in stub.ExportLane(pb.ExportLaneRequest(lane_id=args.lane)):
+                out.write(piece.data)
+        except grpc.aio.AioRpcError as err:
+            raise lane_error(err) from err
+        out.flush()
+        return 0
+
+    return run_client(args, work)
+
+
+def _add_import(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = commands.add_parser(
+        "import",
+        help="create a new lane from an export file",
+        description="Send the export file FILE ('-': standard input) with ImportLane: the service "
+        "checks all of it, then creates the new lane with the same transcript, inbox, "
+        "configuration, usage and events, in one transaction. A file that is not a valid "
+        "export is refused and creates nothing.",
+    )
+    command.add_argument("file", metavar="FILE")
+    command.add_argument(
+        "--lane", metavar="NEW_ID", help="the new lane's id (default: imported-...)"
+    )
+    add_connection_options(command)
+    command.set_defaults(handler=_import)
+
+
+#: Bytes of the file per ImportLaneRequest.
+_IMPORT_PIECE_BYTES = 1 << 20
+
+
+def _import(args: argparse.Namespace) -> int:
+    from collections.abc import AsyncIterator
+
+    import grpc
+    from lane.client.errors import lane_error
+    from lane.v1 import lane_service_pb2 as pb
+
+    try:
+        if args.file == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(args.file, "rb") as file:
+                data = file.read()
+    except OSError as err:
+        print(f"lane import: cannot read {args.file}: {err.strerror}", file=sys.stderr)
+        return 2
+    lane_id = args.lane or f"imported-{uuid.uuid4().hex[:8]}"
+
+    async def pieces() -> AsyncIterator[pb.ImportLaneRequest]:
+        yield pb.ImportLaneRequest(lane_id=lane_id, data=data[:_IMPORT_PIECE_BYTES])
+        for start in range(_IMPORT_PIECE_BYTES, len(data), _IMPORT_PIECE_BYTES):
+            yield pb.ImportLaneRequest(data=data[start : start + _IMPORT_PIECE_BYTES])
+
+    async def work(stub: Any, _: Connection) -> int:
+        try:
+            answer = await stub.ImportLane(pieces())
+        except grpc.aio.AioRpcError as err:
+            raise lane_error(err) from err
+        print(
+            f"imported lane {answer.lane_id}: revision {answer.revision}, "
+            f"{answer.entry_count} entries, {answer.event_count} events"
+        )
         return 0
 
     return run_client(args, work)

@@ -164,4 +164,10 @@ def _bearer(token: str) -> list[grpc.aio.ClientInterceptor]:
         ) -> Any:
             return await continuation(with_token(client_call_details), request_iterator)
 
-    return [UnaryUnary(), UnaryStream(), StreamStream()]
+    class StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+        async def intercept_stream_unary(
+            self, continuation: Any, client_call_details: Any, request_iterator: Any
+        ) -> Any:
+            return await continuation(with_token(client_call_details), request_iterator)
+
+    return [UnaryUnary(), UnaryStream(), StreamUnary(), StreamStream()]

@@ -868,6 +868,155 @@ class EnqueueMessageResponse(_message.Message):
 Global___EnqueueMessageResponse: _TypeAlias = EnqueueMessageResponse  # noqa: Y015
 
 @_typing.final
+class DeleteLaneRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    force: _builtins.bool
+    """Delete the lane even with an operation open (the operation goes with it)."""
+    request_id: _builtins.str
+    """A retry with the same id returns the first answer, even after the lane is gone (the
+    answer outlives the lane).
+    """
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        force: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "lane_id", b"lane_id", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteLaneRequest: _TypeAlias = DeleteLaneRequest  # noqa: Y015
+
+@_typing.final
+class DeleteLaneResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    OPERATION_ID_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The lane's revision when it was deleted."""
+    operation_id: _builtins.str
+    """The open operation deleted with the lane (force), empty when none was open."""
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        operation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operation_id", b"operation_id", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteLaneResponse: _TypeAlias = DeleteLaneResponse  # noqa: Y015
+
+@_typing.final
+class ExportLaneRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportLaneRequest: _TypeAlias = ExportLaneRequest  # noqa: Y015
+
+@_typing.final
+class ExportLaneResponse(_message.Message):
+    """The next piece of the export file: the pieces in order, concatenated, are the file."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportLaneResponse: _TypeAlias = ExportLaneResponse  # noqa: Y015
+
+@_typing.final
+class ImportLaneRequest(_message.Message):
+    """The next piece of an export file. The first message names the new lane; later ones carry
+    only data. The pieces in order, concatenated, are the file (at most 256 MiB).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    """The new lane's id (first message only); it must not exist (ALREADY_EXISTS LANE_EXISTS)."""
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "lane_id", b"lane_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImportLaneRequest: _TypeAlias = ImportLaneRequest  # noqa: Y015
+
+@_typing.final
+class ImportLaneResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    ENTRY_COUNT_FIELD_NUMBER: _builtins.int
+    EVENT_COUNT_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    revision: _builtins.int
+    """The new lane's revision: the exported lane's."""
+    entry_count: _builtins.int
+    event_count: _builtins.int
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        entry_count: _builtins.int = ...,
+        event_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_count", b"entry_count", "event_count", b"event_count", "lane_id", b"lane_id", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImportLaneResponse: _TypeAlias = ImportLaneResponse  # noqa: Y015
+
+@_typing.final
 class RunSettings(_message.Message):
     """Settings captured when a run starts. Unspecified values take the defaults: parallel tool
     execution, all steering and follow-up messages at once.
@@ -2464,6 +2613,7 @@ class DriveLaneRequest(_message.Message):
     REPORT_FAULT_FIELD_NUMBER: _builtins.int
     REPORT_HANDLER_ERROR_FIELD_NUMBER: _builtins.int
     SET_LANE_VALUE_FIELD_NUMBER: _builtins.int
+    DELETE_LANE_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Chosen by the client and echoed in the command's answer. The service neither checks nor
     orders by it; keep it unique among the stream's unanswered commands.
@@ -2530,6 +2680,8 @@ class DriveLaneRequest(_message.Message):
     def report_handler_error(self) -> Global___ReportHandlerErrorRequest: ...
     @_builtins.property
     def set_lane_value(self) -> Global___SetLaneValueRequest: ...
+    @_builtins.property
+    def delete_lane(self) -> Global___DeleteLaneRequest: ...
     def __init__(
         self,
         *,
@@ -2565,12 +2717,13 @@ class DriveLaneRequest(_message.Message):
         report_fault: Global___ReportFaultRequest | None = ...,
         report_handler_error: Global___ReportHandlerErrorRequest | None = ...,
         set_lane_value: Global___SetLaneValueRequest | None = ...,
+        delete_lane: Global___DeleteLaneRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value", "delete_lane"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -2615,6 +2768,7 @@ class DriveLaneResponse(_message.Message):
     REPORT_FAULT_FIELD_NUMBER: _builtins.int
     REPORT_HANDLER_ERROR_FIELD_NUMBER: _builtins.int
     SET_LANE_VALUE_FIELD_NUMBER: _builtins.int
+    DELETE_LANE_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """The sequence of the request answered."""
     @_builtins.property
@@ -2687,6 +2841,8 @@ class DriveLaneResponse(_message.Message):
     def report_handler_error(self) -> Global___ReportHandlerErrorResponse: ...
     @_builtins.property
     def set_lane_value(self) -> Global___SetLaneValueResponse: ...
+    @_builtins.property
+    def delete_lane(self) -> Global___DeleteLaneResponse: ...
     def __init__(
         self,
         *,
@@ -2723,12 +2879,13 @@ class DriveLaneResponse(_message.Message):
         report_fault: Global___ReportFaultResponse | None = ...,
         report_handler_error: Global___ReportHandlerErrorResponse | None = ...,
         set_lane_value: Global___SetLaneValueResponse | None = ...,
+        delete_lane: Global___DeleteLaneResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["error", "create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value"]  # noqa: Y015
+    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["error", "create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value", "delete_lane"]  # noqa: Y015
     _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_answer) -> _WhichOneofReturnType_answer | None: ...
 

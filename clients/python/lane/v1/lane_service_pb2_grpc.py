@@ -65,6 +65,21 @@ class LaneServiceStub:
                 request_serializer=lane_dot_v1_dot_lane__service__pb2.EnqueueMessageRequest.SerializeToString,
                 response_deserializer=lane_dot_v1_dot_lane__service__pb2.EnqueueMessageResponse.FromString,
                 _registered_method=True)
+        self.DeleteLane = channel.unary_unary(
+                '/lane.v1.LaneService/DeleteLane',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.DeleteLaneRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.DeleteLaneResponse.FromString,
+                _registered_method=True)
+        self.ExportLane = channel.unary_stream(
+                '/lane.v1.LaneService/ExportLane',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.ExportLaneRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.ExportLaneResponse.FromString,
+                _registered_method=True)
+        self.ImportLane = channel.stream_unary(
+                '/lane.v1.LaneService/ImportLane',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.ImportLaneRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.ImportLaneResponse.FromString,
+                _registered_method=True)
         self.StartRun = channel.unary_unary(
                 '/lane.v1.LaneService/StartRun',
                 request_serializer=lane_dot_v1_dot_lane__service__pb2.StartRunRequest.SerializeToString,
@@ -246,6 +261,35 @@ class LaneServiceServicer:
 
     def EnqueueMessage(self, request, context):
         """Put a message (or a custom entry) in the lane's inbox. Emits queue_update.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteLane(self, request, context):
+        """Delete the lane and everything it holds (entries, events, usage rows, inbox, operations,
+        tool calls, recorded answers), in one transaction. Refused with FAILED_PRECONDITION
+        (reason LANE_BUSY) while an operation is open, unless `force`: then the open operation is
+        deleted with the lane and its driver's next command is refused NOT_FOUND (LANE_NOT_FOUND).
+        Its watchers' streams end with NOT_FOUND (reason LANE_DELETED). Emits nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportLane(self, request, context):
+        """The lane as an export file (JSON Lines, docs/export-format.md), read in one REPEATABLE READ
+        transaction and sent in pieces. Refused with FAILED_PRECONDITION (LANE_BUSY) while an
+        operation is open.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportLane(self, request_iterator, context):
+        """Create a new lane from an export file sent in pieces. The whole file is validated before
+        anything is written; a file that is not a valid export is refused with INVALID_ARGUMENT
+        (reason INVALID_EXPORT) and creates nothing. One transaction.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -504,6 +548,21 @@ def add_LaneServiceServicer_to_server(servicer, server):
                     servicer.EnqueueMessage,
                     request_deserializer=lane_dot_v1_dot_lane__service__pb2.EnqueueMessageRequest.FromString,
                     response_serializer=lane_dot_v1_dot_lane__service__pb2.EnqueueMessageResponse.SerializeToString,
+            ),
+            'DeleteLane': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteLane,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.DeleteLaneRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.DeleteLaneResponse.SerializeToString,
+            ),
+            'ExportLane': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportLane,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.ExportLaneRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.ExportLaneResponse.SerializeToString,
+            ),
+            'ImportLane': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportLane,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.ImportLaneRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.ImportLaneResponse.SerializeToString,
             ),
             'StartRun': grpc.unary_unary_rpc_method_handler(
                     servicer.StartRun,
@@ -787,6 +846,87 @@ class LaneService:
             '/lane.v1.LaneService/EnqueueMessage',
             lane_dot_v1_dot_lane__service__pb2.EnqueueMessageRequest.SerializeToString,
             lane_dot_v1_dot_lane__service__pb2.EnqueueMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteLane(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/DeleteLane',
+            lane_dot_v1_dot_lane__service__pb2.DeleteLaneRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.DeleteLaneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportLane(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lane.v1.LaneService/ExportLane',
+            lane_dot_v1_dot_lane__service__pb2.ExportLaneRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.ExportLaneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportLane(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/lane.v1.LaneService/ImportLane',
+            lane_dot_v1_dot_lane__service__pb2.ImportLaneRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.ImportLaneResponse.FromString,
             options,
             channel_credentials,
             insecure,

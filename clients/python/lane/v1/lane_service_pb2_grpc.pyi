@@ -49,6 +49,23 @@ class LaneServiceStub:
     """Replace the model, thinking level and/or active tools. Emits config_update."""
     EnqueueMessage: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.EnqueueMessageRequest, _lane_service_pb2.EnqueueMessageResponse]
     """Put a message (or a custom entry) in the lane's inbox. Emits queue_update."""
+    DeleteLane: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.DeleteLaneRequest, _lane_service_pb2.DeleteLaneResponse]
+    """Delete the lane and everything it holds (entries, events, usage rows, inbox, operations,
+    tool calls, recorded answers), in one transaction. Refused with FAILED_PRECONDITION
+    (reason LANE_BUSY) while an operation is open, unless `force`: then the open operation is
+    deleted with the lane and its driver's next command is refused NOT_FOUND (LANE_NOT_FOUND).
+    Its watchers' streams end with NOT_FOUND (reason LANE_DELETED). Emits nothing.
+    """
+    ExportLane: _grpc.UnaryStreamMultiCallable[_lane_service_pb2.ExportLaneRequest, _lane_service_pb2.ExportLaneResponse]
+    """The lane as an export file (JSON Lines, docs/export-format.md), read in one REPEATABLE READ
+    transaction and sent in pieces. Refused with FAILED_PRECONDITION (LANE_BUSY) while an
+    operation is open.
+    """
+    ImportLane: _grpc.StreamUnaryMultiCallable[_lane_service_pb2.ImportLaneRequest, _lane_service_pb2.ImportLaneResponse]
+    """Create a new lane from an export file sent in pieces. The whole file is validated before
+    anything is written; a file that is not a valid export is refused with INVALID_ARGUMENT
+    (reason INVALID_EXPORT) and creates nothing. One transaction.
+    """
     StartRun: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.StartRunRequest, _lane_service_pb2.StartRunResponse]
     """Open a run with a prompt. Emits run_start, the message lifecycle of every placed entry,
     and queue_update when inbox items were captured.
@@ -168,6 +185,23 @@ class LaneServiceAsyncStub(LaneServiceStub):
     """Replace the model, thinking level and/or active tools. Emits config_update."""
     EnqueueMessage: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.EnqueueMessageRequest, _lane_service_pb2.EnqueueMessageResponse]  # type: ignore[assignment]
     """Put a message (or a custom entry) in the lane's inbox. Emits queue_update."""
+    DeleteLane: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.DeleteLaneRequest, _lane_service_pb2.DeleteLaneResponse]  # type: ignore[assignment]
+    """Delete the lane and everything it holds (entries, events, usage rows, inbox, operations,
+    tool calls, recorded answers), in one transaction. Refused with FAILED_PRECONDITION
+    (reason LANE_BUSY) while an operation is open, unless `force`: then the open operation is
+    deleted with the lane and its driver's next command is refused NOT_FOUND (LANE_NOT_FOUND).
+    Its watchers' streams end with NOT_FOUND (reason LANE_DELETED). Emits nothing.
+    """
+    ExportLane: _aio.UnaryStreamMultiCallable[_lane_service_pb2.ExportLaneRequest, _lane_service_pb2.ExportLaneResponse]  # type: ignore[assignment]
+    """The lane as an export file (JSON Lines, docs/export-format.md), read in one REPEATABLE READ
+    transaction and sent in pieces. Refused with FAILED_PRECONDITION (LANE_BUSY) while an
+    operation is open.
+    """
+    ImportLane: _aio.StreamUnaryMultiCallable[_lane_service_pb2.ImportLaneRequest, _lane_service_pb2.ImportLaneResponse]  # type: ignore[assignment]
+    """Create a new lane from an export file sent in pieces. The whole file is validated before
+    anything is written; a file that is not a valid export is refused with INVALID_ARGUMENT
+    (reason INVALID_EXPORT) and creates nothing. One transaction.
+    """
     StartRun: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.StartRunRequest, _lane_service_pb2.StartRunResponse]  # type: ignore[assignment]
     """Open a run with a prompt. Emits run_start, the message lifecycle of every placed entry,
     and queue_update when inbox items were captured.
@@ -314,6 +348,41 @@ class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_lane_service_pb2.EnqueueMessageResponse, _abc.Awaitable[_lane_service_pb2.EnqueueMessageResponse]]:
         """Put a message (or a custom entry) in the lane's inbox. Emits queue_update."""
+
+    @_abc_1.abstractmethod
+    def DeleteLane(
+        self,
+        request: _lane_service_pb2.DeleteLaneRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.DeleteLaneResponse, _abc.Awaitable[_lane_service_pb2.DeleteLaneResponse]]:
+        """Delete the lane and everything it holds (entries, events, usage rows, inbox, operations,
+        tool calls, recorded answers), in one transaction. Refused with FAILED_PRECONDITION
+        (reason LANE_BUSY) while an operation is open, unless `force`: then the open operation is
+        deleted with the lane and its driver's next command is refused NOT_FOUND (LANE_NOT_FOUND).
+        Its watchers' streams end with NOT_FOUND (reason LANE_DELETED). Emits nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def ExportLane(
+        self,
+        request: _lane_service_pb2.ExportLaneRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_lane_service_pb2.ExportLaneResponse], _abc.AsyncIterator[_lane_service_pb2.ExportLaneResponse]]:
+        """The lane as an export file (JSON Lines, docs/export-format.md), read in one REPEATABLE READ
+        transaction and sent in pieces. Refused with FAILED_PRECONDITION (LANE_BUSY) while an
+        operation is open.
+        """
+
+    @_abc_1.abstractmethod
+    def ImportLane(
+        self,
+        request_iterator: _MaybeAsyncIterator[_lane_service_pb2.ImportLaneRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.ImportLaneResponse, _abc.Awaitable[_lane_service_pb2.ImportLaneResponse]]:
+        """Create a new lane from an export file sent in pieces. The whole file is validated before
+        anything is written; a file that is not a valid export is refused with INVALID_ARGUMENT
+        (reason INVALID_EXPORT) and creates nothing. One transaction.
+        """
 
     @_abc_1.abstractmethod
     def StartRun(

@@ -76,15 +76,23 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """INVALID_ARGUMENT"""
     REASON_PAYLOAD_TOO_LARGE: _Reason.ValueType  # 33
     """INVALID_ARGUMENT"""
+    REASON_INVALID_EXPORT: _Reason.ValueType  # 34
+    """INVALID_ARGUMENT"""
+    REASON_EXPORT_VERSION_UNSUPPORTED: _Reason.ValueType  # 35
+    """INVALID_ARGUMENT"""
     REASON_LANE_NOT_FOUND: _Reason.ValueType  # 40
     """NOT_FOUND"""
     REASON_TOOL_CALL_NOT_FOUND: _Reason.ValueType  # 41
     """NOT_FOUND"""
     REASON_ENTRY_NOT_FOUND: _Reason.ValueType  # 42
     """NOT_FOUND"""
+    REASON_LANE_DELETED: _Reason.ValueType  # 43
+    """NOT_FOUND"""
     REASON_REQUEST_ID_REUSED: _Reason.ValueType  # 50
     """ALREADY_EXISTS"""
     REASON_OPERATION_ID_EXISTS: _Reason.ValueType  # 51
+    """ALREADY_EXISTS"""
+    REASON_LANE_EXISTS: _Reason.ValueType  # 52
     """ALREADY_EXISTS"""
     REASON_LANE_BUSY: _Reason.ValueType  # 60
     """FAILED_PRECONDITION"""
@@ -225,15 +233,23 @@ REASON_TOO_MANY_TOOL_NAMES: Reason.ValueType  # 32
 """INVALID_ARGUMENT"""
 REASON_PAYLOAD_TOO_LARGE: Reason.ValueType  # 33
 """INVALID_ARGUMENT"""
+REASON_INVALID_EXPORT: Reason.ValueType  # 34
+"""INVALID_ARGUMENT"""
+REASON_EXPORT_VERSION_UNSUPPORTED: Reason.ValueType  # 35
+"""INVALID_ARGUMENT"""
 REASON_LANE_NOT_FOUND: Reason.ValueType  # 40
 """NOT_FOUND"""
 REASON_TOOL_CALL_NOT_FOUND: Reason.ValueType  # 41
 """NOT_FOUND"""
 REASON_ENTRY_NOT_FOUND: Reason.ValueType  # 42
 """NOT_FOUND"""
+REASON_LANE_DELETED: Reason.ValueType  # 43
+"""NOT_FOUND"""
 REASON_REQUEST_ID_REUSED: Reason.ValueType  # 50
 """ALREADY_EXISTS"""
 REASON_OPERATION_ID_EXISTS: Reason.ValueType  # 51
+"""ALREADY_EXISTS"""
+REASON_LANE_EXISTS: Reason.ValueType  # 52
 """ALREADY_EXISTS"""
 REASON_LANE_BUSY: Reason.ValueType  # 60
 """FAILED_PRECONDITION"""

@@ -1,0 +1,292 @@
+"""DeleteLane: a lane and every row of it go in one transaction; refused while an operation is
+open unless forced; its watchers end NOT_FOUND LANE_DELETED, in this process and in others; a
+retry with the request id answers as the first call; the id can be used again, fresh."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import messages_pb2, snapshot_pb2
+
+from service.store import DEFAULT_NAMESPACE, LaneRef, Store
+from service.store.lane_removal import LANE_TABLES
+from tests.integration.lanes import (
+    Probe,
+    error_info,
+    leased_batch,
+    new_lane_id,
+    result,
+    user,
+)
+from tests.integration.servers import extra_server
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+Stub = Any
+#: Generous bounds that only keep a broken test from hanging; nothing is timed by them.
+PATIENCE = 30.0
+
+
+async def busy_lane(stub: Stub, lane_id: str) -> tuple[str, int]:
+    """A lane with a leased run, a started tool call, a usage row, a queued message and a
+    recorded answer: a row in every table a lane has."""
+    operation, token = await leased_batch(stub, Probe(stub, lane_id), "c1")
+    await stub.StartToolCall(
+        pb.StartToolCallRequest(
+            lane_id=lane_id,
+            operation_id=operation,
+            tool_call_id="c1",
+            arguments_json="{}",
+            lease_token=token,
+        )
+    )
+    await stub.UpdateToolCall(
+        pb.UpdateToolCallRequest(
+            lane_id=lane_id,
+            operation_id=operation,
+            tool_call_id="c1",
+            partial_result=result("half"),
+            checkpoint=True,
+            lease_token=token,
+        )
+    )
+    await stub.RecordUsage(
+        pb.RecordUsageRequest(lane_id=lane_id, usage=messages_pb2.Usage(input=3, total_tokens=3))
+    )
+    await stub.EnqueueMessage(
+        pb.EnqueueMessageRequest(
+            lane_id=lane_id,
+            kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP,
+            message=user("later"),
+            request_id="queued-1",
+        )
+    )
+    return operation, token
+
+
+async def rows_of(store: Store, lane_id: str) -> dict[str, int]:
+    """How many rows each table holds for the lane (the lanes table included)."""
+    counts: dict[str, int] = {}
+    async with store.pool.connection() as conn:
+        for table in (*LANE_TABLES, "lanes"):
+            cur = await conn.execute(
+                f"SELECT count(*) FROM {table} WHERE namespace = %s AND lane_id = %s",
+                (DEFAULT_NAMESPACE, lane_id),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            counts[table] = row[0]
+    return counts
+
+
+async def refusal(awaitable: Any) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await awaitable
+    info = error_info(raised.value)
+    return raised.value.code(), info.reason, dict(info.metadata)
+
+
+class Watcher:
+    """A WatchLane stream read to its end in the background: its revisions and final status."""
+
+    def __init__(self, stub: Stub, lane_id: str) -> None:
+        self.call = stub.WatchLane(pb.WatchLaneRequest(lane_id=lane_id))
+        self.revision = 0
+        self.seen = asyncio.Event()
+        self.task = asyncio.create_task(self._read())
+
+    async def _read(self) -> grpc.aio.AioRpcError | None:
+        try:
+            async for response in self.call:
+                kind = response.WhichOneof("item")
+                if kind == "snapshot":
+                    self.revision = response.snapshot.snapshot.revision
+                elif kind == "event_group":
+                    self.revision = response.event_group.events[-1].revision
+                self.seen.set()
+        except grpc.aio.AioRpcError as error:
+            return error
+        return None
+
+    async def attached(self) -> None:
+        await asyncio.wait_for(self.seen.wait(), PATIENCE)
+
+    async def end(self) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+        error = await asyncio.wait_for(self.task, PATIENCE)
+        assert error is not None, "the stream ended OK"
+        info = error_info(error)
+        return error.code(), info.reason, dict(info.metadata)
+
+
+def table_names_of_schema() -> set[str]:
+    """Every table the migrations create, but the service's own bookkeeping."""
+    import re
+
+    from service.store.migrations import available_migrations
+
+    names = set()
+    for _, _, sql in available_migrations():
+        names.update(re.findall(r"CREATE TABLE (\w+)", sql))
+    return names - {"schema_migrations"}
+
+
+async def test_every_table_of_a_lane_is_deleted() -> None:
+    # A table added later and forgotten in LANE_TABLES would keep deleted lanes' rows.
+    assert table_names_of_schema() == {*LANE_TABLES, "lanes"}
+
+
+async def test_an_idle_lane_is_deleted_with_every_row(lane_stub: Stub, store: Store) -> None:
+    lane_id = new_lane_id("del")
+    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    await lane_stub.EnqueueMessage(
+        pb.EnqueueMessageRequest(
+            lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user("hi")
+        )
+    )
+    before = await lane_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    deleted = await lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
+    assert (deleted.revision, deleted.operation_id) == (before.snapshot.revision, "")
+    assert set((await rows_of(store, lane_id)).values()) == {0}
+    assert await refusal(lane_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))) == (
+        grpc.StatusCode.NOT_FOUND,
+        "LANE_NOT_FOUND",
+        {"laneId": lane_id},
+    )
+    # Deleting again: the lane is not there.
+    code, reason, _ = await refusal(lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id)))
+    assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "LANE_NOT_FOUND")
+    listed = await lane_stub.ListLanes(pb.ListLanesRequest(page_size=1000))
+    assert lane_id not in [lane.lane_id for lane in listed.lanes]
+
+
+async def test_an_open_run_refuses_the_delete_and_nothing_changes(
+    lane_stub: Stub, store: Store
+) -> None:
+    lane_id = new_lane_id("del-busy")
+    operation, _ = await busy_lane(lane_stub, lane_id)
+    rows = await rows_of(store, lane_id)
+    assert all(rows.values()), rows  # a row in every table
+    before = await lane_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    code, reason, metadata = await refusal(
+        lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id, request_id="del-1"))
+    )
+    assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "LANE_BUSY")
+    assert metadata["openOperationId"] == operation
+    assert await rows_of(store, lane_id) == rows
+    after = await lane_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    assert after == before
+
+
+async def test_force_deletes_the_open_run_with_the_lane(lane_stub: Stub, store: Store) -> None:
+    lane_id = new_lane_id("del-force")
+    operation, token = await busy_lane(lane_stub, lane_id)
+    deleted = await lane_stub.DeleteLane(
+        pb.DeleteLaneRequest(lane_id=lane_id, force=True, request_id="del-1")
+    )
+    assert deleted.operation_id == operation
+    # Only the delete's own answer stays (under its request id), for a retry.
+    rows = await rows_of(store, lane_id)
+    assert rows.pop("requests") == 1
+    assert set(rows.values()) == {0}
+    # The run's driver learns it at its next command.
+    code, reason, _ = await refusal(
+        lane_stub.RenewLease(
+            pb.RenewLeaseRequest(lane_id=lane_id, operation_id=operation, lease_token=token)
+        )
+    )
+    assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "LANE_NOT_FOUND")
+    # A retry of the delete answers as the first call did; a different request under the
+    # same id is refused.
+    again = await lane_stub.DeleteLane(
+        pb.DeleteLaneRequest(lane_id=lane_id, force=True, request_id="del-1")
+    )
+    assert again == deleted
+    code, reason, _ = await refusal(
+        lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id, request_id="del-1"))
+    )
+    assert (code, reason) == (grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_REUSED")
+
+
+async def test_the_id_can_be_used_again_and_the_lane_starts_fresh(
+    lane_stub: Stub, store: Store
+) -> None:
+    lane_id = new_lane_id("del-again")
+    await busy_lane(lane_stub, lane_id)
+    await lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id, force=True))
+    created = await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    assert (created.created, created.revision) == (True, 1)
+    probe = Probe(lane_stub, lane_id)
+    fresh = await probe.start()
+    assert (len(fresh.transcript), fresh.tip_id, list(fresh.queues)) == (0, "", [])
+    assert not fresh.HasField("operation") and not fresh.HasField("last_result")
+    assert fresh.stats.message_count == 0 and fresh.stats.usage.total_tokens == 0
+    # The new lane works, and its events are its own (fold equals capture from revision 0).
+    operation, _ = await leased_batch(lane_stub, probe, "c1")
+    assert operation
+    await probe.check()
+    assert probe.events[0].revision == 2
+
+
+async def test_a_watcher_in_this_process_ends_lane_deleted(lane_stub: Stub) -> None:
+    lane_id = new_lane_id("del-watch")
+    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    watcher = Watcher(lane_stub, lane_id)
+    await watcher.attached()
+    await lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
+    code, reason, metadata = await watcher.end()
+    assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "LANE_DELETED")
+    assert metadata == {"laneId": lane_id, "lastRevision": "1"}
+    # A new watcher of the id gets the plain answer for a lane that does not exist.
+    late = Watcher(lane_stub, lane_id)
+    assert (await late.end())[:2] == (grpc.StatusCode.NOT_FOUND, "LANE_NOT_FOUND")
+
+
+@pytest.mark.parametrize("notify", [True, False], ids=["notice", "poll"])
+async def test_a_watcher_on_another_server_ends_lane_deleted(
+    session_database_url: str, lane_stub: Stub, notify: bool
+) -> None:
+    # With NOTIFY the deletion notice ends it, and the poll (one a minute) cannot; without
+    # NOTIFY the poll finds the lane gone.
+    poll = 60.0 if notify else 0.2
+    async with (
+        extra_server(session_database_url, notify=notify, poll_interval=poll) as (watching, stub),
+        extra_server(session_database_url, notify=notify, poll_interval=poll) as (deleting, other),
+    ):
+        if notify:
+            for running in (watching, deleting):
+                await asyncio.wait_for(running.hub.listening.wait(), PATIENCE)
+        lane_id = new_lane_id("del-remote")
+        await other.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+        watchers = [Watcher(stub, lane_id) for _ in range(3)]
+        for watcher in watchers:
+            await watcher.attached()
+        await other.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
+        for watcher in watchers:
+            assert (await watcher.end())[:2] == (grpc.StatusCode.NOT_FOUND, "LANE_DELETED")
+        assert watching.hub.watcher_count(LaneRef(DEFAULT_NAMESPACE, lane_id)) == 0
+
+
+async def test_a_lane_created_again_is_watched_afresh_after_the_delete(lane_stub: Stub) -> None:
+    lane_id = new_lane_id("del-rewatch")
+    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    old = Watcher(lane_stub, lane_id)
+    await old.attached()
+    await lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
+    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    new = Watcher(lane_stub, lane_id)
+    await new.attached()
+    assert (await old.end())[1] == "LANE_DELETED"
+    queued = await lane_stub.EnqueueMessage(
+        pb.EnqueueMessageRequest(
+            lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user("hi")
+        )
+    )
+    while new.revision < queued.revision:
+        new.seen.clear()
+        await asyncio.wait_for(new.seen.wait(), PATIENCE)
+    assert new.revision == queued.revision == 2
+    new.call.cancel()
