@@ -372,7 +372,17 @@ class Store:
         """Delete the lane and all its rows in one transaction under its row lock; the answer is
         ``answer(the lane's state when deleted)``. Refused (LANE_BUSY) while an operation is
         open, unless ``force``. The answer is recorded under the request's key and outlives the
-        lane: a retry returns it, even once the lane id is in use again."""
+        lane: a retry returns it, even once the lane id is in use again. Like :meth:`command`,
+        it runs to its commit or rollback whatever the caller does."""
+        return await asyncio.shield(self._delete_lane(lane, force, answer, request))
+
+    async def _delete_lane(
+        self,
+        lane: LaneRef,
+        force: bool,
+        answer: Callable[[LaneState], A],
+        request: Recording[A] | None,
+    ) -> A:
         async with self.cache.turn(lane):
             async with self.pool.connection() as conn, conn.transaction():
                 if request is not None:
