@@ -10,7 +10,7 @@ from service.api.call import Call
 from service.api.errors import unary
 from service.commands import ownership
 from service.commands.operation_state import operation_state
-from service.domain.errors import NotFound
+from service.domain.errors import FailedPrecondition
 
 
 class OwnershipRpcs(ServicerBase):
@@ -82,7 +82,8 @@ class OwnershipRpcs(ServicerBase):
         v.require_id(request.operation_id, "operation_id")
         operation = await self.store.open_operation(self.lane(request.lane_id))
         if operation is None or operation.operation_id != request.operation_id:
-            raise NotFound(
+            # The same code as every command's OPERATION_NOT_OPEN: one code per reason.
+            raise FailedPrecondition(
                 "OPERATION_NOT_OPEN",
                 f"operation {request.operation_id} is not open on lane {request.lane_id}",
                 laneId=request.lane_id,

@@ -19,11 +19,16 @@ from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
+from lane.limits import (
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_PAGE_SIZE,
+    MAX_LEASE_SECONDS,
+    MAX_PAGE_SIZE,
+)
 from lane.v1 import entries_pb2, messages_pb2
 
 from service.domain.errors import InvalidArgument
 from service.domain.jsontext import parse_json, require_json_object
-from service.domain.leases import DEFAULT_LEASE_SECONDS
 from service.domain.limits import (
     MAX_CONTENT_BLOCKS,
     MAX_ERROR_BYTES,
@@ -33,12 +38,15 @@ from service.domain.limits import (
     MAX_TOOL_NAMES,
 )
 
-__all__ = ["parse_json", "require_json_object"]
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "MAX_LEASE_SECONDS",
+    "MAX_PAGE_SIZE",
+    "parse_json",
+    "require_json_object",
+]
 
 MAX_ID_BYTES = 128
-MAX_LEASE_SECONDS = 3600
-MAX_PAGE_SIZE = 1000
-DEFAULT_PAGE_SIZE = 100
 
 #: Request messages whose encoding is one payload, with its limit (INVALID_ARGUMENT
 #: ``PAYLOAD_TOO_LARGE``): a prompt or queued message, an assistant message (settled, streamed

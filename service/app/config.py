@@ -109,6 +109,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from lane.limits import DEFAULT_MAX_WATCHERS, DEFAULT_MAX_WATCHERS_PER_LANE
 from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -184,9 +185,15 @@ SETTINGS: tuple[Setting, ...] = (
         "LANE_ORPHAN_SECONDS", "600", "a leased run with no live lease is ended after this long"
     ),
     Setting(
-        "LANE_MAX_WATCHERS_PER_LANE", "1000", "WatchLane streams of one lane this process serves"
+        "LANE_MAX_WATCHERS_PER_LANE",
+        str(DEFAULT_MAX_WATCHERS_PER_LANE),
+        "WatchLane streams of one lane this process serves",
     ),
-    Setting("LANE_MAX_WATCHERS", "10000", "WatchLane streams this process serves in all"),
+    Setting(
+        "LANE_MAX_WATCHERS",
+        str(DEFAULT_MAX_WATCHERS),
+        "WatchLane streams this process serves in all",
+    ),
     Setting(
         "LANE_WATCH_WRITE_DEADLINE_SECONDS",
         f"{DEFAULT_WRITE_DEADLINE_SECONDS:g}",
@@ -250,8 +257,8 @@ class Settings:
     notify: bool = True
     poll_interval_seconds: float = 1.0
     orphan_seconds: float = 600.0
-    max_watchers_per_lane: int = 1000
-    max_watchers: int = 10_000
+    max_watchers_per_lane: int = DEFAULT_MAX_WATCHERS_PER_LANE
+    max_watchers: int = DEFAULT_MAX_WATCHERS
     watch_write_deadline_seconds: float = DEFAULT_WRITE_DEADLINE_SECONDS
     watch_stream_bytes: int = DEFAULT_STREAM_BYTES
     db_pool_size: int = DEFAULT_POOL_SIZE

@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 import psycopg
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from lane.limits import MAX_MESSAGE_BYTES, MIN_CLIENT_PING_INTERVAL_MS
 from lane.v1 import lane_service_pb2
 
 from service.api import LaneServicer, WatchSettings, add_lane_service
@@ -58,14 +59,13 @@ LANE_SERVICE_NAME: str = lane_service_pb2.DESCRIPTOR.services_by_name["LaneServi
 # default settings (grpcurl, a plain stub) can receive every message the service sends. The api
 # layer must therefore refuse payloads whose event would not fit, and snapshot chunks must stay
 # below MAX_SEND_MESSAGE_BYTES.
-MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
-MAX_SEND_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_RECEIVE_MESSAGE_BYTES = MAX_MESSAGE_BYTES
+MAX_SEND_MESSAGE_BYTES = MAX_MESSAGE_BYTES
 
 # Keepalive. WatchLane streams are long-lived, so clients ping to notice a dead server or a
 # dropped NAT mapping; a server that does not permit their ping rate answers with GOAWAY
 # "too_many_pings" and ends every stream on the connection. Clients may ping every 10 s or
-# more slowly, with or without active calls.
-MIN_CLIENT_PING_INTERVAL_MS = 10_000
+# more slowly, with or without active calls (MIN_CLIENT_PING_INTERVAL_MS, the contract's).
 # The server pings idle connections too, so a watcher whose host vanished is noticed and its
 # stream and resources released instead of being held until TCP gives up (hours).
 SERVER_KEEPALIVE_TIME_MS = 60_000

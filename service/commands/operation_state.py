@@ -33,7 +33,7 @@ def operation_state(operation: Operation) -> pb.OperationState:
     """The run's durable state as the contract shows it."""
     state = pb.OperationState(
         operation_id=operation.operation_id,
-        kind=operation.kind,  # type: ignore[arg-type]
+        kind=operation.kind,
         phase=_PHASES[operation.phase],
         cancel_requested=operation.cancel_requested,
         turn_id=operation.turn_id or "",
@@ -53,7 +53,7 @@ def operation_state(operation: Operation) -> pb.OperationState:
                 tool_name=call.tool_name,
                 result_entry_id=call.result_entry_id,
                 status=_STATUSES[call.status],
-                replay=call.replay,  # type: ignore[arg-type]
+                replay=call.replay,
             )
             if call.arguments_json is not None:
                 row.arguments_json = call.arguments_json

@@ -52,7 +52,7 @@ def project_tool(
 def _operation(state: LaneState, operation: Operation) -> snapshot_pb2.SnapshotOperation:
     snapshot = snapshot_pb2.SnapshotOperation(
         id=operation.operation_id,
-        kind=operation.kind,  # type: ignore[arg-type]
+        kind=operation.kind,
         from_tip_id=operation.from_tip_id,
         status=(
             snapshot_pb2.OPERATION_STATUS_ABORTING

@@ -33,7 +33,7 @@ class RunCompacted(Transition):
 def start_compaction(
     state: LaneState,
     operation_id: str,
-    reason: int,
+    reason: events_pb2.CompactionReason.ValueType,
     now: datetime,
     lease: tuple[str, int] | None = None,
 ) -> OperationOpened:
@@ -50,7 +50,7 @@ def start_compaction(
     if lease is not None:
         operation = granted(operation, lease[0], lease[1], now)
     log = EventLog(state.lane_id, state.revision, now)
-    start = events_pb2.CompactionStartEvent(run_id=operation_id, reason=reason)  # type: ignore[arg-type]
+    start = events_pb2.CompactionStartEvent(run_id=operation_id, reason=reason)
     start.started_time.FromDatetime(now)
     log.emit("compaction_start", start)
     next_state = replace(state, operation=operation, revision=log.revision)
@@ -69,7 +69,7 @@ def _place_compaction(
 def end_compaction(
     state: LaneState,
     operation_id: str,
-    status: int,
+    status: snapshot_pb2.OperationResultStatus.ValueType,
     entry: entries_pb2.CompactionEntry | None,
     error: snapshot_pb2.OperationError | None,
     now: datetime,
@@ -93,7 +93,7 @@ def end_compaction(
         status, entry, error = Status.OPERATION_RESULT_STATUS_ABORTED, None, None
     log = EventLog(state.lane_id, state.revision, now)
     tip = state.tip_id
-    end = events_pb2.CompactionEndEvent(run_id=operation_id, reason=operation.reason, status=status)  # type: ignore[arg-type]
+    end = events_pb2.CompactionEndEvent(run_id=operation_id, reason=operation.reason, status=status)
     if status == Status.OPERATION_RESULT_STATUS_COMPLETED and entry is not None:
         tip = _place_compaction(state, log, entry, new_id)
         end.entry_id = tip
@@ -104,7 +104,7 @@ def end_compaction(
     result = snapshot_pb2.OperationResult(
         operation_id=operation_id,
         kind=snapshot_pb2.OPERATION_KIND_COMPACTION,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         from_tip_id=operation.from_tip_id,
         tip_id=tip,
         ended_time=end.ended_time,
@@ -127,7 +127,7 @@ def compact_run(
     state: LaneState,
     operation_id: str,
     entry: entries_pb2.CompactionEntry,
-    reason: int,
+    reason: events_pb2.CompactionReason.ValueType,
     now: datetime,
     new_id: Callable[[], str],
     lease_token: int = 0,
@@ -137,13 +137,13 @@ def compact_run(
     guards.require_phase(operation, Phase.IDLE)
     guards.require_not_cancelled(operation)
     log = EventLog(state.lane_id, state.revision, now)
-    start = events_pb2.CompactionStartEvent(run_id=operation_id, reason=reason)  # type: ignore[arg-type]
+    start = events_pb2.CompactionStartEvent(run_id=operation_id, reason=reason)
     start.started_time.FromDatetime(now)
     log.emit("compaction_start", start)
     tip = _place_compaction(state, log, entry, new_id)
     end = events_pb2.CompactionEndEvent(
         run_id=operation_id,
-        reason=reason,  # type: ignore[arg-type]
+        reason=reason,
         status=Status.OPERATION_RESULT_STATUS_COMPLETED,
         entry_id=tip,
     )

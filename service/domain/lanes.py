@@ -35,7 +35,7 @@ def update_config(
     now: datetime,
     *,
     model: snapshot_pb2.ModelRef | None = None,
-    thinking_level: int | None = None,
+    thinking_level: snapshot_pb2.ThinkingLevel.ValueType | None = None,
     active_tool_names: list[str] | None = None,
 ) -> Transition:
     """Replace the given configuration fields; emits one config_update naming what changed."""
@@ -50,8 +50,8 @@ def update_config(
         change.model.previous.CopyFrom(old.model)
         changed = True
     if thinking_level is not None and thinking_level != old.thinking_level:
-        new.thinking_level = thinking_level  # type: ignore[assignment]
-        change.thinking_level.value = thinking_level  # type: ignore[assignment]
+        new.thinking_level = thinking_level
+        change.thinking_level.value = thinking_level
         change.thinking_level.previous = old.thinking_level
         changed = True
     if active_tool_names is not None and list(active_tool_names) != list(old.active_tool_names):

@@ -20,8 +20,6 @@ from service.domain.placement import place
 from service.domain.state import LaneState, Operation, Phase
 from service.domain.transition import Transition
 
-DEFAULT_LEASE_SECONDS = 30
-
 
 @dataclass(frozen=True, kw_only=True)
 class Leased(Transition):

@@ -39,6 +39,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+# Re-exported: the layers above read every limit from this module.
+from lane.limits import MAX_ERROR_BYTES as MAX_ERROR_BYTES
+from lane.limits import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES
+from lane.limits import MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES
 from lane.v1 import events_pb2, lane_service_pb2, snapshot_pb2
 
 from service.domain.capture import capture
@@ -59,14 +63,9 @@ from service.domain.wire import (
     tag_bytes,
 )
 
-#: The largest message sent or received: gRPC's default receive limit, so any client with
-#: default settings receives everything (service/app/server.py MAX_*_MESSAGE_BYTES).
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-#: One payload of a request (a message, a tool result, arguments, an entry), encoded.
-MAX_PAYLOAD_BYTES = 512 * 1024
-#: An operation error (EndRun, EndCompaction), encoded: it stays in every snapshot as the
-#: lane's last result.
-MAX_ERROR_BYTES = 64 * 1024
+# MAX_MESSAGE_BYTES (the largest message sent or received), MAX_PAYLOAD_BYTES (one payload of
+# a request) and MAX_ERROR_BYTES (an operation error: it stays in every snapshot as the lane's
+# last result) are the contract's, shared with the clients: lane/limits.py.
 #: The lane's live state: its snapshot without transcript and last result, as the WatchLane
 #: head message. The rest of a message is kept for the last result (at most an error and ids).
 MAX_LIVE_STATE_BYTES = MAX_MESSAGE_BYTES - 512 * 1024

@@ -382,7 +382,7 @@ def settle_unfinished_calls(
 def end_run(
     state: LaneState,
     operation_id: str,
-    status: int,
+    status: snapshot_pb2.OperationResultStatus.ValueType,
     error: snapshot_pb2.OperationError | None,
     now: datetime,
     new_id: Callable[[], str],
@@ -418,7 +418,7 @@ def end_run(
     result = snapshot_pb2.OperationResult(
         operation_id=operation_id,
         kind=snapshot_pb2.OPERATION_KIND_RUN,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         from_tip_id=operation.from_tip_id,
         tip_id=state.tip_id,
     )

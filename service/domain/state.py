@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
 
-from lane.v1 import lane_service_pb2, messages_pb2, snapshot_pb2
+from lane.v1 import events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 
 
 class CallStatus(StrEnum):
@@ -48,7 +48,7 @@ class ToolCall:
     tool_name: str
     result_entry_id: str
     status: CallStatus = CallStatus.PLANNED
-    replay: int = lane_service_pb2.REPLAY_POLICY_NEVER
+    replay: lane_service_pb2.ReplayPolicy.ValueType = lane_service_pb2.REPLAY_POLICY_NEVER
     # Effective arguments, written by the intent commit.
     arguments_json: str | None = None
     # The latest tool_update, and the latest one marked checkpoint.
@@ -95,7 +95,7 @@ class Operation:
     """A lane's open operation."""
 
     operation_id: str
-    kind: int  # lane.v1.OperationKind
+    kind: snapshot_pb2.OperationKind.ValueType
     started_time: datetime
     from_tip_id: str
     settings: lane_service_pb2.RunSettings
@@ -118,8 +118,8 @@ class Operation:
     attempt: int = 1
     #: The deferred response the run is suspended on.
     deferred: snapshot_pb2.DeferredState | None = None
-    #: Why a compaction operation runs (lane.v1.CompactionReason).
-    reason: int = 0
+    #: Why a compaction operation runs.
+    reason: events_pb2.CompactionReason.ValueType = events_pb2.COMPACTION_REASON_UNSPECIFIED
 
     def lease_live(self, now: datetime) -> bool:
         """Whether a driver holds an unexpired lease."""

@@ -152,7 +152,7 @@ def start_tool_call(
     operation_id: str,
     tool_call_id: str,
     arguments_json: str,
-    replay: int,
+    replay: lane_service_pb2.ReplayPolicy.ValueType,
     now: datetime,
     lease_token: int = 0,
 ) -> Transition:

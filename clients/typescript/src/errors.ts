@@ -5,9 +5,16 @@
  * `google.rpc.ErrorInfo` (domain `lane.v1`) whose `reason` is stable (UPPER_SNAKE_CASE) and
  * whose `metadata` holds the dynamic values of the message (docs/contract.md). connect-es exposes the
  * details of a `ConnectError` through `findDetails()`; this module turns them into a `LaneError`.
+ *
+ * The reasons are the generated enum `Reason` (protos/lane/v1/reasons.proto), the one list the
+ * Python client's typed errors come from too: `reasonOf(error) === Reason.LEASE_HELD` rather
+ * than comparing strings. A reason travels as the enum value's name (`"LEASE_HELD"`).
  */
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema, type ErrorInfo } from "./gen/google/rpc/error_details_pb.js";
+import { Reason } from "./gen/lane/v1/reasons_pb.js";
+
+export { Reason };
 
 /** The ErrorInfo domain of the lane service. */
 export const LANE_ERROR_DOMAIN = "lane.v1";
@@ -41,10 +48,31 @@ export class LaneError extends Error {
     this.metadata = Object.freeze({ ...(init.metadata ?? {}) });
   }
 
+  /** `reason` as the contract's enum; `Reason.UNSPECIFIED` when none or not known here. */
+  get reasonCode(): Reason {
+    return reasonFromName(this.reason);
+  }
+
   /** The code's name as gRPC spells it (`OUT_OF_RANGE`), for logs. */
   get codeName(): string {
     return codeName(this.code);
   }
+}
+
+/** The ErrorInfo `reason` string of `reason` (`Reason.LEASE_HELD` → `"LEASE_HELD"`). */
+export function reasonName(reason: Reason): string {
+  return Reason[reason];
+}
+
+/** The `Reason` a reason string names; `Reason.UNSPECIFIED` for `""` or one not known here. */
+export function reasonFromName(name: string): Reason {
+  const value = (Reason as unknown as Record<string, Reason | undefined>)[name];
+  return name !== "" && typeof value === "number" ? value : Reason.UNSPECIFIED;
+}
+
+/** The contract's reason of any thrown value (`Reason.UNSPECIFIED` when it names none). */
+export function reasonOf(error: unknown): Reason {
+  return laneErrorFrom(error).reasonCode;
 }
 
 /** The ErrorInfo of `error`, when it carries one (the first, if several). */

@@ -4,12 +4,23 @@
  * - `createLaneClient(address, { token })`: a typed LaneService client over gRPC (connect-es).
  * - `watchLane(client, laneId, opts)`: a resumable watch yielding folded snapshots.
  * - `apply` / `fold` / `isRebase`: the snapshot reducer (same rules as the Python client).
- * - `LaneError` / `laneErrorFrom`: the service's errors with their decoded ErrorInfo.
+ * - `LaneError` / `laneErrorFrom`: the service's errors with their decoded ErrorInfo;
+ *   `Reason` / `reasonOf`: their reasons as the contract's enum (shared with the Python client).
  * - The generated lane.v1 messages, enums and the LaneService descriptor.
  */
 export { createLaneClient, type LaneClient, type LaneClientOptions } from "./client.js";
 export { EVENT_KINDS, apply, fold, isRebase, type EventKind, type Reduction } from "./reducer.js";
-export { LANE_ERROR_DOMAIN, LaneError, codeName, errorInfoOf, laneErrorFrom } from "./errors.js";
+export {
+  LANE_ERROR_DOMAIN,
+  LaneError,
+  Reason,
+  codeName,
+  errorInfoOf,
+  laneErrorFrom,
+  reasonFromName,
+  reasonName,
+  reasonOf,
+} from "./errors.js";
 export {
   WATCHER_TOO_SLOW,
   WatchProtocolError,

@@ -22,7 +22,7 @@
  */
 import { clone } from "@bufbuild/protobuf";
 import { Code, type CallOptions, type Client } from "@connectrpc/connect";
-import { LANE_ERROR_DOMAIN, LaneError, laneErrorFrom } from "./errors.js";
+import { LANE_ERROR_DOMAIN, LaneError, Reason, laneErrorFrom, reasonName } from "./errors.js";
 import type { HarnessEvent } from "./gen/lane/v1/events_pb.js";
 import type { LaneService, WatchLaneResponse } from "./gen/lane/v1/lane_service_pb.js";
 import { LaneSnapshotSchema, type LaneSnapshot } from "./gen/lane/v1/snapshot_pb.js";
@@ -89,7 +89,7 @@ export class WatchProtocolError extends Error {
 }
 
 /** ErrorInfo reason the service sends when it cut off a watcher that stopped reading. */
-export const WATCHER_TOO_SLOW = "WATCHER_TOO_SLOW";
+export const WATCHER_TOO_SLOW = reasonName(Reason.WATCHER_TOO_SLOW);
 
 const DEFAULT_IDLE_TIMEOUT_MS = 30_000;
 

@@ -2,7 +2,16 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { LaneError, codeName, errorInfoOf, laneErrorFrom } from "../src/errors.js";
+import {
+  LaneError,
+  Reason,
+  codeName,
+  errorInfoOf,
+  laneErrorFrom,
+  reasonFromName,
+  reasonName,
+  reasonOf,
+} from "../src/errors.js";
 import { ErrorInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
 
 const info = {
@@ -74,5 +83,34 @@ describe("codeName", () => {
     assert.equal(codeName(Code.ResourceExhausted), "RESOURCE_EXHAUSTED");
     assert.equal(codeName(Code.Canceled), "CANCELLED");
     assert.equal(codeName(Code.Unavailable), "UNAVAILABLE");
+  });
+});
+
+describe("Reason", () => {
+  it("is the contract's enum: a refusal's reason string maps to it and back", () => {
+    const wire = new ConnectError("lease held", Code.FailedPrecondition, undefined, [
+      { desc: ErrorInfoSchema, value: { reason: "LEASE_HELD", domain: "lane.v1", metadata: {} } },
+    ]);
+    assert.equal(reasonOf(wire), Reason.LEASE_HELD);
+    assert.equal(laneErrorFrom(wire).reasonCode, Reason.LEASE_HELD);
+    assert.equal(reasonName(Reason.STALE_LEASE), "STALE_LEASE");
+    assert.equal(reasonFromName("WATCHER_TOO_SLOW"), Reason.WATCHER_TOO_SLOW);
+  });
+
+  it("gives UNSPECIFIED for no reason and for one newer than this client", () => {
+    assert.equal(reasonOf(new ConnectError("connection refused", Code.Unavailable)), Reason.UNSPECIFIED);
+    assert.equal(reasonFromName("A_REASON_FROM_THE_FUTURE"), Reason.UNSPECIFIED);
+    assert.equal(reasonFromName(""), Reason.UNSPECIFIED);
+  });
+
+  it("holds every reason docs/errors.md lists", async () => {
+    const { readFile } = await import("node:fs/promises");
+    const docs = await readFile(new URL("../../../docs/errors.md", import.meta.url), "utf8");
+    const rows = docs.split("\n").filter((line) => line.startsWith("| ") && !line.startsWith("| code"));
+    const listed = rows.flatMap((row) => [...(row.split("|")[2] ?? "").matchAll(/`([A-Z][A-Z_]+)`/g)].map((m) => m[1]));
+    assert.ok(listed.length > 50);
+    for (const name of listed) {
+      assert.notEqual(reasonFromName(name ?? ""), Reason.UNSPECIFIED, name);
+    }
   });
 });

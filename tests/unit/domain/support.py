@@ -424,7 +424,11 @@ class Lane:
         now, run_id = self.tick(), self.operation_id
         return self.commit(lambda s: runs.abort_operation(s, run_id, now))
 
-    def end_run(self, status: int, error: snapshot_pb2.OperationError | None = None) -> Transition:
+    def end_run(
+        self,
+        status: snapshot_pb2.OperationResultStatus.ValueType,
+        error: snapshot_pb2.OperationError | None = None,
+    ) -> Transition:
         now, run_id = self.tick(), self.operation_id
         return self.commit(lambda s: runs.end_run(s, run_id, status, error, now, self.ids))
 

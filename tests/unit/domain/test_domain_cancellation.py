@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lane.v1 import messages_pb2, snapshot_pb2
+from lane.v1.lane_service_pb2 import REPLAY_POLICY_NEVER as NEVER
 
 from service.domain import results, runs, tools
 from service.domain.errors import FailedPrecondition
@@ -90,7 +91,7 @@ def test_after_abort_no_new_intent_and_no_new_turn() -> None:
     lane.abort()
     now = lane.tick()
     lane.refuse(
-        lambda s: tools.start_tool_call(s, RUN, "c-0", "{}", 1, now),
+        lambda s: tools.start_tool_call(s, RUN, "c-0", "{}", NEVER, now),
         "OPERATION_CANCELLED",
         FailedPrecondition,
     )

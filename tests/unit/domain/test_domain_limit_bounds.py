@@ -35,7 +35,7 @@ from service.domain.limits import (
 )
 from service.domain.state import LaneState, ToolCall
 from service.domain.wire import MAX_TIMESTAMP
-from tests.unit.domain.support import Ids, assistant, text, tool_call, user
+from tests.unit.domain.support import NEVER, Ids, assistant, text, tool_call, user
 
 NOW = datetime(2025, 6, 1, 8, 30, 0, 250000, tzinfo=UTC)
 Cause = lane_service_pb2.SyntheticCause
@@ -129,7 +129,7 @@ def batch_lanes(draw: st.DrawFn) -> LaneState:
             state = placement.place_ready(state, NOW, ids).state
             continue
         arguments = json.dumps({"b": "y" * draw(st.integers(0, 300))})
-        state = tools.start_tool_call(state, run_id, call_id, arguments, 1, NOW).state
+        state = tools.start_tool_call(state, run_id, call_id, arguments, NEVER, NOW).state
         for _ in range(draw(st.integers(0, 2))):
             update = draw(results())
             checkpoint = draw(st.booleans())

@@ -107,9 +107,14 @@ def batch_lane(
     return runs.settle_assistant(state, run_id, turn_id, assistant(*blocks), NOW, ids).state
 
 
+FAILED = snapshot_pb2.OPERATION_RESULT_STATUS_FAILED
+ABORTED = snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED
+NEVER = pb.REPLAY_POLICY_NEVER
+
+
 def start(state: LaneState, *call_ids: str, run_id: str = "run-1") -> LaneState:
     for call_id in call_ids:
-        state = tools.start_tool_call(state, run_id, call_id, "{}", 1, NOW).state
+        state = tools.start_tool_call(state, run_id, call_id, "{}", NEVER, NOW).state
     return state
 
 
@@ -119,7 +124,7 @@ def start(state: LaneState, *call_ids: str, run_id: str = "run-1") -> LaneState:
 def test_group_frame_bytes_is_the_frame_watchers_are_sent() -> None:
     state = start(batch_lane(3), "c0", "c1")
     staged = tools.stage_tool_outcome(state, "run-1", "c0", executed(result("x" * 300)), NOW)
-    ends = runs.end_run(staged.state, "run-1", 4, None, NOW, Ids("e"))
+    ends = runs.end_run(staged.state, "run-1", FAILED, None, NOW, Ids("e"))
     for events in (staged.events, ends.events):
         frame = event_group_frame([e.SerializeToString() for e in events])
         assert group_frame_bytes(events) == len(frame)
@@ -182,7 +187,7 @@ def test_a_result_that_ending_the_run_could_not_carry_is_refused_to_the_byte() -
     # The accepted state really ends within a message: the real commit (any clock, any later
     # revision, the abort a reconciler records) is at most the simulated one.
     accepted = stage(size).state
-    for status in (3, 4):
+    for status in (ABORTED, FAILED):
         ended = runs.end_run(accepted, "run-1", status, None, NOW, Ids("e"), lease_token=None)
         assert group_frame_bytes(ended.events) <= run_end_bytes(accepted)
         assert refusal(accepted, ended) is None
@@ -280,7 +285,7 @@ def _long_ids_lane() -> LaneState:
         ids=ids,
     )
     for i in range(100):
-        state = tools.start_tool_call(state, "R" * 128, f"{i:0128d}", "{}", 1, NOW).state
+        state = tools.start_tool_call(state, "R" * 128, f"{i:0128d}", "{}", NEVER, NOW).state
     for i in range(1, 100, 2):
         outcome = result("", usage=usage(3), added=[long])
         staged = tools.stage_tool_outcome(state, "R" * 128, f"{i:0128d}", executed(outcome), NOW)
@@ -296,7 +301,7 @@ def _big_payload_lane() -> LaneState:
     state = batch_lane(1)
     state = lanes.enqueue(state, queued_message("q", NEXT_RUN, "i" * 400_000), NOW).state
     arguments = '{"a":"' + "a" * 500_000 + '"}'
-    state = tools.start_tool_call(state, "run-1", "c0", arguments, 1, NOW).state
+    state = tools.start_tool_call(state, "run-1", "c0", arguments, NEVER, NOW).state
     return tools.update_tool_call(state, "run-1", "c0", result("k" * 500_000), True, NOW).state
 
 
@@ -319,7 +324,7 @@ def test_content_bound_bounds_the_live_and_durable_state_the_others_bound_the_re
     # does not cover them: config_update events grow with each step that adds tools).
     late = replace(state, revision=1 << 62)
     ended = runs.end_run(
-        late, operation.operation_id, 3, None, MAX_TIMESTAMP, Ids("e" * 32), lease_token=None
+        late, operation.operation_id, ABORTED, None, MAX_TIMESTAMP, Ids("e" * 32), lease_token=None
     )
     assert group_frame_bytes(ended.events) <= run_end_bytes(state)
     started = runs.start_run(

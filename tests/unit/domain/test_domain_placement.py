@@ -169,7 +169,7 @@ def test_sequential_batch_refuses_a_later_start_until_the_earlier_call_is_placed
     def start(call_id: str) -> None:
         now = lane.tick()
         error = lane.refuse(
-            lambda s: tools.start_tool_call(s, RUN, call_id, "{}", 1, now),
+            lambda s: tools.start_tool_call(s, RUN, call_id, "{}", NEVER, now),
             "SEQUENTIAL_ORDER",
             FailedPrecondition,
         )

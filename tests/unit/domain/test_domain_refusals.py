@@ -23,6 +23,7 @@ from tests.unit.domain.support import (
     DOCUMENTED_REFUSALS,
     FAILED,
     LENGTH,
+    NEVER,
     RUN,
     STEER,
     T0,
@@ -130,8 +131,10 @@ def commands(lane: Lane, run_id: str = RUN) -> dict[str, Command]:
         "settle_wrong_turn": lambda s: runs.settle_assistant(
             s, run_id, "turn-0", message, now, ids
         ),
-        "start_tool": lambda s: tools.start_tool_call(s, run_id, X, '{"p":1}', 1, now),
-        "start_unknown_call": lambda s: tools.start_tool_call(s, run_id, "call-?", "{}", 1, now),
+        "start_tool": lambda s: tools.start_tool_call(s, run_id, X, '{"p":1}', NEVER, now),
+        "start_unknown_call": lambda s: tools.start_tool_call(
+            s, run_id, "call-?", "{}", NEVER, now
+        ),
         "update_tool": lambda s: tools.update_tool_call(s, run_id, X, result("~"), True, now),
         "update_unknown_call": lambda s: tools.update_tool_call(
             s, run_id, "call-?", result("~"), False, now

@@ -8,8 +8,10 @@ these are the accepted paths.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import pytest
-from lane.v1 import messages_pb2
+from lane.v1 import messages_pb2, snapshot_pb2
 
 from service.domain import results, runs
 from service.domain.future_commits import run_end_bytes
@@ -35,6 +37,7 @@ from tests.unit.domain.support import (
 )
 
 # The second call's arguments were cut off mid-value.
+Status: TypeAlias = snapshot_pb2.OperationResultStatus.ValueType
 CALLS = (("c-0", "read", '{"path":"a"}'), ("c-1", "a_rather_long_tool_name", '{"pa'))
 
 
@@ -63,7 +66,7 @@ def test_a_driver_stages_every_call_of_a_length_stop_as_truncated() -> None:
     ids=["failed", "aborted", "after-abort"],
 )
 def test_ending_the_run_stages_the_planned_calls_of_a_length_stop_as_truncated(
-    status: int, abort: bool, ended: int
+    status: Status, abort: bool, ended: int
 ) -> None:
     lane = lane_with_batch(*CALLS, stop_reason=LENGTH)
     if abort:

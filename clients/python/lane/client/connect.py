@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 from lane.client.reach import normalize_target, probe
+from lane.limits import MAX_MESSAGE_BYTES, MIN_CLIENT_PING_INTERVAL_MS
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -48,13 +49,13 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 #: Options of :func:`open_channel`; later entries of ``extra_options`` override these.
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     # Ping while calls (watches) are open, every 20 s: notices a dead server or a dropped NAT
-    # mapping. At least 10 s, the service's minimum ping interval.
-    ("grpc.keepalive_time_ms", 20_000),
+    # mapping. Twice the service's minimum ping interval, so never too fast for it.
+    ("grpc.keepalive_time_ms", 2 * MIN_CLIENT_PING_INTERVAL_MS),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
     # The service sends messages up to 4 MiB.
-    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Reconnect quickly after the server comes back (gRPC's default backoff grows to 120 s).
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),

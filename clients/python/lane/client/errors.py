@@ -12,21 +12,71 @@ exposes them directly::
 
 A status without rich details (a transport failure such as UNAVAILABLE "connection refused")
 gives an empty ``reason`` and empty ``metadata``.
+
+The reasons a caller acts on have their own subclasses, so code says ``except StaleLease:``
+rather than comparing strings. They are derived from the one list of reasons,
+``lane.v1.Reason`` (``protos/lane/v1/reasons.proto``), which the TypeScript client's
+generated code holds too; :attr:`LaneError.reason_code` is a refusal's reason as that enum::
+
+    try:
+        await client.acquire_operation(lane_id, operation_id, driver_id="worker-7")
+    except LeaseHeld:
+        ...  # another driver's lease is live: wait for it to lapse
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
+from lane.v1 import reasons_pb2
+from lane.v1.reasons_pb2 import Reason
 
-__all__ = ["LaneError", "WatchProtocolError", "lane_error", "status_error"]
+__all__ = [
+    "LaneBusy",
+    "LaneError",
+    "LaneNotFound",
+    "LeaseHeld",
+    "NotReplayable",
+    "OperationCancelled",
+    "OperationNotOpen",
+    "RequestIdReused",
+    "RevisionOutOfRange",
+    "StaleLease",
+    "TooLarge",
+    "TooManyWatchers",
+    "Unauthenticated",
+    "WatchProtocolError",
+    "lane_error",
+    "reason_name",
+    "status_error",
+]
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+_PREFIX = "REASON_"
+
+
+def reason_name(reason: Reason.ValueType) -> str:
+    """The ErrorInfo ``reason`` string a :class:`Reason` travels as (``"LEASE_HELD"``)."""
+    return Reason.Name(reason).removeprefix(_PREFIX)
+
+
+def _reason_code(name: str) -> Reason.ValueType:
+    try:
+        return Reason.Value(_PREFIX + name) if name else reasons_pb2.REASON_UNSPECIFIED
+    except ValueError:  # a reason newer than this client
+        return reasons_pb2.REASON_UNSPECIFIED
 
 
 class LaneError(Exception):
-    """A failed lane service call: its status code, ErrorInfo reason and metadata, message."""
+    """A failed lane service call: its status code, ErrorInfo reason and metadata, message.
+
+    Raised as the subclass of its reason when it has one (:class:`StaleLease`, ...)."""
+
+    #: The reasons a subclass stands for.
+    reasons: ClassVar[frozenset[Reason.ValueType]] = frozenset()
 
     def __init__(
         self,
@@ -41,15 +91,134 @@ class LaneError(Exception):
         self.message = message
         self.metadata: dict[str, str] = dict(metadata or {})
 
+    @property
+    def reason_code(self) -> Reason.ValueType:
+        """:attr:`reason` as the contract's enum; ``REASON_UNSPECIFIED`` when there is none or
+        this client does not know it."""
+        return _reason_code(self.reason)
+
     def __str__(self) -> str:
         reason = f" {self.reason}" if self.reason else ""
         return f"{self.code.name}{reason}: {self.message}"
 
     def __repr__(self) -> str:
         return (
-            f"LaneError(code={self.code.name}, reason={self.reason!r}, "
+            f"{type(self).__name__}(code={self.code.name}, reason={self.reason!r}, "
             f"message={self.message!r}, metadata={self.metadata!r})"
         )
+
+
+class Unauthenticated(LaneError):
+    """No token, or one the service does not know: fix the credentials."""
+
+    reasons = frozenset({reasons_pb2.REASON_TOKEN_MISSING, reasons_pb2.REASON_TOKEN_UNKNOWN})
+
+
+class LaneNotFound(LaneError):
+    """The lane does not exist in the caller's namespace."""
+
+    reasons = frozenset({reasons_pb2.REASON_LANE_NOT_FOUND})
+
+
+class LaneBusy(LaneError):
+    """The lane already has an open operation (``metadata["openOperationId"]``)."""
+
+    reasons = frozenset({reasons_pb2.REASON_LANE_BUSY})
+
+
+class OperationNotOpen(LaneError):
+    """The operation is not the lane's open one: it ended, or never was."""
+
+    reasons = frozenset({reasons_pb2.REASON_OPERATION_NOT_OPEN})
+
+
+class OperationCancelled(LaneError):
+    """The run was aborted: it takes no new work (a turn, an intent); wind it down."""
+
+    reasons = frozenset({reasons_pb2.REASON_OPERATION_CANCELLED})
+
+
+class LeaseHeld(LaneError):
+    """Another driver holds a live lease on the run: wait for it to lapse."""
+
+    reasons = frozenset({reasons_pb2.REASON_LEASE_HELD})
+
+
+class StaleLease(LaneError):
+    """The lease token is not the run's current one (taken over or released): stop driving."""
+
+    reasons = frozenset({reasons_pb2.REASON_STALE_LEASE})
+
+
+class NotReplayable(LaneError):
+    """The call may not be executed again (not replay-safe, or the run not taken over)."""
+
+    reasons = frozenset({reasons_pb2.REASON_NOT_REPLAYABLE})
+
+
+class RequestIdReused(LaneError):
+    """The request id was used before with different content (or for another method)."""
+
+    reasons = frozenset({reasons_pb2.REASON_REQUEST_ID_REUSED})
+
+
+class TooLarge(LaneError):
+    """The request, its commit, the lane's queue or an answer is over a limit: send less
+    (``metadata`` names the part, its size and the limit)."""
+
+    reasons = frozenset(
+        {
+            reasons_pb2.REASON_PAYLOAD_TOO_LARGE,
+            reasons_pb2.REASON_COMMIT_TOO_LARGE,
+            reasons_pb2.REASON_SNAPSHOT_TOO_LARGE,
+            reasons_pb2.REASON_ANSWER_TOO_LARGE,
+            reasons_pb2.REASON_QUEUE_FULL,
+            reasons_pb2.REASON_TOO_MANY_TOOL_CALLS,
+            reasons_pb2.REASON_TOO_MANY_CONTENT_BLOCKS,
+            reasons_pb2.REASON_TOO_MANY_MESSAGES,
+            reasons_pb2.REASON_TOO_MANY_TOOL_NAMES,
+        }
+    )
+
+
+class TooManyWatchers(LaneError):
+    """This server already streams the lane (or everything) to its limit of watchers: retry
+    later, or on another server."""
+
+    reasons = frozenset({reasons_pb2.REASON_TOO_MANY_WATCHERS})
+
+
+class RevisionOutOfRange(LaneError):
+    """A watch's ``after_revision`` is below the retention floor or above the head:
+    re-snapshot."""
+
+    reasons = frozenset({reasons_pb2.REASON_REVISION_OUT_OF_RANGE})
+
+
+_TYPED: tuple[type[LaneError], ...] = (
+    Unauthenticated,
+    LaneNotFound,
+    LaneBusy,
+    OperationNotOpen,
+    OperationCancelled,
+    LeaseHeld,
+    StaleLease,
+    NotReplayable,
+    RequestIdReused,
+    TooLarge,
+    TooManyWatchers,
+    RevisionOutOfRange,
+)
+_BY_REASON: dict[str, type[LaneError]] = {
+    reason_name(reason): cls for cls in _TYPED for reason in cls.reasons
+}
+
+
+def _error(
+    code: grpc.StatusCode, reason: str, message: str, metadata: dict[str, str]
+) -> LaneError:
+    """The :class:`LaneError` subclass of ``reason`` (the base class for the others)."""
+    return _BY_REASON.get(reason, LaneError)(code, reason, message, metadata)
 
 
 class WatchProtocolError(Exception):
@@ -71,7 +240,7 @@ def lane_error(err: grpc.aio.AioRpcError) -> LaneError:
     if status is not None:
         message = status.message or message
         reason, metadata = _error_info(status)
-    return LaneError(code, reason, message, metadata)
+    return _error(code, reason, message, metadata)
 
 
 def status_error(status: status_pb2.Status) -> LaneError:
@@ -79,7 +248,7 @@ def status_error(status: status_pb2.Status) -> LaneError:
     same error :func:`lane_error` gives for the unary call refused with that status."""
     reason, metadata = _error_info(status)
     code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
-    return LaneError(code, reason, status.message, metadata)
+    return _error(code, reason, status.message, metadata)
 
 
 def _error_info(status: status_pb2.Status) -> tuple[str, dict[str, str]]:

@@ -19,10 +19,11 @@ different lanes' concurrently).
 Retries mirror :func:`lane.client.commands.call`: a request with a ``request_id`` field gets
 a fresh request id when it has none; an answer UNAVAILABLE, DEADLINE_EXCEEDED (no answer
 within ``attempt_timeout``) or RESOURCE_EXHAUSTED ``DATABASE_BUSY`` sends the command again,
-with the same request id, after a capped exponential backoff, until ``retry_seconds`` have
-passed. When the stream itself breaks (the connection drops, the server restarts or shuts
-down) the session opens a new one and sends every unanswered command again, in the order they
-were first sent: commands with a request id (a retry returns the first answer: nothing is
+with the same request id, paced and bounded by the session's
+:class:`~lane.client.retry.RetryPolicy` (``retry``; ``retry_seconds`` replaces its timeout).
+When the stream itself breaks (the connection drops, the server restarts or shuts down) the
+session opens a new one and sends every unanswered command again, in the order they were first
+sent: commands with a request id (a retry returns the first answer: nothing is
 lost or done twice) and reads (GetLaneSnapshot, ListLanes, GetOperation). The commands
 without a request id (RenewLease and ReleaseLease, which have none, and every command of a
 session made with ``request_ids=False``) are not sent blindly a second time: they fail with
@@ -39,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import random
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -50,13 +50,15 @@ import grpc
 from google.protobuf.message import Message
 from lane.client.commands import call as unary_call
 from lane.client.commands import is_retryable, new_request_id
-from lane.client.errors import LaneError, lane_error, status_error
+from lane.client.errors import LaneError, lane_error, reason_name, status_error
+from lane.client.retry import COMMAND_RETRY, RetryPolicy
+from lane.limits import MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import reasons_pb2
 
 __all__ = ["LaneSession", "SessionBroken"]
 
-#: The service's message limit; a request whose DriveLane message would pass it goes unary.
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+_ANSWER_TOO_LARGE = reason_name(reasons_pb2.REASON_ANSWER_TOO_LARGE)
 #: What a DriveLaneRequest adds around a command: the sequence and the command's field header.
 _FRAME_BYTES = 32
 #: Reads: sent again on a new stream although they carry no request id.
@@ -88,6 +90,10 @@ def _command_fields() -> dict[str, tuple[str, str]]:
 _COMMANDS = _command_fields()
 
 
+def _past(deadline: float | None, now: float) -> bool:
+    return deadline is not None and now >= deadline
+
+
 class SessionBroken(LaneError):
     """UNAVAILABLE: the stream broke before a command without a request id was answered (it
     may or may not have been applied), so it was not sent again."""
@@ -104,7 +110,7 @@ class _Pending:
         command: str,
         method: str,
         resend: bool,
-        deadline: float,
+        deadline: float | None,
         future: asyncio.Future[Message],
     ) -> None:
         self.request = request
@@ -120,8 +126,9 @@ class _Pending:
 class LaneSession:
     """Commands over one DriveLane stream of ``stub`` (see the module doc). ``metadata`` goes
     with every stream opened (a channel of :func:`~lane.client.connect.open_channel` adds the
-    bearer token itself). ``retry_seconds`` and ``attempt_timeout`` are the defaults of
-    :meth:`call`. ``request_ids=False`` sends requests without a request id as they are (as
+    bearer token itself). ``retry`` (its timeout replaced by ``retry_seconds`` when given)
+    and ``attempt_timeout`` are the defaults of :meth:`call`; ``retry`` also paces reopening a
+    broken stream. ``request_ids=False`` sends requests without a request id as they are (as
     the unary ``stub`` methods do; such a command is not sent again on a new stream). The
     stream is opened by the first command and again after a break; close the session with
     :meth:`aclose` (or ``async with``)."""
@@ -130,14 +137,15 @@ class LaneSession:
         self,
         stub: Any,
         *,
-        retry_seconds: float = 30.0,
+        retry: RetryPolicy = COMMAND_RETRY,
+        retry_seconds: float | None = None,
         attempt_timeout: float | None = 30.0,
         metadata: Sequence[tuple[str, str]] | None = None,
         request_ids: bool = True,
     ) -> None:
         self._stub = stub
         self.request_ids = request_ids
-        self.retry_seconds = retry_seconds
+        self.retry = retry if retry_seconds is None else retry.with_timeout(retry_seconds)
         self.attempt_timeout = attempt_timeout
         self._metadata = tuple(metadata) if metadata else None
         #: Unanswered commands, in the order they were first submitted.
@@ -184,7 +192,7 @@ class LaneSession:
             field_name, method = _COMMANDS[request.DESCRIPTOR.full_name]
         except KeyError:
             raise TypeError(f"{request.DESCRIPTOR.name} is not a DriveLane command") from None
-        retry = self.retry_seconds if retry_seconds is None else retry_seconds
+        retry = self.retry if retry_seconds is None else self.retry.with_timeout(retry_seconds)
         timeout = self.attempt_timeout if attempt_timeout == -1.0 else attempt_timeout
         has_id = "request_id" in request.DESCRIPTOR.fields_by_name
         if has_id and not getattr(request, "request_id"):  # noqa: B009
@@ -195,7 +203,7 @@ class LaneSession:
         if request.ByteSize() > MAX_MESSAGE_BYTES - _FRAME_BYTES:
             return await self._unary(method, request, retry, timeout)
         resend = has_id or method in _READS
-        deadline = time.monotonic() + retry
+        deadline = retry.deadline()
         attempt = 0
         while True:
             future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
@@ -206,19 +214,18 @@ class LaneSession:
                 raise
             except LaneError as err:
                 error = err
-            if error.reason == "ANSWER_TOO_LARGE":
+            if error.reason == _ANSWER_TOO_LARGE:
                 return await self._unary(method, request, retry, timeout)
             attempt += 1
-            if not is_retryable(error) or time.monotonic() >= deadline:
+            if not is_retryable(error) or retry.gives_up(attempt, deadline):
                 raise error
-            delay = min(2.0, 0.1 * 2 ** min(attempt - 1, 8)) * (0.5 + random.random() / 2)
-            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            await retry.backoff(attempt, deadline)
 
     async def _unary(
-        self, method: str, request: Message, retry: float, seconds: float | None
+        self, method: str, request: Message, retry: RetryPolicy, seconds: float | None
     ) -> Any:
         return await unary_call(
-            getattr(self._stub, method), request, retry_seconds=retry, attempt_timeout=seconds
+            getattr(self._stub, method), request, retry=retry, attempt_timeout=seconds
         )
 
     async def _answer(self, pending: _Pending, seconds: float | None) -> Message:
@@ -321,7 +328,7 @@ class LaneSession:
         for pending in list(self._pending):
             if pending.future.done():
                 continue
-            if not broken or now >= pending.deadline:
+            if not broken or _past(pending.deadline, now):
                 pending.future.set_exception(error)
             elif not pending.resend:
                 pending.future.set_exception(
@@ -333,7 +340,7 @@ class LaneSession:
                     )
                 )
         if broken and not self._closed and any(not p.future.done() for p in self._pending):
-            delay = min(2.0, 0.05 * 2 ** min(self._failures - 1, 8)) * (0.5 + random.random() / 2)
+            delay = self.retry.delay(self._failures)
             self._reconnect = asyncio.create_task(self._reopen(delay, error))
 
     async def _reopen(self, delay: float, error: LaneError) -> None:
@@ -341,7 +348,7 @@ class LaneSession:
         self._reconnect = None
         now = time.monotonic()
         for pending in list(self._pending):
-            if not pending.future.done() and now >= pending.deadline:
+            if not pending.future.done() and _past(pending.deadline, now):
                 pending.future.set_exception(error)
         if not self._closed and any(not p.future.done() for p in self._pending):
             self._open()

@@ -28,9 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-import grpc
-from lane.client.commands import is_reason
-from lane.client.errors import LaneError
+from lane.client.errors import LaneError, NotReplayable, OperationCancelled
 from lane.client.hooks import (
     KEEP,
     AfterToolEvent,
@@ -41,6 +39,7 @@ from lane.client.hooks import (
     ReplaceArguments,
 )
 from lane.client.tools import Tool, ToolContext, ToolResult, ToolResultLike, to_result_proto
+from lane.limits import MAX_PAYLOAD_BYTES
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2
 
@@ -48,9 +47,7 @@ __all__ = ["BatchCall", "LeaseLost", "RunControl", "ToolFlow"]
 
 _log = logging.getLogger("lane.client.driver")
 #: The largest tool result the service accepts (README "Limits": one payload, encoded).
-MAX_RESULT_BYTES = 512 * 1024
-
-_FAILED = grpc.StatusCode.FAILED_PRECONDITION
+MAX_RESULT_BYTES = MAX_PAYLOAD_BYTES
 
 #: Sends one command of the run (lease token, request id, retries, cancel_requested).
 Command = Callable[[Any, Any], Awaitable[Any]]
@@ -281,11 +278,9 @@ class ToolFlow:
                     replay=replay,
                 ),
             )
-        except LaneError as err:
-            if is_reason(err, _FAILED, "OPERATION_CANCELLED"):
-                await self._synthetic(run, item, pb.SYNTHETIC_CAUSE_CANCELLED)
-                return None
-            raise
+        except OperationCancelled:
+            await self._synthetic(run, item, pb.SYNTHETIC_CAUSE_CANCELLED)
+            return None
         if run.cancelled:
             # The intent committed but the effect has not begun: cancelled, not run.
             await self._synthetic(run, item, pb.SYNTHETIC_CAUSE_CANCELLED)
@@ -323,9 +318,8 @@ class ToolFlow:
                         tool_call_id=item.tool_call_id,
                     ),
                 )
-            except LaneError as err:
-                if not is_reason(err, _FAILED, "OPERATION_CANCELLED", "NOT_REPLAYABLE"):
-                    raise
+            except (OperationCancelled, NotReplayable):
+                pass  # interrupted below instead
             else:
                 _log.info("call %s (%s) replayed", item.tool_call_id, item.tool_name)
                 await self._execute(

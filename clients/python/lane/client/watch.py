@@ -33,11 +33,12 @@ Every group must continue exactly from the last folded revision; a gap, a duplic
 misplaced message raises :class:`~lane.client.errors.WatchProtocolError` instead of being
 folded. Any other failure (NOT_FOUND, INVALID_ARGUMENT, UNAUTHENTICATED, the service's own
 INTERNAL, ...) ends the iteration with :class:`~lane.client.errors.LaneError`; so does a
-resumable failure once ``RetryPolicy.max_attempts`` consecutive attempts made no progress.
+resumable failure once the :class:`~lane.client.retry.RetryPolicy` gives up (``max_attempts``
+consecutive attempts, or ``timeout`` seconds, without progress).
 
 The decisions are pure functions, testable without a server: :func:`fold_group` (continuity
 check, fold, rebase decision), :func:`check_heartbeat`, :func:`recovery_for` (what to do about
-a failure) and :meth:`RetryPolicy.delay` (backoff).
+a failure) and :meth:`~lane.client.retry.RetryPolicy.delay` (backoff).
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ from typing import TYPE_CHECKING, cast
 
 import grpc
 from lane.client.errors import LaneError, WatchProtocolError, lane_error
+from lane.client.errors import reason_name as _reason
 from lane.client.reducer import fold
-from lane.v1 import events_pb2, lane_service_pb2, snapshot_pb2
+from lane.client.retry import RetryPolicy
+from lane.v1 import events_pb2, lane_service_pb2, reasons_pb2, snapshot_pb2
 
 if TYPE_CHECKING:
     from lane.v1.lane_service_pb2_grpc import LaneServiceAsyncStub
@@ -76,10 +79,11 @@ _log = logging.getLogger(__name__)
 LaneSnapshot = snapshot_pb2.LaneSnapshot
 HarnessEvent = events_pb2.HarnessEvent
 
-#: ErrorInfo reasons the watch recovers from.
-WATCHER_TOO_SLOW = "WATCHER_TOO_SLOW"
-DATABASE_BUSY = "DATABASE_BUSY"
-REVISION_OUT_OF_RANGE = "REVISION_OUT_OF_RANGE"
+#: RESOURCE_EXHAUSTED reasons the watch resumes after.
+_RESUMED = frozenset(
+    _reason(reason)
+    for reason in (reasons_pb2.REASON_WATCHER_TOO_SLOW, reasons_pb2.REASON_DATABASE_BUSY)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,31 +113,9 @@ class LaneView:
     heartbeat: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Capped exponential backoff with jitter between resume attempts.
-
-    Attempt ``n`` (1-based, counting consecutive attempts that received nothing) waits
-    ``min(max_backoff, initial_backoff * multiplier ** (n - 1))``, reduced by up to ``jitter``
-    of itself at random. ``max_attempts=None`` retries for ever; otherwise the failure that
-    would start attempt ``max_attempts + 1`` is raised.
-    """
-
-    initial_backoff: float = 0.2
-    max_backoff: float = 10.0
-    multiplier: float = 2.0
-    jitter: float = 0.5
-    max_attempts: int | None = None
-
-    def delay(self, attempt: int, unit: float) -> float:
-        """Seconds to wait before attempt ``attempt``; ``unit`` in [0, 1) draws the jitter."""
-        exponent = min(max(attempt - 1, 0), 64)  # no float overflow on very long outages
-        base = min(self.max_backoff, self.initial_backoff * self.multiplier**exponent)
-        return base * (1.0 - self.jitter * unit)
-
-
-#: The default: from 0.1-0.2 s, doubling, up to 5-10 s between attempts, for ever.
-DEFAULT_RETRY = RetryPolicy()
+#: The default: from 0.1-0.2 s, doubling, up to 5-10 s between attempts, for ever. Attempt
+#: ``n`` counts consecutive attempts that received nothing.
+DEFAULT_RETRY = RetryPolicy(initial_backoff=0.2, max_backoff=10.0)
 
 
 class Recovery(enum.Enum):
@@ -168,12 +150,9 @@ def recovery_for(error: LaneError) -> Recovery:
     if code in _TRANSPORT_CODES and not error.reason:
         # CANCELLED reaches the watch only when it did not cancel: the connection went away.
         return Recovery.RESUME
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason in (
-        WATCHER_TOO_SLOW,
-        DATABASE_BUSY,
-    ):
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason in _RESUMED:
         return Recovery.RESUME
-    if code == grpc.StatusCode.OUT_OF_RANGE and error.reason == REVISION_OUT_OF_RANGE:
+    if error.reason_code == reasons_pb2.REASON_REVISION_OUT_OF_RANGE:
         # On resume, or mid-stream when retention removed events the watcher had not read.
         return Recovery.RESNAPSHOT
     return Recovery.RAISE
@@ -305,6 +284,7 @@ async def watch_lane(
         shown=base is not None,
     )
     attempt = 0
+    deadline: float | None = None
     while True:
         request = lane_service_pb2.WatchLaneRequest(lane_id=lane_id)
         if not position.need_snapshot:
@@ -316,7 +296,7 @@ async def watch_lane(
                 _follow(call, lane_id, position, include_heartbeats, idle_timeout)
             ) as steps:
                 async for view in steps:
-                    attempt = 0  # progress
+                    attempt, deadline = 0, None  # progress
                     if view is not None:
                         yield view
         except grpc.aio.AioRpcError as err:
@@ -347,7 +327,9 @@ async def watch_lane(
         if recovery is Recovery.RAISE:
             raise error
         attempt += 1
-        if retry.max_attempts is not None and attempt > retry.max_attempts:
+        if attempt == 1:
+            deadline = retry.deadline()
+        if retry.gives_up(attempt, deadline):
             raise error
         if on_retry is not None:
             on_retry(attempt, error)

@@ -1,0 +1,39 @@
+"""The contract's numbers: the limits and defaults the service enforces and clients plan by.
+
+Defined once, here, beside the generated contract (``lane.v1``) and like it imported by both
+sides: the service (``service/domain/limits.py``, ``service/api/validation.py``,
+``service/app``) and the clients (``lane.client``), which must not depend on the server.
+Plain constants, no imports: importing this module costs nothing. README "Limits" says what
+each one refuses and why it is what it is.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The largest gRPC message either side sends or receives: gRPC's default receive limit, so
+#: any client with default settings receives everything.
+MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+#: One payload of a request (a message, a tool result, arguments, an entry), encoded.
+MAX_PAYLOAD_BYTES: Final = 512 * 1024
+#: An operation error (EndRun, EndCompaction), encoded.
+MAX_ERROR_BYTES: Final = 64 * 1024
+
+#: A lease's length when a request asks for 0.
+DEFAULT_LEASE_SECONDS: Final = 30
+#: The longest lease a request may ask for.
+MAX_LEASE_SECONDS: Final = 3600
+
+#: ListLanes: the page size when a request asks for 0, and the largest it may ask for.
+DEFAULT_PAGE_SIZE: Final = 100
+MAX_PAGE_SIZE: Final = 1000
+
+#: WatchLane streams one server process serves at once, of one lane and in all (the defaults
+#: of ``LANE_MAX_WATCHERS_PER_LANE`` and ``LANE_MAX_WATCHERS``).
+DEFAULT_MAX_WATCHERS_PER_LANE: Final = 1000
+DEFAULT_MAX_WATCHERS: Final = 10_000
+
+#: An idle watch gets a heartbeat at least this often.
+HEARTBEAT_SECONDS: Final = 10.0
+#: Clients may send keepalive pings this often at most; faster pingers are sent GOAWAY.
+MIN_CLIENT_PING_INTERVAL_MS: Final = 10_000
