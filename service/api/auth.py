@@ -71,11 +71,6 @@ class Authenticator:
         # lookup by digest leaks nothing useful through its timing.
         self._namespaces = {_digest(token): namespace for token, namespace in tokens.items()}
 
-    @property
-    def enabled(self) -> bool:
-        """Whether calls need a token."""
-        return bool(self._namespaces)
-
     def namespace_of(self, metadata: Any) -> str | grpc.Status:
         """The namespace the call's token admits it to, or the UNAUTHENTICATED status."""
         if not self._namespaces:

@@ -1,4 +1,4 @@
-"""Authoritative snapshot capture (seed: "Exact authoritative capture behavior").
+"""Authoritative snapshot capture (docs/contract.md, Invariants: fold equals capture).
 
 Projection of the current batch: planned → omitted; effect_pending → running (args required,
 latest progress as ``result`` when there is one); outcome_ready → settled (staged result

@@ -32,7 +32,3 @@ def require_json_object(text: str, field: str) -> None:
         raise InvalidArgument("INVALID_JSON", f"{field} must be a JSON object", field=field)
 
 
-def require_optional_json(text: str | None, field: str) -> None:
-    """Refuse a present ``text`` that is not JSON."""
-    if text is not None:
-        parse_json(text, field)

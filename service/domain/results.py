@@ -2,7 +2,7 @@
 
 ``tool_end`` and snapshot capture both derive a call's final ``ToolResult`` from its staged
 ``ToolResultMessage`` with :func:`result_from_message`, so a folded settled row and a captured
-one are equal by construction (seed: "normalize the final result identically").
+one are equal by construction (docs/contract.md, Commits and their events: fold equals capture).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tool-call commands: intent, progress, staging (seed: "Runtime event production changes").
+"""Tool-call commands: intent, progress, staging (docs/contract.md, Commits and their events).
 
 Commit → events:
   intent     StartToolCall     planned → effect_pending         [tool_start]

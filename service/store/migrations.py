@@ -1,8 +1,9 @@
 """Versioned schema migrations, applied at start-up.
 
-Migrations are the numbered ``schema/NNNN_name.sql`` files. Each is applied once,
-in order, in its own transaction, and recorded in ``schema_migrations``. An advisory lock makes
-concurrent start-ups of several service processes safe.
+Migrations are the numbered ``schema/NNNN_name.sql`` files. Each is applied once, in order,
+and recorded in ``schema_migrations``. All the migrations one start-up applies run in one
+transaction, under an advisory lock: concurrent start-ups of several service processes wait
+for each other, and a failing migration leaves the schema as it was before any of them.
 """
 
 from __future__ import annotations

@@ -322,19 +322,21 @@ OUTCOMES: dict[str, Outcome] = {
 # - StartRun needs a lane without an open operation (LANE_BUSY otherwise).
 # - AbortOperation is accepted while the run is open, again (a no-op) once aborting.
 # - EndRun COMPLETED needs a run between turns (not inside a turn or its tool batch) at a
-#   finishing point: "Completed: at a may_finish checkpoint" (§2.7), i.e. after an assistant
+#   finishing point (docs/contract.md, Tool calls: RUN_NEEDS_ASSISTANT), i.e. after an assistant
 #   message without tool calls (or a batch whose calls all terminate), not right after StartRun.
 #   An aborting run always ends, recorded ABORTED.
 # - StartTurn needs a run between turns that is not aborting (no new work after abort).
 # - SettleAssistantMessage needs the open turn, by id (also while aborting: the response of an
 #   admitted request still settles). Outside a turn, "phase" and "turn" both apply.
 # - Tool commands need the run's tool batch; without one, "phase" and "call" both apply.
-# - StartToolCall: a planned call, not while aborting (no new intent, §3.7).
+# - StartToolCall: a planned call, not while aborting (no new intent after an abort:
+#   docs/recovery.md).
 # - UpdateToolCall / executed StageToolOutcome: an effect_pending call, also while aborting
-#   (admitted work is never erased, §3.7).
+#   (admitted work is never erased: docs/recovery.md).
 # - Synthetic UNKNOWN_TOOL is decided before intent: planned calls only.
 # - Synthetic CANCELLED: a planned call, or an effect_pending one whose effect was not admitted;
-#   and "a cancelled outcome is never staged before cancellation is durable" (§3.7 T-DT), so
+#   and a cancelled outcome is never staged before the abort is durable (docs/errors.md,
+#   OPERATION_NOT_CANCELLED), so
 #   only once the run's abort was requested.
 # - Synthetic INTERRUPTED: only a started (effect_pending) call; no abort needed (recovery
 #   after a driver crash).

@@ -1,4 +1,5 @@
-"""The seed's tool flow through the real service: orders, placement, fold == capture."""
+"""The tool flow (docs/contract.md, Tool calls) through the real service: orders, placement,
+fold == capture."""
 
 from __future__ import annotations
 

@@ -661,10 +661,11 @@ async def test_only_ok_or_unavailable_is_ever_answered(scenario: Observations) -
 async def test_commands_fail_with_unavailable_while_postgres_is_down(
     scenario: Observations,
 ) -> None:
-    # Issue 8 item 6: "restarting PostgreSQL mid-workload makes commands fail with UNAVAILABLE
-    # while it is down". Commands are refused while it is down, not held until it is back: an
-    # attempt that starts while it is down, at least ANSWER_WITHIN before it comes back, must be
-    # answered UNAVAILABLE before it comes back. (Later ones may see it back and succeed.)
+    # docs/errors.md (UNAVAILABLE): restarting PostgreSQL mid-workload makes commands fail
+    # with UNAVAILABLE while it is down. Commands are refused while it is down, not held until
+    # it is back: an attempt that starts while it is down, at least ANSWER_WITHIN before it
+    # comes back, must be answered UNAVAILABLE before it comes back. (Later ones may see it
+    # back and succeed.)
     problems = []
     for outage in scenario.outages:
         during = [a for a in scenario.attempts if outage.stop_done <= a.start < outage.start_begin]

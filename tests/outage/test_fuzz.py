@@ -30,7 +30,7 @@ from tests.outage.fuzzing import METHODS, Fuzzer, World, drive, populate
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-#: The CI run (issue 8 asks for at least 5,000 requests). Which RPCs get accepted depends on
+#: The CI run (at least 5,000 requests). Which RPCs get accepted depends on
 #: timing as well as the random seed: at 5,000 requests runs here accepted 27-28 of the 32 RPCs (one
 #: CI run failed the bar below), at 12,000 all 32, in about 100 s.
 REQUESTS = int(os.environ.get("LANE_FUZZ_REQUESTS", "12000"))

@@ -276,8 +276,9 @@ def settled_row(snapshot: snapshot_pb2.LaneSnapshot, call_id: str) -> snapshot_p
 
 
 def test_parallel_batch_early_settle_has_no_gap_or_overlap() -> None:
-    """Seed WP09: calls 0,1,2 run; 2 settles first; 0 settles and is placed while 1 runs; 1
-    settles; 1 and 2 are placed in source order. Checked after every event."""
+    """The parallel batch of docs/contract.md (Placement): calls 0,1,2 run; 2 settles first; 0
+    settles and is placed while 1 runs; 1 settles; 1 and 2 are placed in source order. Checked
+    after every event."""
     ev = Events(14)
     snapshot = in_run()
     active: set[str] = set()

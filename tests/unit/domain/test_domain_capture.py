@@ -1,4 +1,4 @@
-"""Authoritative capture (seed "Exact authoritative capture behavior", "Capture/watch tests")."""
+"""Authoritative capture (docs/contract.md, Tool calls and Invariants)."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def _result_message(
 
 
 def _mixed_state() -> tuple[LaneState, list[entries_pb2.Entry]]:
-    """The seed's mixed batch, written as durable state directly."""
+    """A mixed batch (one call in each status), written as durable state directly."""
     message = _mixed_assistant()
     unknown = messages_pb2.ToolResult(content=[text(UNKNOWN_TOOL_TEXT.format(name="nope"))])
     calls = (

@@ -108,9 +108,9 @@ def test_a_placed_prefix_lets_a_later_call_place_without_waiting_for_the_rest() 
     assert row_ids(lane.snapshot()) == ["C"]
 
 
-def test_seed_parallel_scenario_keeps_every_call_visible_exactly_once_after_every_event() -> None:
-    """Seed "Reducer tests": 0,1,2 start; 2 settles; 0 settles and is placed while 1 runs;
-    1 settles; 1 and 2 are placed in source order."""
+def test_parallel_scenario_keeps_every_call_visible_exactly_once_after_every_event() -> None:
+    """The parallel batch of docs/contract.md (Placement): 0,1,2 start; 2 settles; 0 settles
+    and is placed while 1 runs; 1 settles; 1 and 2 are placed in source order."""
     lane = lane_with_batch(*CALLS)
     active: set[str] = set()
     snapshot = lane.snapshot()

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import time
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from lane.client.tools import content_text
@@ -396,6 +396,3 @@ def fit_width(text: str, width: int) -> str:
     return "".join(kept) + ("…" if width > 0 else "")
 
 
-def plain(lines: Sequence[str]) -> str:
-    """``lines`` joined, for printing."""
-    return "\n".join(lines)
