@@ -73,6 +73,11 @@ Every variable is optional; an empty value counts as unset.
     PEM certificate chain and private key: serve gRPC over TLS. Both or neither.
 ``LANE_TLS_CLIENT_CA_FILE``
     PEM CA bundle: with TLS on, clients must present a certificate it signed (mutual TLS).
+``LANE_HTTP_LISTEN``
+    ``host:port`` to also serve LaneService on over HTTP: the Connect protocol (JSON or binary,
+    HTTP/1.1 or HTTP/2) and gRPC-Web, for browsers and curl; port 0 picks a free port. Unset:
+    no HTTP port. Same tokens, TLS files and limits as the gRPC port; with N workers each
+    serves it too (``SO_REUSEPORT``). See ``service/app/http_server.py``.
 ``LANE_METRICS_LISTEN``
     ``host:port`` to serve Prometheus metrics on over plain HTTP (any path; port 0 picks a free
     port), e.g. ``127.0.0.1:9464``. Unset: no metrics endpoint. It has no auth and names no
@@ -234,6 +239,11 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("LANE_AUTH_TOKENS_FILE", "unset", "a file of namespace:token pairs, # comments"),
     Setting(
+        "LANE_HTTP_LISTEN",
+        "unset: no HTTP port",
+        "host:port to also serve LaneService on over Connect and gRPC-Web (HTTP/1.1, HTTP/2)",
+    ),
+    Setting(
         "LANE_METRICS_LISTEN",
         "unset: no metrics",
         "host:port to serve Prometheus metrics on over plain HTTP",
@@ -267,6 +277,8 @@ class Settings:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None
+    #: ``host:port`` of the Connect / gRPC-Web port (``LANE_HTTP_LISTEN``), None when off.
+    http_listen: str | None = None
     metrics_listen: str | None = None
     log_format: str = "text"
     #: ``uvloop`` (where it installs) or ``asyncio``: see ``service/app/event_loop.py``.
@@ -306,6 +318,7 @@ class Settings:
         pool_size = get("LANE_DB_POOL_SIZE")
         checkout_timeout = get("LANE_DB_CHECKOUT_TIMEOUT_SECONDS")
         request_retention = get("LANE_REQUEST_RETENTION_SECONDS")
+        http_listen = get("LANE_HTTP_LISTEN")
         metrics_listen = get("LANE_METRICS_LISTEN")
         log_format = get("LANE_LOG_FORMAT")
         event_loop = get("LANE_EVENT_LOOP")
@@ -413,6 +426,9 @@ class Settings:
             tls_cert_file=cert,
             tls_key_file=key,
             tls_client_ca_file=client_ca,
+            http_listen=(
+                None if http_listen is None else parse_listen("LANE_HTTP_LISTEN", http_listen)
+            ),
             metrics_listen=(
                 None
                 if metrics_listen is None
@@ -441,6 +457,13 @@ def require_auth_or_loopback(settings: Settings) -> None:
         raise ConfigError(
             "LANE_LISTEN",
             settings.listen,
+            "without auth the service listens on a loopback address only; set LANE_AUTH_TOKENS "
+            "or LANE_AUTH_TOKENS_FILE to serve other hosts",
+        )
+    if not settings.auth_tokens and settings.http_listen and not is_loopback(settings.http_listen):
+        raise ConfigError(
+            "LANE_HTTP_LISTEN",
+            settings.http_listen,
             "without auth the service listens on a loopback address only; set LANE_AUTH_TOKENS "
             "or LANE_AUTH_TOKENS_FILE to serve other hosts",
         )

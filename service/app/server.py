@@ -40,6 +40,7 @@ from service.app.config import (
     require_auth_or_loopback,
 )
 from service.app.embedded import EmbeddedPostgres, start_embedded
+from service.app.http_server import HttpEndpoint, HttpStartupError, start_http
 from service.app.maintenance import (
     notification_queue_forever,
     reconcile_forever,
@@ -73,6 +74,7 @@ SERVER_KEEPALIVE_TIMEOUT_MS = 20_000
 
 # Calls gRPC core may hold before the service takes them up (see SERVER_OPTIONS).
 MAX_PENDING_CALLS = 100_000
+MAX_UNREQUESTED_SECONDS = 600
 
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
@@ -92,6 +94,9 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     # refuses each with a reason and a retry delay (service/api/watch.py, admit).
     ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
     ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+    # Likewise a call still not taken up after 30 s (a storm larger than a process takes up
+    # in that time) is cancelled bare; let it wait for its client's own deadline instead.
+    ("grpc.server_max_unrequested_time_in_server", MAX_UNREQUESTED_SECONDS),
     # No max_connection_age: it ends long watch streams (clients would resume, but needlessly).
     # Deployments behind a load balancer that need rebalancing can add it.
 )
@@ -148,6 +153,8 @@ class RunningServer:
     metrics: MetricsEndpoint | None = None
     #: The LaneService servicer (its DriveLane sessions end on shutdown).
     lane_servicer: LaneServicer | None = None
+    #: The Connect / gRPC-Web port (``LANE_HTTP_LISTEN``), None when off.
+    http: HttpEndpoint | None = None
     _stop_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
@@ -155,6 +162,11 @@ class RunningServer:
     def metrics_port(self) -> int | None:
         """The port the metrics endpoint is bound to (None when off)."""
         return None if self.metrics is None else self.metrics.port
+
+    @property
+    def http_port(self) -> int | None:
+        """The port Connect and gRPC-Web are served on (None when off)."""
+        return None if self.http is None else self.http.port
 
     async def stop(self, grace: float | None = None) -> None:
         """Shut down gracefully: NOT_SERVING, let calls finish for ``grace`` s, close, stop.
@@ -175,7 +187,11 @@ class RunningServer:
                 # end with UNAVAILABLE, so drivers send the rest on a new stream elsewhere.
                 if self.lane_servicer is not None:
                     self.lane_servicer.drive_sessions.close()
-                await self.server.stop(grace)
+                # Both ports drain together, each for the grace period.
+                await asyncio.gather(
+                    self.server.stop(grace),
+                    *([self.http.stop(grace)] if self.http is not None else []),
+                )
             finally:
                 for task in self.maintenance:
                     task.cancel()
@@ -193,6 +209,7 @@ async def start_server(
     listen: str | None = None,
     watch: WatchSettings | None = None,
     reuse_port: bool = False,
+    http_listen: str | None = None,
 ) -> RunningServer:
     """Start the service and return it running.
 
@@ -201,7 +218,8 @@ async def start_server(
     ``watch`` the watch settings (default: the published ones, with the watcher limits of
     ``target``). Opens the store, applies pending migrations, and serves LaneService, health
     and reflection. ``reuse_port`` binds with ``SO_REUSEPORT`` (:data:`WORKER_SERVER_OPTIONS`):
-    only for the workers of ``lane serve --workers N``, which share one port. Raises
+    only for the workers of ``lane serve --workers N``, which share one port (the HTTP port
+    too). ``http_listen`` overrides ``LANE_HTTP_LISTEN``: serve Connect and gRPC-Web there. Raises
     :class:`StartupError` when the database is unreachable or the address cannot be bound;
     whatever was started by then is stopped again.
     """
@@ -209,6 +227,10 @@ async def start_server(
     if listen is not None or not isinstance(target, Settings):
         address = parse_listen("listen", listen or "127.0.0.1:0")
         settings = dataclasses.replace(settings, listen=address)
+    if http_listen is not None:
+        settings = dataclasses.replace(
+            settings, http_listen=parse_listen("http_listen", http_listen)
+        )
     require_auth_or_loopback(settings)
 
     embedded: EmbeddedPostgres | None = None
@@ -216,6 +238,7 @@ async def start_server(
     hub: Hub | None = None
     server: grpc.aio.Server | None = None
     metrics: MetricsEndpoint | None = None
+    http: HttpEndpoint | None = None
     try:
         if settings.database_url is None:
             # pgserver blocks (initdb, pg_ctl): keep the event loop free meanwhile.
@@ -257,8 +280,17 @@ async def start_server(
             raise StartupError(f"cannot listen on {settings.listen}: {err}") from None
         metrics = await _start_metrics(settings.metrics_listen)
         await server.start()
+        if settings.http_listen is not None:
+            try:
+                http = await start_http(
+                    settings, settings.http_listen, lane_servicer, reuse_port=reuse_port
+                )
+            except HttpStartupError as err:
+                raise StartupError(str(err)) from None
     except BaseException:
         # Also on cancellation: a half-started service must not leak a pool or a PostgreSQL.
+        if http is not None:
+            await http.stop(None)
         if server is not None:
             await server.stop(None)
         if metrics is not None:
@@ -297,6 +329,7 @@ async def start_server(
         ],
         metrics=metrics,
         lane_servicer=lane_servicer,
+        http=http,
     )
     _log.info(
         "lane service listening on %s (%s); database: %s; migrations applied now: %s;"
@@ -307,6 +340,13 @@ async def start_server(
         ", ".join(applied) if applied else "none (schema up to date)",
         type(asyncio.get_running_loop()).__module__.partition(".")[0],
     )
+    if http is not None:
+        _log.info(
+            "Connect and gRPC-Web on %s://%s (LaneService at /%s/<method>)",
+            "http" if settings.tls_cert_file is None else "https",
+            http.address,
+            LANE_SERVICE_NAME,
+        )
     if metrics is not None:
         _log.info("Prometheus metrics on http://%s/metrics", metrics.address)
     _log_auth(settings)

@@ -1,0 +1,356 @@
+"""LaneService over Connect and gRPC-Web on the HTTP port (``LANE_HTTP_LISTEN``).
+
+Against a real server serving both ports on one database, with real clients: curl, and the
+connectrpc client (Connect JSON and binary, gRPC-Web; HTTP/1.1 and HTTP/2):
+
+- the README's curl line answers, JSON in and out, a refusal with its google.rpc.ErrorInfo;
+- every protocol reaches the same lanes and answers as the gRPC port does, refusals included;
+- WatchLane streams the snapshot and then each commit over HTTP/1.1 and HTTP/2;
+- auth (tokens → namespaces, checked before the request is read), the 4 MiB message limit,
+  request validation, metrics and TLS behave as on the gRPC port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+from connectrpc.client import ConnectClient
+from connectrpc.compat import google_protobuf_binary_codec, google_protobuf_json_codec
+from connectrpc.errors import ConnectError
+from connectrpc.method import IdempotencyLevel, MethodInfo, StreamType
+from connectrpc.protocol import ProtocolType
+from google.protobuf import message_factory
+from google.rpc import error_details_pb2
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
+from pyqwest import Client as HttpClient
+from pyqwest import HTTPTransport, HTTPVersion
+
+from service.app.config import Settings
+from service.app.server import RunningServer, start_server
+from service.metrics import REGISTRY
+from tests.integration.lanes import error_info, new_lane_id, user
+
+SERVICE = pb.DESCRIPTOR.services_by_name["LaneService"]
+TOKEN_A = "connect-token-team-a-0123456789"
+TOKEN_B = "connect-token-team-b-0123456789"
+
+
+def method(name: str) -> MethodInfo[Any, Any]:
+    """The connectrpc description of LaneService method ``name``."""
+    descriptor = SERVICE.methods_by_name[name]
+    return MethodInfo(
+        name=name,
+        service_name=SERVICE.full_name,
+        input=message_factory.GetMessageClass(descriptor.input_type),
+        output=message_factory.GetMessageClass(descriptor.output_type),
+        idempotency_level=IdempotencyLevel.UNKNOWN,
+        stream_type=StreamType.SERVER_STREAM if descriptor.server_streaming else StreamType.UNARY,
+    )
+
+
+#: (protocol, codec, HTTP version): every way a Connect or gRPC-Web client may call.
+WAYS = [
+    pytest.param(ProtocolType.CONNECT, "json", HTTPVersion.HTTP1, id="connect-json-http1"),
+    pytest.param(ProtocolType.CONNECT, "proto", HTTPVersion.HTTP1, id="connect-proto-http1"),
+    pytest.param(ProtocolType.CONNECT, "json", HTTPVersion.HTTP2, id="connect-json-http2"),
+    pytest.param(ProtocolType.CONNECT, "proto", HTTPVersion.HTTP2, id="connect-proto-http2"),
+    pytest.param(ProtocolType.GRPC_WEB, "proto", HTTPVersion.HTTP1, id="grpc-web-http1"),
+    pytest.param(ProtocolType.GRPC_WEB, "json", HTTPVersion.HTTP2, id="grpc-web-json-http2"),
+]
+
+
+class Caller:
+    """A connectrpc client of LaneService speaking one protocol, codec and HTTP version."""
+
+    def __init__(self, url: str, protocol: ProtocolType, codec: str, http: HttpClient) -> None:
+        self.client = ConnectClient(
+            url,
+            protocol=protocol,
+            codec=google_protobuf_json_codec()
+            if codec == "json"
+            else google_protobuf_binary_codec(),
+            send_compression=None,
+            http_client=http,
+        )
+
+    async def __call__(self, name: str, request: Any, token: str | None = None) -> Any:
+        return await self.client.execute_unary(
+            request=request, method=method(name), headers=_auth(token)
+        )
+
+    def watch(self, request: pb.WatchLaneRequest, token: str | None = None) -> AsyncIterator[Any]:
+        return self.client.execute_server_stream(
+            request=request, method=method("WatchLane"), headers=_auth(token)
+        )
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def connect_reason(error: ConnectError) -> str:
+    """The ErrorInfo reason among a Connect error's details ("" if none)."""
+    for detail in error.details:
+        if detail.type_name == "google.rpc.ErrorInfo":
+            reason: str = error_details_pb2.ErrorInfo.FromString(detail.message_bytes).reason
+            return reason
+    return ""
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def served(session_database_url: str) -> AsyncIterator[RunningServer]:
+    """One service with both ports, auth off."""
+    running = await start_server(session_database_url, http_listen="127.0.0.1:0")
+    try:
+        yield running
+    finally:
+        await running.stop(grace=0.5)
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def grpc_stub(served: RunningServer) -> AsyncIterator[Any]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+        yield lane_service_pb2_grpc.LaneServiceStub(channel)
+
+
+@asynccontextmanager
+async def http_client(version: Any, **tls: Any) -> AsyncIterator[HttpClient]:
+    """An HTTP client speaking only ``version`` (HTTP/2: with prior knowledge on cleartext)."""
+    transport = HTTPTransport(http_version=version, **tls)
+    try:
+        yield HttpClient(transport)
+    finally:
+        await transport.aclose()
+
+
+def curl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["curl", "-sS", "--max-time", "30", *args], capture_output=True, text=True, check=False
+    )
+
+
+async def test_the_readme_curl_line(served: RunningServer, grpc_stub: Any) -> None:
+    url = f"http://127.0.0.1:{served.http_port}/lane.v1.LaneService/GetLaneSnapshot"
+    # The README's line, on a lane that does not exist: not_found and its ErrorInfo.
+    answer = await asyncio.to_thread(
+        curl, "-i", "-d", '{"laneId":"x"}', "-H", "content-type: application/json", url
+    )
+    head, _, body = answer.stdout.partition("\n\n")  # text mode: \r\n read as \n
+    assert head.startswith("HTTP/1.1 404"), answer.stdout
+    error = json.loads(body)
+    assert error["code"] == "not_found"
+    (detail,) = error["details"]
+    assert detail["type"] == "google.rpc.ErrorInfo"
+    info = error_details_pb2.ErrorInfo.FromString(base64.b64decode(detail["value"] + "=="))
+    assert (info.reason, info.domain, info.metadata["laneId"]) == ("LANE_NOT_FOUND", "lane.v1", "x")
+
+    # A lane created over gRPC answers over curl, in protobuf's JSON mapping.
+    lane_id = new_lane_id("curl")
+    await grpc_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    answer = await asyncio.to_thread(
+        curl, "-d", json.dumps({"laneId": lane_id}), "-H", "content-type: application/json", url
+    )
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout.startswith("{"), (answer.stdout, answer.stderr)
+    snapshot = json.loads(answer.stdout)["snapshot"]
+    assert snapshot["laneId"] == lane_id
+    assert snapshot["revision"] == "1"  # int64: a string in JSON
+
+
+@pytest.mark.parametrize(("protocol", "codec", "version"), WAYS)
+async def test_every_protocol_reaches_the_same_lanes_and_refusals(
+    served: RunningServer, grpc_stub: Any, protocol: Any, codec: str, version: Any
+) -> None:
+    async with http_client(version) as http:
+        caller = Caller(f"http://127.0.0.1:{served.http_port}", protocol, codec, http)
+        lane_id = new_lane_id("connect")
+        created = await caller("CreateLane", pb.CreateLaneRequest(lane_id=lane_id))
+        assert created.revision == 1
+        queued = await caller(
+            "EnqueueMessage",
+            pb.EnqueueMessageRequest(
+                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=user("hi")
+            ),
+        )
+        # The gRPC port sees what the HTTP port committed, and the reverse.
+        over_grpc = await grpc_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+        assert over_grpc.snapshot.revision == queued.revision == 2
+        over_http = await caller("GetLaneSnapshot", pb.GetLaneSnapshotRequest(lane_id=lane_id))
+        assert over_http == over_grpc
+
+        # The same refusals, code and ErrorInfo: a missing field, a bad id, a bad field.
+        for name, request in [
+            ("EnqueueMessage", pb.EnqueueMessageRequest(lane_id=lane_id, message=user("x"))),
+            ("GetLaneSnapshot", pb.GetLaneSnapshotRequest(lane_id="")),
+            ("ListLanes", pb.ListLanesRequest(page_size=100_000)),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as over_grpc_error:
+                await getattr(grpc_stub, name)(request)
+            with pytest.raises(ConnectError) as over_http_error:
+                await caller(name, request)
+            expected = over_grpc_error.value.code().name.lower().replace("cancelled", "canceled")
+            assert over_http_error.value.code.value == expected
+            assert connect_reason(over_http_error.value) == error_info(over_grpc_error.value).reason
+            assert over_http_error.value.message == over_grpc_error.value.details()
+
+
+@pytest.mark.parametrize(("protocol", "codec", "version"), WAYS)
+async def test_watch_lane_streams_snapshot_then_commits(
+    served: RunningServer, grpc_stub: Any, protocol: Any, codec: str, version: Any
+) -> None:
+    lane_id = new_lane_id("watch")
+    await grpc_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    async with http_client(version) as http:
+        caller = Caller(f"http://127.0.0.1:{served.http_port}", protocol, codec, http)
+        stream = caller.watch(pb.WatchLaneRequest(lane_id=lane_id))
+        first = await anext(stream)
+        assert first.snapshot.snapshot.lane_id == lane_id
+        assert first.snapshot.snapshot.revision == 1
+        await grpc_stub.EnqueueMessage(
+            pb.EnqueueMessageRequest(
+                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=user("hello")
+            )
+        )
+        second = await anext(stream)
+        assert second.WhichOneof("item") == "event_group"
+        (event,) = second.event_group.events
+        assert event.revision == 2
+        assert "hello" in str(event)  # the queued message itself
+        await stream.aclose()  # type: ignore[attr-defined]
+
+        # A refusal ends the stream with its code and ErrorInfo, as on gRPC.
+        with pytest.raises(ConnectError) as refused:
+            await anext(caller.watch(pb.WatchLaneRequest(lane_id=lane_id, after_revision=99)))
+        assert refused.value.code.value == "out_of_range"
+        assert connect_reason(refused.value) == "REVISION_OUT_OF_RANGE"
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def authed(session_database_url: str) -> AsyncIterator[RunningServer]:
+    """One service with both ports and tokens for two namespaces."""
+    settings = Settings(
+        database_url=session_database_url, auth_tokens={TOKEN_A: "team-a", TOKEN_B: "team-b"}
+    )
+    running = await start_server(settings, listen="127.0.0.1:0", http_listen="127.0.0.1:0")
+    try:
+        yield running
+    finally:
+        await running.stop(grace=0.5)
+
+
+@pytest.mark.parametrize(("protocol", "codec", "version"), WAYS[:2] + WAYS[4:5])
+async def test_auth_as_on_the_grpc_port(
+    authed: RunningServer, protocol: Any, codec: str, version: Any
+) -> None:
+    async with http_client(version) as http:
+        caller = Caller(f"http://127.0.0.1:{authed.http_port}", protocol, codec, http)
+        lane_id = new_lane_id("auth")
+        await caller("CreateLane", pb.CreateLaneRequest(lane_id=lane_id), TOKEN_A)
+        for token, reason in [
+            (None, "TOKEN_MISSING"),
+            ("not-a-token-of-this-service", "TOKEN_UNKNOWN"),
+        ]:
+            with pytest.raises(ConnectError) as refused:
+                await caller("GetLaneSnapshot", pb.GetLaneSnapshotRequest(lane_id=lane_id), token)
+            assert (refused.value.code.value, connect_reason(refused.value)) == (
+                "unauthenticated",
+                reason,
+            )
+            with pytest.raises(ConnectError) as refused:
+                await anext(caller.watch(pb.WatchLaneRequest(lane_id=lane_id), token))
+            assert connect_reason(refused.value) == reason
+        # Another namespace's lane is a lane that does not exist, for reads and watches alike.
+        with pytest.raises(ConnectError) as refused:
+            await caller("GetLaneSnapshot", pb.GetLaneSnapshotRequest(lane_id=lane_id), TOKEN_B)
+        assert connect_reason(refused.value) == "LANE_NOT_FOUND"
+        with pytest.raises(ConnectError) as refused:
+            await anext(caller.watch(pb.WatchLaneRequest(lane_id=lane_id), TOKEN_B))
+        assert connect_reason(refused.value) == "LANE_NOT_FOUND"
+        listed = await caller("ListLanes", pb.ListLanesRequest(), TOKEN_B)
+        assert lane_id not in [lane.lane_id for lane in listed.lanes]
+        snapshot = await caller(
+            "GetLaneSnapshot", pb.GetLaneSnapshotRequest(lane_id=lane_id), TOKEN_A
+        )
+        assert snapshot.snapshot.lane_id == lane_id
+
+
+async def test_malformed_json_is_refused_after_the_token(authed: RunningServer) -> None:
+    url = f"http://127.0.0.1:{authed.http_port}/lane.v1.LaneService/ListLanes"
+    for body, token, reason in [
+        ("{not json", None, "TOKEN_MISSING"),
+        ("{not json", TOKEN_A, "MALFORMED_REQUEST"),
+        ('{"pageSize": "many"}', TOKEN_A, "MALFORMED_REQUEST"),
+        ("[" * 100_000, TOKEN_A, "MALFORMED_REQUEST"),  # deep nesting: refused, not a crash
+    ]:
+        headers = ["-H", "content-type: application/json"]
+        if token:
+            headers += ["-H", f"authorization: Bearer {token}"]
+        answer = await asyncio.to_thread(curl, "-d", body, *headers, url)
+        error = json.loads(answer.stdout)
+        info = error_details_pb2.ErrorInfo.FromString(
+            base64.b64decode(error["details"][0]["value"] + "==")
+        )
+        assert info.reason == reason, error
+    # The service still serves.
+    answer = await asyncio.to_thread(
+        curl,
+        "-d",
+        "{}",
+        "-H",
+        "content-type: application/json",
+        "-H",
+        f"authorization: Bearer {TOKEN_A}",
+        url,
+    )
+    assert "lanes" in json.loads(answer.stdout) or json.loads(answer.stdout) == {}
+
+
+@pytest.mark.parametrize(("protocol", "codec", "version"), WAYS[1:2] + WAYS[4:5])
+async def test_limits_validation_and_metrics_as_on_the_grpc_port(
+    served: RunningServer, grpc_stub: Any, protocol: Any, codec: str, version: Any
+) -> None:
+    lane_id = new_lane_id("limits")
+    await grpc_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+
+    def answered(code: str) -> float:
+        value = REGISTRY.get_sample_value(
+            "lane_commands_total", {"method": "EnqueueMessage", "code": code}
+        )
+        return value or 0.0
+
+    async with http_client(version) as http:
+        caller = Caller(f"http://127.0.0.1:{served.http_port}", protocol, codec, http)
+        # A payload over 512 KiB: validation's PAYLOAD_TOO_LARGE, counted as on gRPC.
+        before = answered("INVALID_ARGUMENT")
+        big = pb.EnqueueMessageRequest(
+            lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=user("x" * (600 << 10))
+        )
+        with pytest.raises(ConnectError) as refused:
+            await caller("EnqueueMessage", big)
+        assert connect_reason(refused.value) == "PAYLOAD_TOO_LARGE"
+        assert answered("INVALID_ARGUMENT") == before + 1
+        # A request over 4 MiB is refused RESOURCE_EXHAUSTED before it reaches the service.
+        huge = pb.EnqueueMessageRequest(
+            lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=user("x" * (5 << 20))
+        )
+        with pytest.raises(ConnectError) as refused:
+            await caller("EnqueueMessage", huge)
+        assert refused.value.code.value == "resource_exhausted"
+        before = answered("OK")
+        await caller(
+            "EnqueueMessage",
+            pb.EnqueueMessageRequest(
+                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=user("ok")
+            ),
+        )
+        assert answered("OK") == before + 1
