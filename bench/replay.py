@@ -381,6 +381,14 @@ def replay_script(recorded: RecordedRun, commits_per_transaction: int = 1) -> Re
         "\\set ns (:client_id + 1) * 1000000000 + :it",
         "BEGIN;",
         render(insert),
+        # A new lane row's versions start in a range of their own (schema 0008); the recorded
+        # statements count from 0, as the domain does: start this lane there.
+        render(
+            CommitStatement(
+                "UPDATE lanes SET version = 0 WHERE namespace = %(ns)s AND lane_id = %(lane)s",
+                {"ns": insert.params["ns"], "lane": insert.params["lane"]},
+            )
+        ),
         render(created),
         "COMMIT;",
     ]
