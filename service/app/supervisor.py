@@ -187,6 +187,14 @@ class Supervisor:
         for sock in sockets:
             held.callback(sock.close)
         self._worker_env = self._base_worker_env(dsn, address)
+        if settings.http_listen is not None:
+            # The HTTP port is shared the same way: reserved here (a free one picked for port
+            # 0, so that every worker serves the same), bound by each worker with SO_REUSEPORT.
+            sockets, http_address = await asyncio.to_thread(reserve_port, settings.http_listen)
+            for sock in sockets:
+                held.callback(sock.close)
+            self._worker_env["LANE_HTTP_LISTEN"] = http_address
+            _log.info("workers serve Connect and gRPC-Web on %s", http_address)
         _log.info(
             "lane supervisor (pid %d) starting %d workers on %s (%s); database: %s; "
             "migrations applied now: %s",

@@ -16,8 +16,10 @@ import asyncio
 import base64
 import json
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -41,6 +43,7 @@ from service.metrics import REGISTRY
 from tests.integration.lanes import error_info, new_lane_id, user
 
 SERVICE = pb.DESCRIPTOR.services_by_name["LaneService"]
+PROTOS = Path(__file__).resolve().parents[2] / "protos"
 TOKEN_A = "connect-token-team-a-0123456789"
 TOKEN_B = "connect-token-team-b-0123456789"
 
@@ -354,3 +357,22 @@ async def test_limits_validation_and_metrics_as_on_the_grpc_port(
             ),
         )
         assert answered("OK") == before + 1
+
+
+async def test_buf_curl_protocol_connect(served: RunningServer, grpc_stub: Any) -> None:
+    lane_id = new_lane_id("buf")
+    await grpc_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    buf = Path(sys.executable).parent / "buf"
+    url = f"http://127.0.0.1:{served.http_port}/lane.v1.LaneService/GetLaneSnapshot"
+    body = json.dumps({"laneId": lane_id})
+    command = [str(buf), "curl", "--schema", str(PROTOS), "--protocol", "connect", "-d", body]
+    answer = await asyncio.to_thread(
+        subprocess.run,
+        [*command, url],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert answer.returncode == 0, answer.stderr
+    assert json.loads(answer.stdout)["snapshot"]["laneId"] == lane_id

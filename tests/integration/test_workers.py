@@ -158,6 +158,27 @@ async def test_commands_and_watchers_spread_over_workers_and_fold_equals_capture
                 await watcher.close()
 
 
+async def test_every_worker_serves_the_http_port_too(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    env = _env(fresh_database_url, LANE_HTTP_LISTEN="127.0.0.1:0")
+    async with _Service.start(tmp_path, env) as service:
+        workers = await service.serving(2)
+        found = re.search(
+            rb"workers serve Connect and gRPC-Web on ([\d.]+:\d+)", service.log.read_bytes()
+        )
+        assert found is not None, service.output()
+        url = f"http://{found.group(1).decode()}/lane.v1.LaneService/ListLanes"
+        # One connection per request (urllib): the kernel picks a worker for each, and every
+        # worker answers on the one port, until both have answered one.
+        for _ in range(MAX_CHANNELS):
+            assert await asyncio.to_thread(_post_json, url) == 200
+            if all(_metric(port, "lane_commands_total") >= 1 for port in workers.values()):
+                break
+        else:
+            raise AssertionError("every request reached one worker")
+
+
 async def test_kill_9_of_a_worker_loses_nothing_acknowledged_and_it_is_replaced(
     fresh_database_url: str, tmp_path: Path
 ) -> None:
@@ -430,6 +451,13 @@ class _Channels:
     async def __aexit__(self, *exc: object) -> None:
         for channel in self._channels:
             await channel.close()
+
+
+def _post_json(url: str) -> int:
+    """POST ``{}`` as JSON to ``url`` on a connection of its own; the HTTP status."""
+    request = urllib.request.Request(url, data=b"{}", headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return int(response.status)
 
 
 def _metric(port: int, name: str) -> float:
