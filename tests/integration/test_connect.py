@@ -41,6 +41,7 @@ from service.app.config import Settings
 from service.app.server import RunningServer, start_server
 from service.metrics import REGISTRY
 from tests.integration.lanes import error_info, new_lane_id, user
+from tests.integration.test_tls import issue, pem, pem_key
 
 SERVICE = pb.DESCRIPTOR.services_by_name["LaneService"]
 PROTOS = Path(__file__).resolve().parents[2] / "protos"
@@ -376,3 +377,32 @@ async def test_buf_curl_protocol_connect(served: RunningServer, grpc_stub: Any) 
     )
     assert answer.returncode == 0, answer.stderr
     assert json.loads(answer.stdout)["snapshot"]["laneId"] == lane_id
+
+
+async def test_tls_on_the_http_port(session_database_url: str, tmp_path: Path) -> None:
+    ca = issue("lane test CA", None, ca=True)
+    server = issue("localhost", ca, ca=False)
+    (tmp_path / "ca.pem").write_bytes(pem(ca[0]))
+    (tmp_path / "server.pem").write_bytes(pem(server[0]))
+    (tmp_path / "server.key").write_bytes(pem_key(server[1]))
+    settings = Settings(
+        database_url=session_database_url,
+        tls_cert_file=tmp_path / "server.pem",
+        tls_key_file=tmp_path / "server.key",
+    )
+    running = await start_server(settings, listen="127.0.0.1:0", http_listen="127.0.0.1:0")
+    try:
+        url = f"https://localhost:{running.http_port}/lane.v1.LaneService/GetLaneSnapshot"
+        body = ["-d", '{"laneId":"x"}', "-H", "content-type: application/json"]
+        # HTTP/2 by ALPN, the certificate checked against its CA.
+        ca_file = str(tmp_path / "ca.pem")
+        args = ["-w", "\\n%{http_version}", "--http2", "--cacert", ca_file, *body, url]
+        answer = await asyncio.to_thread(curl, *args)
+        error, _, version = answer.stdout.rpartition("\n")
+        assert version == "2", answer.stderr
+        assert json.loads(error)["code"] == "not_found"
+        # Plaintext is not served there.
+        answer = await asyncio.to_thread(curl, *body, url.replace("https:", "http:"))
+        assert answer.returncode != 0 or "not_found" not in answer.stdout
+    finally:
+        await running.stop(grace=0.5)
