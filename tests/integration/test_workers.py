@@ -109,7 +109,7 @@ async def test_a_bad_workers_option_stops_lane_serve_with_status_2(tmp_path: Pat
     async with _Service.start(tmp_path, env, command=command) as service:
         status = await asyncio.wait_for(service.process.wait(), timeout=30)
     assert status == 2, service.output()
-    assert "argument --workers: expected a whole number >= 1" in service.output()
+    assert "configuration error: --workers '0': the number must be >= 1" in service.output()
 
 
 @pytest.mark.parametrize("notify", ["on", "off"])
