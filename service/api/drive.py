@@ -15,7 +15,8 @@ validation, the typed command, the commands layer, the result mapping), called w
 call's. Its exceptions go through the same error table (:func:`error_answer`), and a request is
 counted (:func:`check_counts`) before the handler sees it, as :mod:`servicer` does for unary
 calls. Each command has the log scope and the ``lane_commands_total`` /
-``lane_command_duration_seconds`` series of its method, as a unary call does.
+``lane_command_duration_seconds`` series of its method, as a unary call does, and, with traces
+on, a span of its own, a child of the stream's span (``rpc_spans.py``).
 
 The stream:
 
@@ -59,13 +60,14 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import code_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service import logs
+from service import logs, traces
 from service.api.auth import caller_namespace
 from service.api.base import ServicerBase
 from service.api.call import Call, Context
 from service.api.errors import error_answer, implementation, rich_status, status_of
 from service.api.framing import length_delimited, varint
 from service.api.instrument import MethodMetrics, bind_answer, bind_request, method_metrics
+from service.api.rpc_spans import start_command
 from service.api.validation import check_counts
 from service.domain.errors import InvalidArgument
 from service.domain.limits import MAX_MESSAGE_BYTES
@@ -286,6 +288,7 @@ class _Session:
         with logs.request_scope(command.method):
             start = time.perf_counter()
             code, reason = "UNKNOWN", ""
+            span = None if traces.tracer is None else start_command(command.method, sequence)
             try:
                 bind_request(request)
                 check_counts(request)
@@ -304,6 +307,8 @@ class _Session:
                 frame = _frame(sequence, ERROR_FIELD, status.SerializeToString())
             finally:
                 command.metrics.answered(code, reason, time.perf_counter() - start)
+                if span is not None:
+                    span.finish(code, reason)
             if len(frame) > MAX_MESSAGE_BYTES:
                 frame = _too_large(sequence, command.method, len(frame))
             return frame

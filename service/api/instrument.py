@@ -6,7 +6,8 @@
 commands the same way, under the command's method, through :func:`method_metrics`).
 :func:`binding_ids` wraps the decoded-request handler inside it and binds the caller's
 namespace and the request's lane and operation ids to that scope, so every log line of the RPC
-names them. WatchLane's own metrics are in watch.py.
+names them. WatchLane's own metrics are in watch.py. With traces on, :func:`observed` also
+opens the RPC's span (``rpc_spans.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from service import logs, metrics
+from service import logs, metrics, traces
+from service.api import rpc_spans
 from service.api.auth import caller_namespace
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,9 @@ def observed(method: str, streaming: bool, handler: Handler) -> Handler:
 
     async def streaming_rpc(data: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         with logs.request_scope(method):
-            return await handler(data, context)
+            if traces.tracer is None:
+                return await handler(data, context)
+            return await _traced_stream(method, handler, data, context)
 
     if streaming:
         return streaming_rpc
@@ -83,6 +87,11 @@ def observed(method: str, streaming: bool, handler: Handler) -> Handler:
             start = time.perf_counter()
             code = "UNKNOWN"  # an exception grpc turns into UNKNOWN (the error table prevents it)
             reason = ""
+            span = (
+                None
+                if traces.tracer is None
+                else rpc_spans.start_rpc(method, context.invocation_metadata())
+            )
             try:
                 answer = await handler(data, context)
                 code = "OK"
@@ -96,8 +105,31 @@ def observed(method: str, streaming: bool, handler: Handler) -> Handler:
                 raise
             finally:
                 answers.answered(code, reason, time.perf_counter() - start)
+                if span is not None:
+                    span.finish(code, reason)
 
     return unary_rpc
+
+
+async def _traced_stream(
+    method: str, handler: Handler, data: Any, context: grpc.aio.ServicerContext[Any, Any]
+) -> Any:
+    """A streaming RPC (WatchLane, DriveLane) inside its span, which ends with the stream."""
+    span = rpc_spans.start_rpc(method, context.invocation_metadata())
+    code, reason = "UNKNOWN", ""
+    try:
+        answer = await handler(data, context)
+        code = "OK"
+        return answer
+    except grpc.aio.AbortError:
+        code, reason = status_code_name(context), error_reason(context)
+        raise
+    except asyncio.CancelledError:
+        code = "CANCELLED"
+        raise
+    finally:
+        if span is not None:
+            span.finish(code, reason)
 
 
 def binding_ids(implementation: Handler) -> Handler:

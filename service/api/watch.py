@@ -28,7 +28,7 @@ from lane.v1 import lane_service_pb2 as pb
 from psycopg import OperationalError
 from psycopg_pool import PoolTimeout
 
-from service import metrics
+from service import metrics, traces
 from service.api.errors import status_of
 from service.api.framing import event_group_frame
 from service.api.instrument import error_reason, status_code_name
@@ -257,7 +257,9 @@ async def _serve(
         if revision == head:
             subscription.caught_up()
     else:
-        revision = await _send_snapshot(store, lane, context, settings)
+        with traces.span("lane.watch.snapshot"):
+            revision = await _send_snapshot(store, lane, context, settings)
+            traces.annotate("lane.revision", revision)
         subscription.delivered(revision)
         subscription.caught_up()
     while not subscription.closed and not subscription.deleted:
@@ -281,7 +283,8 @@ async def _serve(
                 last = first + len(bodies) - 1
                 frame = event_group_frame(bodies)
                 del bodies  # the frame holds them now
-                await _write(context, frame, settings, revision)
+                with traces.delivery(first, last, "log"):
+                    await _write(context, frame, settings, revision)
                 metrics.DELIVERY_SECONDS.observe(max(0.0, time.time() - commit_time.timestamp()))
                 revision = last
                 subscription.delivered(revision)
@@ -293,7 +296,8 @@ async def _serve(
                 continue
         elif shared:
             for group in shared:
-                await _write(context, group.frame(event_group_frame), settings, revision)
+                with traces.delivery(group.first, group.last, "feed"):
+                    await _write(context, group.frame(event_group_frame), settings, revision)
                 metrics.DELIVERY_SECONDS.observe(max(0.0, time.time() - group.committed_at))
                 revision = group.last
                 subscription.delivered(revision)

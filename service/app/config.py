@@ -97,6 +97,11 @@ Every variable is optional; an empty value counts as unset.
 ``LANE_EVENT_LOOP``
     ``uvloop`` or ``asyncio``: the event loop the process runs on. Default ``uvloop`` (asyncio's
     own where uvloop does not install); see ``service/app/event_loop.py``.
+``LANE_OTEL``
+    ``on`` or ``off``: OpenTelemetry traces (docs/deploying.md, "Traces"). Default ``off``: no
+    span is made and the SDK is not loaded. On, the exporter, endpoint, sampler and service
+    name come from the standard ``OTEL_*`` variables (``service/app/tracing.py``); it needs the
+    ``otel`` extra (``pip install 'lane-service[otel]'``).
 
 A bad value raises :class:`ConfigError`, whose message names the variable.
 
@@ -250,6 +255,11 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("LANE_LOG_FORMAT", "text", "text or json (one JSON object per line)"),
     Setting("LANE_EVENT_LOOP", "uvloop", "uvloop or asyncio"),
+    Setting(
+        "LANE_OTEL",
+        "off",
+        "on/off: OpenTelemetry traces, exported as the standard OTEL_* variables say",
+    ),
 )
 _VARIABLES = frozenset(setting.variable for setting in SETTINGS)
 
@@ -283,6 +293,8 @@ class Settings:
     log_format: str = "text"
     #: ``uvloop`` (where it installs) or ``asyncio``: see ``service/app/event_loop.py``.
     event_loop: str = "uvloop"
+    #: OpenTelemetry traces (``LANE_OTEL``): see ``service/app/tracing.py``.
+    otel: bool = False
     #: {token: namespace}; empty = auth off. Secrets: kept out of repr.
     auth_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -322,6 +334,7 @@ class Settings:
         metrics_listen = get("LANE_METRICS_LISTEN")
         log_format = get("LANE_LOG_FORMAT")
         event_loop = get("LANE_EVENT_LOOP")
+        otel = get("LANE_OTEL")
         cert, key, client_ca = (
             _file(name, get(name))
             for name in ("LANE_TLS_CERT_FILE", "LANE_TLS_KEY_FILE", "LANE_TLS_CLIENT_CA_FILE")
@@ -444,6 +457,7 @@ class Settings:
                 if event_loop is None
                 else _choice("LANE_EVENT_LOOP", event_loop, EVENT_LOOPS)
             ),
+            otel=defaults.otel if otel is None else _switch("LANE_OTEL", otel),
             auth_tokens=tokens,
         )
         require_auth_or_loopback(settings)

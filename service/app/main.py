@@ -23,6 +23,7 @@ from service.app.config import ConfigError, Settings
 from service.app.native_logs import route_native_stderr
 from service.app.server import StartupError, start_server
 from service.app.supervisor import WorkerRole, supervise
+from service.app.tracing import exporter_names, start_tracing, stop_tracing
 from service.logs import configure as configure_log_format
 
 _log = logging.getLogger(__name__)
@@ -83,18 +84,29 @@ def main(workers: int | None = None, *, given_as: Mapping[str, str] | None = Non
     try:
         settings = Settings.from_env(environ)
         role = WorkerRole.from_env(environ)
+        if settings.otel:
+            exporter_names(environ)  # a bad OTEL_* value stops start-up here, as any setting
     except ConfigError as err:
         flag = (given_as or {}).get(err.variable)
         shown = f"{flag} {err.value!r}: {err.problem}" if flag else str(err)
         print(f"lane: configuration error: {shown}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format)
+    if role is None and settings.workers > 1:
+        return supervise(settings)  # the workers trace, each with its own provider
     if role is not None:
         role.attach(settings.log_format)
-        return _run(serve(settings, reuse_port=True, on_ready=role.report_ready), settings)
-    if settings.workers > 1:
-        return supervise(settings)
-    return _run(serve(settings), settings)
+    try:
+        provider = start_tracing(environ) if settings.otel else None
+    except ConfigError as err:
+        print(f"lane: configuration error: {err}", file=sys.stderr)
+        return 2
+    try:
+        if role is not None:
+            return _run(serve(settings, reuse_port=True, on_ready=role.report_ready), settings)
+        return _run(serve(settings), settings)
+    finally:
+        stop_tracing(provider)
 
 
 def _run(serving: Coroutine[Any, Any, None], settings: Settings) -> int:

@@ -13,7 +13,7 @@ import psycopg
 from lane.v1 import entries_pb2, snapshot_pb2
 from psycopg_pool import AsyncConnectionPool
 
-from service import metrics
+from service import metrics, traces
 from service.domain.capture import capture
 from service.domain.errors import AlreadyExists, LaneError, NotFound
 from service.domain.export_format import LaneExport
@@ -252,14 +252,17 @@ class Store:
         return await asyncio.shield(self._command(lane, decide, request))
 
     async def _command(self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None) -> A:
-        async with self.cache.turn(lane):
-            cached = self.cache.get(lane)
-            if cached is not None:
-                done = await self._optimistic(lane, cached, decide, request)
-                if done is not None:
-                    return done[0]
-                self.cache.forget(lane)
-            return await self._locked(lane, decide, request)
+        with traces.transaction("command", lane.namespace, lane.lane_id):
+            async with self.cache.turn(lane):
+                cached = self.cache.get(lane)
+                if cached is not None:
+                    done = await self._optimistic(lane, cached, decide, request)
+                    if done is not None:
+                        return done[0]
+                    self.cache.forget(lane)
+                # Under the row lock: a retry, a refusal, or the lane moved on elsewhere.
+                traces.annotate("lane.transaction.locked", True)
+                return await self._locked(lane, decide, request)
 
     async def _optimistic(
         self,
@@ -336,6 +339,16 @@ class Store:
         ``answer(whether this created the lane, the lane's state now)``."""
         check_commit(None, created)
         transition = created
+        with traces.transaction("create", lane.namespace, lane.lane_id):
+            return await self._create_lane(lane, transition, answer, request)
+
+    async def _create_lane(
+        self,
+        lane: LaneRef,
+        transition: Transition,
+        answer: Callable[[bool, LaneState], A],
+        request: Recording[A] | None,
+    ) -> A:
         async with self.cache.turn(lane):
             async with self.pool.connection() as conn, conn.transaction():
                 inserted = await insert_lane(conn, lane, transition.state)
@@ -383,6 +396,16 @@ class Store:
         answer: Callable[[LaneState], A],
         request: Recording[A] | None,
     ) -> A:
+        with traces.transaction("delete", lane.namespace, lane.lane_id):
+            return await self._delete_rows(lane, force, answer, request)
+
+    async def _delete_rows(
+        self,
+        lane: LaneRef,
+        force: bool,
+        answer: Callable[[LaneState], A],
+        request: Recording[A] | None,
+    ) -> A:
         async with self.cache.turn(lane):
             async with self.pool.connection() as conn, conn.transaction():
                 if request is not None:
@@ -416,10 +439,11 @@ class Store:
     async def import_lane(self, lane: LaneRef, export: LaneExport) -> None:
         """Create ``lane`` from a checked export, in one transaction (ALREADY_EXISTS
         ``LANE_EXISTS`` when the id is in use)."""
-        async with self.cache.turn(lane):
-            async with self.pool.connection() as conn, conn.transaction():
-                await write_import(conn, lane, export)
-            self.cache.forget(lane)
+        with traces.transaction("import", lane.namespace, lane.lane_id):
+            async with self.cache.turn(lane):
+                async with self.pool.connection() as conn, conn.transaction():
+                    await write_import(conn, lane, export)
+                self.cache.forget(lane)
 
     async def snapshot_outline(self, lane: LaneRef) -> SnapshotOutline:
         """Capture the lane without its transcript's bodies, in one REPEATABLE READ

@@ -31,6 +31,7 @@ from typing import Any
 from psycopg import AsyncConnection, InterfaceError, pq
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from service import traces
 from service.store import migrations
 
 #: The defaults of ``LANE_DB_POOL_SIZE`` and ``LANE_DB_CHECKOUT_TIMEOUT_SECONDS`` (reasons in
@@ -68,6 +69,7 @@ async def _configure(conn: AsyncConnection[object]) -> None:
     await conn.execute(
         "SET idle_in_transaction_session_timeout = '60s'; SET lane.writer = 'service'"
     )
+    traces.instrument_connection(conn)  # nothing while traces are off
 
 
 async def _reset(conn: AsyncConnection[object]) -> None:

@@ -1,6 +1,6 @@
 """The service's layers import only earlier ones (README "Layout"): domain → store → hub →
-commands → api → app. The contracts (lane.v1) are everyone's; metrics and logs (log_repeats
-too) everyone's but the domain's; gRPC is the api's and the app's alone."""
+commands → api → app. The contracts (lane.v1) are everyone's; metrics, logs and traces
+(log_repeats too) everyone's but the domain's; gRPC is the api's and the app's alone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
 LAYERS = ("domain", "store", "hub", "commands", "api", "app")
-SHARED = ("metrics", "logs", "log_repeats")
+SHARED = ("metrics", "logs", "log_repeats", "traces")
 #: Third-party packages a layer must not use, and the layers that must not.
 FORBIDDEN = {
     "grpc": ("domain", "store", "hub", "commands"),

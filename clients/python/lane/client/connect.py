@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 from lane.client.reach import normalize_target, probe
+from lane.client.tracing import Tracing, client_interceptors, wanted
 from lane.limits import MAX_MESSAGE_BYTES, MIN_CLIENT_PING_INTERVAL_MS
 
 __all__ = [
@@ -96,12 +97,13 @@ async def connect(
     token: str | None = None,
     connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
     extra_options: Sequence[tuple[str, str | int]] = (),
+    tracing: Tracing = None,
 ) -> grpc.aio.Channel:
     """:func:`open_channel`, then wait up to ``connect_timeout`` seconds for the service to answer.
 
     Raises :class:`~lane.client.reach.Unreachable` (the channel closed) when it does not."""
     channel = open_channel(
-        target, credentials=credentials, token=token, extra_options=extra_options
+        target, credentials=credentials, token=token, extra_options=extra_options, tracing=tracing
     )
     try:
         await probe(
@@ -119,9 +121,12 @@ def open_channel(
     credentials: grpc.ChannelCredentials | None = None,
     token: str | None = None,
     extra_options: Sequence[tuple[str, str | int]] = (),
+    tracing: Tracing = None,
 ) -> grpc.aio.Channel:
     """A channel to ``target`` (``host:port``; no port: 50051): TLS with ``credentials``, else
-    plaintext; every call carries the bearer ``token`` when one is given.
+    plaintext; every call carries the bearer ``token`` when one is given. Calls carry the
+    current OpenTelemetry trace when the application set a global tracer provider (``tracing``:
+    True or False decides instead, or names the tracer provider; see tracing.py).
 
     Close it with ``await channel.close()`` or use it as an async context manager.
     """
@@ -130,11 +135,16 @@ def open_channel(
     pairs = list(options.items())
     # An interceptor rather than call credentials: gRPC refuses those on plaintext channels,
     # and a service on loopback may well run without TLS.
-    interceptors = _bearer(token) if token else None
+    interceptors = _bearer(token) if token else []
+    provider = wanted(tracing)
+    if provider is not None:
+        interceptors += client_interceptors(provider)
     target = normalize_target(target)
     if credentials is None:
-        return grpc.aio.insecure_channel(target, options=pairs, interceptors=interceptors)
-    return grpc.aio.secure_channel(target, credentials, options=pairs, interceptors=interceptors)
+        return grpc.aio.insecure_channel(target, options=pairs, interceptors=interceptors or None)
+    return grpc.aio.secure_channel(
+        target, credentials, options=pairs, interceptors=interceptors or None
+    )
 
 
 def _bearer(token: str) -> list[grpc.aio.ClientInterceptor]:
