@@ -199,11 +199,8 @@ async def drive_lane(args: argparse.Namespace) -> int:
                 # The run ended meanwhile (the service reconciled it), or another run began
                 # after this round looked: look again.
                 if not is_reason(
-                    error,
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    "OPERATION_NOT_OPEN",
-                    "LANE_BUSY",
-                ) and not is_reason(error, grpc.StatusCode.NOT_FOUND, "OPERATION_NOT_OPEN"):
+                    error, grpc.StatusCode.FAILED_PRECONDITION, "OPERATION_NOT_OPEN", "LANE_BUSY"
+                ):
                     raise
                 _log.info("lane %s: %s; looking again", args.lane, error)
                 continue
