@@ -70,7 +70,7 @@ class RunControl:
         self.operation_id = operation_id
         self.lease_token = lease_token
         self.settings = settings
-        #: The revision after the run's first command here; the abort watch starts after it.
+        #: The revision after the run's first command here: a turn reads the lane at or after it.
         self.revision = revision
         #: Set once the run's abort was seen (durably requested at the service).
         self.cancel = asyncio.Event()
