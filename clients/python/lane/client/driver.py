@@ -80,8 +80,15 @@ from typing import Any, TypeAlias, TypeVar, cast
 
 import grpc
 from google.protobuf.message import Message
-from lane.client.commands import call, is_reason
-from lane.client.errors import LaneError
+from lane.client.commands import call
+from lane.client.errors import (
+    LaneError,
+    LeaseHeld,
+    OperationCancelled,
+    OperationNotOpen,
+    StaleLease,
+    TooManyWatchers,
+)
 from lane.client.hooks import Hooks
 from lane.client.model import Model, ModelRequest, user_message
 from lane.client.session import LaneSession
@@ -98,7 +105,6 @@ _log = logging.getLogger(__name__)
 Resp = TypeVar("Resp")
 Req = TypeVar("Req", bound=Message)
 
-_FAILED = grpc.StatusCode.FAILED_PRECONDITION
 Status: TypeAlias = snapshot_pb2.OperationResultStatus.ValueType
 
 
@@ -184,7 +190,7 @@ class _LaneFollower:
                         run.mark_cancelled("lane watch")
                     self._update()
             except Exception as err:  # kept for at(), which raises it
-                if not is_reason(err, grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_WATCHERS"):
+                if not isinstance(err, TooManyWatchers):
                     _log.warning("lane %s: the watch failed: %s", self.lane_id, err)
                     self._failure = err
                     self._update()
@@ -357,7 +363,7 @@ class Driver:
                 )
                 break
             except LaneError as err:
-                if not is_reason(err, _FAILED, "LEASE_HELD") or time.monotonic() >= deadline:
+                if not isinstance(err, LeaseHeld) or time.monotonic() >= deadline:
                     raise
                 _log.info("operation %s: leased to another driver; waiting", operation_id)
                 await asyncio.sleep(0.25)
@@ -500,12 +506,12 @@ class Driver:
                     attempt_timeout=max(interval, 1.0),
                 )
             except LaneError as err:
-                if is_reason(err, grpc.StatusCode.ABORTED, "STALE_LEASE"):
+                if isinstance(err, StaleLease):
                     _log.warning("operation %s: lease lost: %s", run.operation_id, err)
                     run.lost = err
                     drive.cancel()
                     return
-                if is_reason(err, _FAILED, "OPERATION_NOT_OPEN"):
+                if isinstance(err, OperationNotOpen):
                     return  # the run ended
                 _log.warning("operation %s: lease renewal failed: %s", run.operation_id, err)
                 continue
@@ -521,11 +527,11 @@ class Driver:
         try:
             answer = await self._send(rpc, request, retry_seconds=self.retry_seconds)
         except LaneError as err:
-            if is_reason(err, grpc.StatusCode.ABORTED, "STALE_LEASE"):
+            if isinstance(err, StaleLease):
                 if run is not None:
                     run.lost = err
                 raise LeaseLost(str(err)) from err
-            if run is not None and is_reason(err, _FAILED, "OPERATION_CANCELLED"):
+            if run is not None and isinstance(err, OperationCancelled):
                 run.mark_cancelled("refused command")
             raise
         if run is not None and getattr(answer, "cancel_requested", False):
@@ -556,7 +562,7 @@ class Driver:
                         pb.StartTurnRequest(lane_id=self.lane_id, operation_id=run.operation_id),
                     )
                 except LaneError as err:
-                    if is_reason(err, _FAILED, "OPERATION_CANCELLED"):
+                    if isinstance(err, OperationCancelled):
                         continue  # marked cancelled: end ABORTED
                     raise
                 run.turns += 1
