@@ -437,12 +437,14 @@ class Hub:
             await asyncio.sleep(self.poll_interval)
             if not self._lanes:
                 continue
+            # Only the lanes asked about: one first watched during the read is not "gone".
+            polled = dict(self._lanes)
             try:
-                heads = await self.store.lane_heads(list(self._lanes))
+                heads = await self.store.lane_heads(list(polled))
             except Exception as exc:  # the database: transient, try again next time
                 log.warning("poll failed: %s", exc)
                 continue
-            for lane, watched in list(self._lanes.items()):
+            for lane, watched in polled.items():
                 head = heads.get(lane)
                 end = watched.feed.end
                 if self._lanes.get(lane) is not watched:
