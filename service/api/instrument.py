@@ -132,9 +132,16 @@ async def _traced_stream(
             span.finish(code, reason)
 
 
-def binding_ids(implementation: Handler) -> Handler:
+def binding_ids(implementation: Handler, *, streaming: bool = False) -> Handler:
     """``implementation`` (called with the decoded request) binding the request's ids to the
     log scope; a unary answer's operation id too, when the request had none (StartRun)."""
+    if streaming:
+        # No answer to bind: hand the stream's awaitable through, with no frame of our own.
+        def bound_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            bind_request(request)
+            return implementation(request, context)
+
+        return bound_stream
 
     async def bound(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         bind_request(request)

@@ -35,9 +35,9 @@ class LaneServicer(
     """Implements lane.v1.LaneService on a :class:`Store` and a :class:`Hub`."""
 
     @unary
-    async def WatchLane(self, request: pb.WatchLaneRequest, call: Call) -> None:
+    def WatchLane(self, request: pb.WatchLaneRequest, call: Call) -> Awaitable[None]:
         lane = self.lane(request.lane_id)
-        await watch_lane(
+        return watch_lane(
             self.watcher_reads, self.hub, lane, request, call.context, self.watch_settings
         )
 
@@ -72,7 +72,10 @@ def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[
             method.name,
             method.server_streaming,
             _decoding(
-                binding_ids(_serving(method.name, getattr(servicer, method.name))),
+                binding_ids(
+                    _serving(method.name, getattr(servicer, method.name)),
+                    streaming=method.server_streaming,
+                ),
                 message_factory.GetMessageClass(method.input_type),
                 servicer.authenticator,
             ),
@@ -89,11 +92,17 @@ def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[
     return handlers
 
 
+# The wrappers below between the outermost (observed) and the servicer's method return the
+# next one's awaitable instead of awaiting it: no coroutine frame of their own stays alive for
+# the life of a stream. An idle WatchLane stream is mostly its chain of frames, and a process
+# holds thousands of them.
+
+
 def _serving(
     method: str, handler: Callable[[Any, Call], Awaitable[Any]]
 ) -> Callable[[Any, Context], Awaitable[Any]]:
-    async def serve(request: Any, context: Context) -> Any:
-        return await handler(request, Call(method, context))
+    def serve(request: Any, context: Context) -> Awaitable[Any]:
+        return handler(request, Call(method, context))
 
     return serve
 
@@ -103,24 +112,24 @@ def _decoding(
     request_type: type[Message],
     authenticator: Authenticator,
 ) -> Callable[[bytes, Context], Awaitable[Any]]:
-    async def handler(data: bytes, context: Context) -> Any:
+    def handler(data: bytes, context: Context) -> Awaitable[Any]:
         refusal = authenticator.admit(context.invocation_metadata())
         if refusal is not None:
-            await context.abort_with_status(refusal)
+            return context.abort_with_status(refusal)
         try:
             request = request_type.FromString(data)
         except DecodeError:
             error = InvalidArgument(
                 "MALFORMED_REQUEST", f"the request is not a valid {request_type.DESCRIPTOR.name}"
             )
-            await context.abort_with_status(lane_error_status(error))
+            return context.abort_with_status(lane_error_status(error))
         try:
             # Counted before any handler walks it: an over-numerous request is refused in
             # time bounded by the count limits (validation.check_counts).
             check_counts(request)
         except InvalidArgument as error:
-            await context.abort_with_status(lane_error_status(error))
-        return await implementation(request, context)
+            return context.abort_with_status(lane_error_status(error))
+        return implementation(request, context)
 
     return handler
 

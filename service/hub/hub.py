@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
 
 from service import metrics
 from service.hub import interest
@@ -68,13 +67,20 @@ class Subscription:
     stream, so that its client resumes elsewhere.
     """
 
+    # Slots and a bare future rather than an asyncio.Event (whose deque of waiters alone is
+    # ~600 B): an idle watcher is mostly this object, and a process holds thousands.
+    __slots__ = ("_closed", "_deleted", "_feed", "_hub", "_rung", "_waiter", "lane", "revision")
+
     def __init__(self, hub: Hub, lane: LaneRef, feed: LaneFeed, *, closed: bool) -> None:
         self.lane = lane
         #: The revision this watcher has delivered through.
         self.revision = 0
         self._hub = hub
         self._feed = feed
-        self._wake = asyncio.Event()
+        #: Rung since the last wait returned (a ring while the watcher writes is kept).
+        self._rung = False
+        #: What the watcher awaits while it waits (None while it is not waiting).
+        self._waiter: asyncio.Future[None] | None = None
         self._closed = closed
         self._deleted = False
 
@@ -88,10 +94,16 @@ class Subscription:
         """Whether the lane was deleted (the watcher must end its stream, NOT_FOUND)."""
         return self._deleted
 
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._hub._unsubscribe(self, self._feed)
+
     def lane_deleted(self) -> None:
         """Ask the watcher to end its stream: its lane is gone."""
         self._deleted = True
-        self._wake.set()
+        self.ring()
 
     def delivered(self, revision: int) -> None:
         """The watcher has delivered every event through ``revision``."""
@@ -118,23 +130,35 @@ class Subscription:
 
     def ring(self) -> None:
         """Wake the watcher."""
-        self._wake.set()
+        self._rung = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def close(self) -> None:
         """Ask the watcher to end its stream (server shutdown)."""
         self._closed = True
-        self._wake.set()
+        self.ring()
 
     async def wait(self, within: float) -> bool:
         """Wait until rung, at most ``within`` seconds; True when rung."""
-        try:
-            # A timeout scope rather than wait_for: no task per wait (one per watcher per commit).
-            async with asyncio.timeout(within):
-                await self._wake.wait()
-        except TimeoutError:
-            return False
-        self._wake.clear()
-        return True
+        if not self._rung:
+            # A future and a timer, not a task, per wait (one per watcher per commit).
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(within, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        rung, self._rung = self._rung, False
+        return rung
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class LaneFeed:
@@ -211,9 +235,9 @@ class Hub:
 
     # -- watchers --------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def subscribe(self, lane: LaneRef) -> Iterator[Subscription]:
-        """Register a watcher of ``lane`` for the duration of the block."""
+    def subscribe(self, lane: LaneRef) -> Subscription:
+        """Register a watcher of ``lane``; use the subscription as a context manager, whose
+        exit unregisters it (a class, not a generator: no frame kept per watcher)."""
         watched = self._lanes.get(lane)
         if watched is None:
             watched = self._lanes[lane] = LaneFeed(lane, self.feed_memory)
@@ -223,14 +247,15 @@ class Hub:
         subscription = Subscription(self, lane, watched, closed=self._closing)
         watched.subscriptions.add(subscription)
         self._watchers += 1
-        try:
-            yield subscription
-        finally:
-            self._watchers -= 1
-            watched.subscriptions.discard(subscription)
-            if not watched.subscriptions and self._lanes.get(lane) is watched:
-                del self._lanes[lane]  # its reader, if any, sees that and stops
-                self.feed_memory.forget(watched.feed)
+        return subscription
+
+    def _unsubscribe(self, subscription: Subscription, watched: LaneFeed) -> None:
+        self._watchers -= 1
+        watched.subscriptions.discard(subscription)
+        lane = watched.lane
+        if not watched.subscriptions and self._lanes.get(lane) is watched:
+            del self._lanes[lane]  # its reader, if any, sees that and stops
+            self.feed_memory.forget(watched.feed)
 
     def watcher_count(self, lane: LaneRef | None = None) -> int:
         """How many watchers this process has (on one lane, or in all)."""
