@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -90,8 +91,9 @@ from lane.client.errors import (
     TooManyWatchers,
 )
 from lane.client.hooks import Hooks
-from lane.client.model import Model, ModelRequest, user_message
+from lane.client.model import Model, ModelError, ModelRequest, user_message
 from lane.client.session import LaneSession
+from lane.client.streaming import DEFAULT_INTERVAL, PartialCommits
 from lane.client.toolflow import BatchCall, LeaseLost, RunControl, ToolFlow
 from lane.client.tools import Tool
 from lane.client.watch import RetryPolicy, watch_lane
@@ -138,6 +140,22 @@ class _ModelFailed(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class _RetryModel(Exception):
+    """The model failed in a way worth asking again (a retryable :class:`ModelError`)."""
+
+    def __init__(self, error: ModelError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+#: Retries of a failed model call: 1 s, 2 s, 4 s, 8 s (up to 30 s) unless the provider says how
+#: long to wait; 4 retries, so 5 attempts in all.
+MODEL_RETRY = RetryPolicy(initial_backoff=1.0, max_backoff=30.0, jitter=0.2, max_attempts=4)
+
+#: The longest retry-after the driver honours (the service takes at most a day).
+_MAX_RETRY_AFTER = 3600.0
 
 
 def _active_tools(snapshot: snapshot_pb2.LaneSnapshot) -> frozenset[str] | None:
@@ -230,9 +248,11 @@ class Driver:
     (None: wait for it). ``retry_seconds``: how long a command is retried while the service is
     unavailable. ``watch_abort``: see an abort at once in the lane's watch (else it is
     seen at the next command or lease renewal). ``model`` is the default model of
-    :meth:`run` and :meth:`recover`. ``session``: send the commands of each run over one
-    DriveLane stream (True, the default), as unary RPCs (False), or over the given
-    :class:`~lane.client.session.LaneSession` (see the module doc).
+    :meth:`run` and :meth:`recover`. ``stream_interval``: the least time between two commits
+    of a streaming model's partials. ``model_retry``: how a retryable model error is retried
+    (its ``max_attempts`` retries at most; :data:`MODEL_RETRY` by default). ``session``: send
+    the commands of each run over one DriveLane stream (True, the default), as unary RPCs
+    (False), or over the given :class:`~lane.client.session.LaneSession` (see the module doc).
     """
 
     def __init__(
@@ -251,6 +271,8 @@ class Driver:
         watch_abort: bool = True,
         model: Model | None = None,
         session: bool | LaneSession = True,
+        stream_interval: float = DEFAULT_INTERVAL,
+        model_retry: RetryPolicy = MODEL_RETRY,
     ) -> None:
         if not 1 <= lease_seconds <= 3600:
             raise ValueError("lease_seconds must be between 1 and 3600")
@@ -271,6 +293,8 @@ class Driver:
         self.watch_abort = watch_abort
         self.model = model
         self.session = session
+        self.stream_interval = stream_interval
+        self.model_retry = model_retry
         #: The session the commands go through now (None: unary RPCs).
         self._session: LaneSession | None = None
         self._run: RunControl | None = None
@@ -617,24 +641,46 @@ class Driver:
         return result
 
     async def _turn(self, run: RunControl, model: Model, turn_id: str, revision: int) -> bool:
-        """One turn after StartTurn (committed at ``revision``): ask the model, settle, run the
-        batch. Returns whether the run may finish now."""
+        """One turn after StartTurn (committed at ``revision``): ask the model (again after a
+        retryable failure), settle, run the batch. Returns whether the run may finish now."""
         snapshot = await self._lane.at(revision)
         active = _active_tools(snapshot)
+        if snapshot.operation.HasField("retry"):
+            # Taken over while a retry was scheduled: start it when it is due.
+            due = snapshot.operation.retry.next_attempt_time.ToDatetime().timestamp()
+            if not await self._start_retry(run, turn_id, due - time.time()):
+                return False
+        transcript = tuple(snapshot.transcript)
         messages = tuple(
             entry.message.message
-            for entry in snapshot.transcript
+            for entry in transcript
             if entry.WhichOneof("payload") == "message"
         )
-        request = ModelRequest(
-            lane_id=self.lane_id,
-            operation_id=run.operation_id,
-            turn_id=turn_id,
-            messages=messages,
-            tools=tuple(t for t in self.tools.values() if active is None or t.name in active),
-            abort_signal=run.cancel,
-        )
-        assistant = await self._generate(run, model, request)
+        failures = 0
+        while True:
+            partials = PartialCommits(
+                functools.partial(self._append_stream, run, turn_id),
+                interval=self.stream_interval,
+            )
+            request = ModelRequest(
+                lane_id=self.lane_id,
+                operation_id=run.operation_id,
+                turn_id=turn_id,
+                messages=messages,
+                tools=tuple(t for t in self.tools.values() if active is None or t.name in active),
+                abort_signal=run.cancel,
+                partial=partials,
+                entries=transcript,
+            )
+            try:
+                assistant = await self._generate(run, model, request, partials)
+            except _RetryModel as retry:
+                failures += 1
+                delay = await self._schedule_retry(run, turn_id, retry.error, failures)
+                if not await self._start_retry(run, turn_id, delay):
+                    return False
+                continue
+            break
         if assistant is None:
             return False  # aborted while the model was answering
         settled = await self._call(
@@ -670,25 +716,109 @@ class Driver:
         await self._flow.run_batch(run, turn_id, assistant, calls, active)
         return await self._batch_may_finish(run)
 
+    async def _append_stream(
+        self, run: RunControl, turn_id: str, partials: list[messages_pb2.AssistantMessage]
+    ) -> None:
+        """Commit streamed partials (a :class:`PartialCommits` commit)."""
+        await self._call(
+            self._stub.AppendAssistantStream,
+            pb.AppendAssistantStreamRequest(
+                lane_id=self.lane_id,
+                operation_id=run.operation_id,
+                turn_id=turn_id,
+                partials=[pb.StreamedPartial(message=m) for m in partials],
+            ),
+        )
+
+    async def _schedule_retry(
+        self, run: RunControl, turn_id: str, error: ModelError, failures: int
+    ) -> float:
+        """ScheduleRetry for failure number ``failures`` of this turn; return the delay.
+        Raises :class:`_ModelFailed` once the retries are spent."""
+        policy = self.model_retry
+        retries = policy.max_attempts if policy.max_attempts is not None else 4
+        if retries < 1:
+            raise _ModelFailed(error.code, error.message)
+        if error.retry_after is not None:
+            delay = min(max(0.0, error.retry_after), _MAX_RETRY_AFTER)
+        else:
+            delay = policy.delay(failures)
+        try:
+            scheduled = await self._call(
+                self._stub.ScheduleRetry,
+                pb.ScheduleRetryRequest(
+                    lane_id=self.lane_id,
+                    operation_id=run.operation_id,
+                    turn_id=turn_id,
+                    max_attempts=retries + 1,
+                    delay_ms=round(delay * 1000),
+                    error_message=error.message,
+                ),
+            )
+        except LaneError as err:
+            if err.reason == "RETRIES_EXHAUSTED":
+                raise _ModelFailed(
+                    error.code, f"{error.message} (gave up after {retries + 1} attempts)"
+                ) from err
+            raise
+        _log.info(
+            "operation %s: model failed (%s); attempt %d in %.1fs",
+            run.operation_id,
+            error.message,
+            scheduled.attempt,
+            delay,
+        )
+        return delay
+
+    async def _start_retry(self, run: RunControl, turn_id: str, delay: float) -> bool:
+        """Wait ``delay`` seconds (less if the run is aborted), then StartRetry. Returns False
+        when the run was aborted instead."""
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.cancel.wait(), delay)
+        if run.cancelled:
+            return False
+        try:
+            await self._call(
+                self._stub.StartRetry,
+                pb.StartRetryRequest(
+                    lane_id=self.lane_id, operation_id=run.operation_id, turn_id=turn_id
+                ),
+            )
+        except OperationCancelled:
+            return False  # marked cancelled: the run ends ABORTED
+        return True
+
     async def _generate(
-        self, run: RunControl, model: Model, request: ModelRequest
+        self, run: RunControl, model: Model, request: ModelRequest, partials: PartialCommits
     ) -> messages_pb2.AssistantMessage | None:
-        """The model's answer, normalized; None when the run's abort came first."""
+        """The model's answer, normalized; None when the run's abort came first. Raises
+        :class:`_RetryModel` for a retryable :class:`ModelError`."""
         if run.cancelled:
             return None
         answer = asyncio.ensure_future(model(request))
         aborted = asyncio.ensure_future(run.cancel.wait())
         try:
-            await asyncio.wait({answer, aborted}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait({answer, aborted}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                aborted.cancel()
+            if not answer.done():
+                answer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await answer
+                return None
         finally:
-            aborted.cancel()
-        if not answer.done():
-            answer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await answer
-            return None
+            # Before the settlement or the retry: their commands follow any partial's.
+            await partials.close()
+        if isinstance(partials.failure, LeaseLost):
+            raise partials.failure
         try:
             message = answer.result()
+        except ModelError as err:
+            if err.retryable:
+                raise _RetryModel(err) from err
+            raise _ModelFailed(err.code, err.message) from err
         except Exception as err:
             raise _ModelFailed("model_error", str(err) or type(err).__name__) from err
         if not isinstance(message, messages_pb2.AssistantMessage):

@@ -2,8 +2,23 @@
 
 A model is any async callable ``(ModelRequest) -> lane.v1.AssistantMessage``. The driver calls
 it once per turn with the lane's durable transcript (so a driver taking a run over asks exactly
-what the first one would have) and the tools it can run. Wrap an LLM provider in one; for demos
-and tests, :class:`ScriptedModel` answers from a fixed script::
+what the first one would have) and the tools it can run. Wrap an LLM provider in one (the
+adapters of :mod:`lane.client.models` do).
+
+Streaming is optional: a model that receives its answer piece by piece calls
+``request.partial(message_so_far)`` whenever it grew (with ``block_complete=True`` when a
+text, thinking or tool-call block just finished), then returns the final message as usual. The
+driver commits the partials with ``AppendAssistantStream`` (coalesced: see
+:class:`~lane.client.driver.Driver`) and settles the returned message. It reads the partial
+when it commits, so a model may keep growing the same message object. A model that never calls
+it (such as :class:`ScriptedModel`) just settles its answer.
+
+A model raises :class:`ModelError` to say why it failed: ``retryable`` errors (rate limits,
+overload, server errors) are retried by the driver through ``ScheduleRetry``/``StartRetry``
+after ``retry_after`` seconds (or its backoff); any other exception fails the run with its
+message.
+
+For demos and tests, :class:`ScriptedModel` answers from a fixed script::
 
     model = ScriptedModel([
         ScriptStep("Two things at once.", calls=[ScriptedCall("sleep", {"seconds": 2}),
@@ -29,16 +44,18 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from lane.v1 import messages_pb2
+from lane.v1 import entries_pb2, messages_pb2
 
 if TYPE_CHECKING:
     from lane.client.tools import Tool
 
 __all__ = [
     "Model",
+    "ModelError",
     "ModelRequest",
+    "PartialSink",
     "ScriptStep",
     "ScriptedCall",
     "ScriptedModel",
@@ -46,6 +63,40 @@ __all__ = [
     "load_script",
     "user_message",
 ]
+
+
+class PartialSink(Protocol):
+    """Where a streaming model reports its answer so far (see the module doc)."""
+
+    def __call__(
+        self, message: messages_pb2.AssistantMessage, *, block_complete: bool = False
+    ) -> None: ...
+
+
+def _no_partials(message: messages_pb2.AssistantMessage, *, block_complete: bool = False) -> None:
+    """The sink of a request made outside a driver: partials go nowhere."""
+
+
+class ModelError(Exception):
+    """A model call failed; ``retryable`` ones (HTTP 408, 409, 429, 5xx, overload, a broken
+    connection) are retried by the driver, after ``retry_after`` seconds when the provider said
+    so. ``message`` is the provider's own explanation, kept as the run's error message."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        status: int | None = None,
+        code: str = "model_error",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.status = status
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -61,6 +112,12 @@ class ModelRequest:
     tools: tuple[Tool, ...]
     #: Set once the run's abort has been seen (the driver then stops waiting for the answer).
     abort_signal: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Where a streaming model reports its answer so far (see the module doc).
+    partial: PartialSink = _no_partials
+    #: The transcript's entries (oldest first): ``messages`` plus the compaction and branch
+    #: summaries among them, for models that show those to the LLM. Empty when the caller gave
+    #: only ``messages``.
+    entries: tuple[entries_pb2.Entry, ...] = ()
 
 
 Model = Callable[[ModelRequest], Awaitable[messages_pb2.AssistantMessage]]
