@@ -570,3 +570,37 @@ async def test_unreachable_server_gives_up_after_max_attempts(unused_tcp_port: i
         assert len(sleep.delays) == 3
     finally:
         await channel.close()
+
+
+async def test_a_full_server_is_waited_for_as_long_as_it_asks(session_database_url) -> None:
+    # One watcher per lane, and a refusal that asks for 0.4 s: longer than FAST's backoff.
+    watch = WatchSettings(max_watchers_per_lane=1, full_retry_seconds=0.4)
+    running = await start_server(session_database_url, watch=watch)
+    channel = open_channel(f"127.0.0.1:{running.port}")
+    try:
+        stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+        lane = new_lane_id("full")
+        await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane))
+        holder = stub.WatchLane(pb.WatchLaneRequest(lane_id=lane))
+        await holder.read()  # the lane's one slot is taken
+        sleep = RecordingSleep()
+        refusals: list[LaneError] = []
+        refused_twice = asyncio.Event()
+
+        def refused(_: int, err: LaneError) -> None:
+            refusals.append(err)
+            if len(refusals) >= 2:
+                refused_twice.set()
+
+        views = watch_lane(stub, lane, retry=FAST, sleep=sleep, on_retry=refused)
+        async with following(views) as follower:
+            await asyncio.wait_for(refused_twice.wait(), WAIT_SECONDS)
+            assert follower.views == []
+            holder.cancel()  # the slot is free: the next attempt gets in
+            await follower.until(1)
+        assert refusals and {err.reason for err in refusals} == {"TOO_MANY_WATCHERS"}
+        assert all(err.retry_after == 0.4 for err in refusals)
+        assert sleep.delays and min(sleep.delays) >= 0.4
+    finally:
+        await channel.close()
+        await running.stop(0)

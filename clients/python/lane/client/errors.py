@@ -84,12 +84,16 @@ class LaneError(Exception):
         reason: str = "",
         message: str = "",
         metadata: dict[str, str] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(code, reason, message)
         self.code = code
         self.reason = reason
         self.message = message
         self.metadata: dict[str, str] = dict(metadata or {})
+        #: Seconds the service asked the caller to wait before trying again (its
+        #: ``google.rpc.RetryInfo``), or None when it did not say.
+        self.retry_after = retry_after
 
     @property
     def reason_code(self) -> Reason.ValueType:
@@ -215,10 +219,14 @@ _BY_REASON: dict[str, type[LaneError]] = {
 
 
 def _error(
-    code: grpc.StatusCode, reason: str, message: str, metadata: dict[str, str]
+    code: grpc.StatusCode,
+    reason: str,
+    message: str,
+    metadata: dict[str, str],
+    retry_after: float | None = None,
 ) -> LaneError:
     """The :class:`LaneError` subclass of ``reason`` (the base class for the others)."""
-    return _BY_REASON.get(reason, LaneError)(code, reason, message, metadata)
+    return _BY_REASON.get(reason, LaneError)(code, reason, message, metadata, retry_after)
 
 
 class WatchProtocolError(Exception):
@@ -237,10 +245,12 @@ def lane_error(err: grpc.aio.AioRpcError) -> LaneError:
     except ValueError:
         # The rich status disagrees with the call's own code or message: trust the call.
         status = None
+    retry_after = None
     if status is not None:
         message = status.message or message
         reason, metadata = _error_info(status)
-    return _error(code, reason, message, metadata)
+        retry_after = _retry_after(status)
+    return _error(code, reason, message, metadata, retry_after)
 
 
 def status_error(status: status_pb2.Status) -> LaneError:
@@ -248,7 +258,15 @@ def status_error(status: status_pb2.Status) -> LaneError:
     same error :func:`lane_error` gives for the unary call refused with that status."""
     reason, metadata = _error_info(status)
     code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
-    return _error(code, reason, status.message, metadata)
+    return _error(code, reason, status.message, metadata, _retry_after(status))
+
+
+def _retry_after(status: status_pb2.Status) -> float | None:
+    for detail in status.details:
+        retry = error_details_pb2.RetryInfo()
+        if detail.Unpack(retry):
+            return float(retry.retry_delay.ToTimedelta().total_seconds())
+    return None
 
 
 def _error_info(status: status_pb2.Status) -> tuple[str, dict[str, str]]:

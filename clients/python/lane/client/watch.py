@@ -79,10 +79,15 @@ _log = logging.getLogger(__name__)
 LaneSnapshot = snapshot_pb2.LaneSnapshot
 HarnessEvent = events_pb2.HarnessEvent
 
-#: RESOURCE_EXHAUSTED reasons the watch resumes after.
+#: RESOURCE_EXHAUSTED reasons the watch resumes after (TOO_MANY_WATCHERS: a full server, as
+#: in a reconnect storm, says how long to wait in its RetryInfo; the watch waits at least that).
 _RESUMED = frozenset(
     _reason(reason)
-    for reason in (reasons_pb2.REASON_WATCHER_TOO_SLOW, reasons_pb2.REASON_DATABASE_BUSY)
+    for reason in (
+        reasons_pb2.REASON_WATCHER_TOO_SLOW,
+        reasons_pb2.REASON_DATABASE_BUSY,
+        reasons_pb2.REASON_TOO_MANY_WATCHERS,
+    )
 )
 
 
@@ -340,6 +345,8 @@ async def watch_lane(
             delay = retry.delay(attempt - 1, random.random()) if attempt > 1 else 0.0
         else:
             delay = retry.delay(attempt, random.random())
+        if error.retry_after is not None:
+            delay = max(delay, error.retry_after)  # the service said how long
         _log.info(
             "lane %s: watch interrupted (%s); %s in %.2fs",
             lane_id,
