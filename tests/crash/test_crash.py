@@ -57,7 +57,7 @@ from tests.crash.harness import (
 )
 from tests.crash.recording import NEVER_TOOL, SAFE_TOOL, ensure_executions_table
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 LEASE_SECONDS = 3
 

@@ -61,6 +61,7 @@ def problems(statements: list[Statement]) -> list[str]:
     return found
 
 
+@pytest.mark.slow  # the fuzzer drives 1,500 requests
 @pytest.mark.asyncio(loop_scope="session")
 async def test_every_statement_names_one_lane(
     fresh_database_url: str, monkeypatch: pytest.MonkeyPatch

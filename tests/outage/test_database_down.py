@@ -30,7 +30,7 @@ from service.store.pool import LanePool
 from tests.integration.lanes import new_lane_id, user
 from tests.outage.restartable_postgres import RestartablePostgres
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 Stub = Any  # lane_service_pb2_grpc.LaneServiceAsyncStub (exists only in the type stubs)
 

@@ -55,7 +55,7 @@ from service.app.server import LANE_SERVICE_NAME, RunningServer, start_server
 from tests.integration.lanes import assistant, events_between, text, user
 from tests.outage.restartable_postgres import RestartablePostgres
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 Stub = Any  # lane_service_pb2_grpc.LaneServiceAsyncStub (exists only in the type stubs)
 Code = grpc.StatusCode

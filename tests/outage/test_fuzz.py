@@ -28,7 +28,7 @@ from tests.integration.lanes import Probe, error_reason, new_lane_id, user
 from tests.integration.servers import extra_server
 from tests.outage.fuzzing import METHODS, Fuzzer, World, drive, populate
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 #: The CI run (at least 5,000 requests). Which RPCs get accepted depends on
 #: timing as well as the random seed: at 5,000 requests runs here accepted 27-28 of the 32 RPCs (one
