@@ -49,7 +49,7 @@ from service.app.maintenance import (
 from service.app.reflection import add_reflection
 from service.hub import Hub
 from service.metrics import MetricsEndpoint, serve_metrics
-from service.store import DEFAULT_NAMESPACE, Store
+from service.store import DEFAULT_NAMESPACE, Clock, Store, system_clock
 from service.store.pool import MIN_IDLE_CONNECTIONS
 
 _log = logging.getLogger(__name__)
@@ -210,6 +210,7 @@ async def start_server(
     watch: WatchSettings | None = None,
     reuse_port: bool = False,
     http_listen: str | None = None,
+    clock: Clock = system_clock,
 ) -> RunningServer:
     """Start the service and return it running.
 
@@ -219,7 +220,9 @@ async def start_server(
     ``target``). Opens the store, applies pending migrations, and serves LaneService, health
     and reflection. ``reuse_port`` binds with ``SO_REUSEPORT`` (:data:`WORKER_SERVER_OPTIONS`):
     only for the workers of ``lane serve --workers N``, which share one port (the HTTP port
-    too). ``http_listen`` overrides ``LANE_HTTP_LISTEN``: serve Connect and gRPC-Web there. Raises
+    too). ``http_listen`` overrides ``LANE_HTTP_LISTEN``: serve Connect and gRPC-Web there.
+    ``clock`` is the time the store's commands and the reconciler decide with (tests move
+    their own to let leases lapse without waiting; service/store/clock.py). Raises
     :class:`StartupError` when the database is unreachable or the address cannot be bound;
     whatever was started by then is stopped again.
     """
@@ -252,6 +255,7 @@ async def start_server(
             min_size=min(MIN_IDLE_CONNECTIONS, settings.db_pool_size),
             max_size=settings.db_pool_size,
             checkout_timeout=settings.db_checkout_timeout_seconds,
+            clock=clock,
         )
         applied = await store.migrate()
         hub = Hub(store, notify=settings.notify, poll_interval=settings.poll_interval_seconds)

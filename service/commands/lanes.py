@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from lane.v1 import entries_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
@@ -31,7 +31,7 @@ class LaneCreated(Result[pb.CreateLaneResponse]):
 
 async def create_lane(store: Store, command: CreateLane) -> LaneCreated:
     """Get-or-create the lane; a new one emits lane_created."""
-    created = lanes.create_lane(command.lane.lane_id, command.configuration, datetime.now(UTC))
+    created = lanes.create_lane(command.lane.lane_id, command.configuration, store.clock())
 
     def answer(inserted: bool, state: LaneState) -> LaneCreated:
         return LaneCreated(created=inserted, revision=state.revision)

@@ -58,7 +58,7 @@ async def place_quiet_pending(
     """The reconciler's pass: finish the pending placements of lanes quiet for ``quiet_for``;
     each lane placed and the calls placed there."""
     placed: list[tuple[LaneRef, tuple[str, ...]]] = []
-    for lane in await quiet_pending_placements(store.pool, quiet_for):
+    for lane in await quiet_pending_placements(store.pool, quiet_for, store.clock()):
         try:
             ids = await finish_placement(store, lane)
         except LaneError as exc:

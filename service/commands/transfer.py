@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from lane.v1 import lane_service_pb2 as pb
 
@@ -16,7 +15,7 @@ from service.store import LaneRef, Store
 async def export_lane(store: Store, lane: LaneRef) -> Iterator[bytes]:
     """The idle lane's export file, line by line (read in one transaction first)."""
     export = await store.export_lane(lane)
-    return export_lines(export, datetime.now(UTC))
+    return export_lines(export, store.clock())
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """PostgreSQL persistence: schema, migrations, commands as transactions, snapshot capture."""
 
+from service.store.clock import Clock, system_clock
 from service.store.event_log import EventGroup, read_was_full
 from service.store.lane_ref import DEFAULT_NAMESPACE, LANE_SCAN, LaneRef
 from service.store.lane_store import ResumePoint, SnapshotOutline, Store
@@ -9,6 +10,7 @@ __all__ = [
     "DEFAULT_NAMESPACE",
     "LANE_SCAN",
     "ChannelError",
+    "Clock",
     "EventGroup",
     "LaneRef",
     "Listener",
@@ -18,4 +20,5 @@ __all__ = [
     "SnapshotOutline",
     "Store",
     "read_was_full",
+    "system_clock",
 ]

@@ -24,6 +24,7 @@ from service.domain.reconcile import reconcile
 from service.domain.state import LaneState, Operation
 from service.domain.transition import Transition
 from service.store import notify
+from service.store.clock import Clock, system_clock
 from service.store.codec import decode
 from service.store.event_log import EventGroup
 from service.store.lane_cache import LaneCache
@@ -106,16 +107,17 @@ _RESUME_POINT = (
     "   ON e.namespace = l.namespace AND e.lane_id = l.lane_id AND e.revision = %(after)s"
     " WHERE l.namespace = %(ns)s AND l.lane_id = %(lane)s"
 )
-# The runs the domain's leases.reconcilable would end now: leased, no live lease, and aborted or
-# orphaned for the given interval; a page after (lease_expires, operation_id).
+# The runs the domain's leases.reconcilable would end at the given time (the store's clock, as the
+# domain decides with, not the database's): leased, no live lease, and aborted or orphaned for
+# the given interval; a page after (lease_expires, operation_id).
 _RECONCILABLE = (
     LANE_SCAN + "SELECT namespace, lane_id, operation_id, coalesce(lease_expires, 'epoch')"
     " FROM operations"
     " WHERE lease_token > 0 AND phase <> 'ended'"
-    " AND (lease_holder IS NULL OR lease_expires <= now())"
-    " AND (cancel_requested OR lease_expires IS NULL OR lease_expires <= now() - %s)"
-    " AND (coalesce(lease_expires, 'epoch'), operation_id) > (%s, %s)"
-    " ORDER BY coalesce(lease_expires, 'epoch'), operation_id LIMIT %s"
+    " AND (lease_holder IS NULL OR lease_expires <= %(now)s)"
+    " AND (cancel_requested OR lease_expires IS NULL OR lease_expires <= %(now)s - %(orphan)s)"
+    " AND (coalesce(lease_expires, 'epoch'), operation_id) > (%(after)s, %(after_id)s)"
+    " ORDER BY coalesce(lease_expires, 'epoch'), operation_id LIMIT %(limit)s"
 )
 
 
@@ -154,8 +156,10 @@ def lane_not_found(lane: LaneRef) -> NotFound:
 class Store:
     """Durable lanes in PostgreSQL. Create with :meth:`open`."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock) -> None:
         self.pool = pool
+        #: The time every command decides with (service/store/clock.py).
+        self.clock = clock
         self._commit_listeners: list[CommitListener] = []
         self._delete_listeners: list[DeleteListener] = []
         #: The lanes this process commanded lately (see lane_cache.py).
@@ -172,14 +176,15 @@ class Store:
         min_size: int = 2,
         max_size: int = 10,
         checkout_timeout: float | None = None,
+        clock: Clock = system_clock,
     ) -> Store:
         """Connect a pool to ``dsn``. Does not migrate; call :meth:`migrate`.
-        ``checkout_timeout``: see :func:`~service.store.pool.open_pool` (None: its default)."""
-        return cls(
-            await open_pool(
-                dsn, min_size=min_size, max_size=max_size, checkout_timeout=checkout_timeout
-            )
+        ``checkout_timeout``: see :func:`~service.store.pool.open_pool` (None: its default);
+        ``clock``: the time commands decide with (the real one unless a test moves its own)."""
+        pool = await open_pool(
+            dsn, min_size=min_size, max_size=max_size, checkout_timeout=checkout_timeout
         )
+        return cls(pool, clock=clock)
 
     async def migrate(self) -> list[str]:
         """Apply pending schema migrations; return their names."""
@@ -275,7 +280,7 @@ class Store:
         version: its answer (in a 1-tuple: an answer may be anything), or None when it must run
         under the lock instead."""
         try:
-            transition, answer = decide(cached.state, datetime.now(UTC))
+            transition, answer = decide(cached.state, self.clock())
             check_commit(cached.state, transition)
         except LaneError:
             return None  # the state may be stale: refuse only what the lock confirms
@@ -313,7 +318,7 @@ class Store:
                     replay = await replayed_answer(conn, lane, request.key, request.form)
                     if replay is not None:
                         return request.decode(replay)
-                transition, answer = decide(loaded.state, datetime.now(UTC))
+                transition, answer = decide(loaded.state, self.clock())
                 check_commit(loaded.state, transition)  # refuses what could never be delivered
                 statement = commit_statement(
                     lane, loaded.state, transition, loaded.version, _recorded(request, answer)
@@ -568,8 +573,15 @@ class Store:
         ended: list[str] = []
         after: tuple[datetime, str] = (datetime.min.replace(tzinfo=UTC), "")
         while True:
+            params = {
+                "now": self.clock(),
+                "orphan": orphan_after,
+                "after": after[0],
+                "after_id": after[1],
+                "limit": limit,
+            }
             async with self.pool.connection() as conn:
-                cur = await conn.execute(_RECONCILABLE, (orphan_after, *after, limit))
+                cur = await conn.execute(_RECONCILABLE, params)
                 candidates = await cur.fetchall()
             for namespace, lane_id, operation_id, _ in candidates:
                 if await self._reconcile(LaneRef(namespace, lane_id), operation_id, orphan_after):

@@ -8,7 +8,7 @@ quiet for a while are candidates: a placement about to commit is not taken from 
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -23,17 +23,18 @@ _PENDING = (
     " AND NOT EXISTS (SELECT 1 FROM tool_calls b"
     "  WHERE b.namespace = t.namespace AND b.operation_id = t.operation_id"
     "  AND b.source_index < t.source_index AND b.status IN ('planned', 'effect_pending'))"
-    " AND e.commit_time <= now() - %s"
+    " AND e.commit_time <= %s - %s"
     " LIMIT %s"
 )
 
 
 async def quiet_pending_placements(
-    pool: AsyncConnectionPool, quiet_for: timedelta, limit: int = 100
+    pool: AsyncConnectionPool, quiet_for: timedelta, now: datetime, limit: int = 100
 ) -> list[LaneRef]:
-    """Lanes with a ready prefix unplaced whose last commit is at least ``quiet_for`` old (at
-    most ``limit``; each is decided again by the domain in its own command)."""
+    """Lanes with a ready prefix unplaced whose last commit is at least ``quiet_for`` old at
+    ``now`` (the store's clock, which wrote the commit times; at most ``limit``; each is decided
+    again by the domain in its own command)."""
     async with pool.connection() as conn:
-        cur = await conn.execute(_PENDING, (quiet_for, limit))
+        cur = await conn.execute(_PENDING, (now, quiet_for, limit))
         rows = await cur.fetchall()
     return [LaneRef(namespace, lane_id) for namespace, lane_id in rows]

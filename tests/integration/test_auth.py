@@ -45,6 +45,7 @@ from tests.integration.lanes import (
     text,
     user,
 )
+from tests.support.clock import OffsetClock
 
 Stub = Any  # lane_service_pb2_grpc.LaneServiceAsyncStub (typing only)
 SERVICE = pb.DESCRIPTOR.services_by_name["LaneService"]
@@ -61,6 +62,8 @@ TOKENS = {TOKEN_A: "team-a", TOKEN_A2: "team-a", TOKEN_B: "team-b"}
 class AuthServer:
     running: RunningServer
     address: str
+    #: The server's clock: moved forward to let a lease lapse without waiting.
+    clock: OffsetClock
 
     def channel(self, token: str | None) -> grpc.aio.Channel:
         return open_channel(self.address, token=token)
@@ -69,9 +72,10 @@ class AuthServer:
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def auth_server(session_database_url: str, store: Any) -> AsyncIterator[AuthServer]:
     settings = Settings(database_url=session_database_url, auth_tokens=TOKENS)
-    running = await start_server(settings, listen="127.0.0.1:0")
+    clock = OffsetClock()
+    running = await start_server(settings, listen="127.0.0.1:0", clock=clock)
     try:
-        yield AuthServer(running, f"127.0.0.1:{running.port}")
+        yield AuthServer(running, f"127.0.0.1:{running.port}", clock)
     finally:
         await running.stop(grace=0.5)
 
@@ -570,18 +574,19 @@ async def test_the_lane_cli_reads_its_token_from_the_environment(
 
 
 async def test_the_reconciler_ends_abandoned_runs_in_every_namespace(
-    stubs: tuple[Stub, Stub],
+    auth_server: AuthServer, stubs: tuple[Stub, Stub]
 ) -> None:
     stub_a, _ = stubs
     lane_id = new_lane_id("abandoned")
     await stub_a.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
     started = await stub_a.StartRun(
-        pb.StartRunRequest(lane_id=lane_id, prompt=[user("hi")], driver_id="d", lease_seconds=1)
+        pb.StartRunRequest(lane_id=lane_id, prompt=[user("hi")], driver_id="d", lease_seconds=30)
     )
     # The driver is gone; an abort is asked for: once the lease lapses the service ends the run.
     await stub_a.AbortOperation(
         pb.AbortOperationRequest(lane_id=lane_id, operation_id=started.operation_id)
     )
+    auth_server.clock.advance(30)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 15
     while True:

@@ -1,17 +1,24 @@
 """Run ownership and recovery through the real service: leases and fencing, takeover mid-batch
-(placement, safe replay, interruption), reconciliation without a driver, terminal clean-up."""
+(placement, safe replay, interruption), reconciliation without a driver, terminal clean-up.
+
+Leases lapse and runs orphan on a server of the test's own whose clock the test moves forward
+(tests/support/clock.py): no test waits for a lease.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import pytest
+import pytest_asyncio
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
+from service.app.server import RunningServer
 from service.domain import results
 from tests.integration.lanes import (
     Probe,
@@ -24,8 +31,39 @@ from tests.integration.lanes import (
     text,
     user,
 )
+from tests.integration.servers import extra_server
+from tests.support.clock import OffsetClock
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+#: The lease every clocked test's driver takes: far longer than any test runs, so only moving
+#: the clock makes it lapse.
+LEASE = 30
+#: The clocked server's orphan interval (the service's default is 600 s).
+ORPHAN = 60
+#: How far short of a deadline a test stops the clock to see it not reached yet: more than the
+#: real time a test's few commands take (the clock keeps flowing), on a busy machine too.
+MARGIN = 5
+
+
+class Clocked(NamedTuple):
+    """A server of the test's own on the session database, deciding with ``clock``."""
+
+    clock: OffsetClock
+    running: RunningServer
+    stub: Any
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def clocked(session_database_url: str) -> AsyncIterator[Clocked]:
+    """A server whose clock only this test moves (the session server's leases never lapse by
+    it: the session server keeps the real time)."""
+    clock = OffsetClock()
+    async with extra_server(session_database_url, clock=clock, orphan_seconds=ORPHAN) as (
+        running,
+        stub,
+    ):
+        yield Clocked(clock, running, stub)
 
 
 def placed_calls(events: list[Any]) -> list[str]:
@@ -38,7 +76,8 @@ def placed_calls(events: list[Any]) -> list[str]:
 
 
 async def until_run_ended(probe: Probe) -> None:
-    """Poll captures until the lane has no open operation (the reconciler works on a timer)."""
+    """Poll captures until the lane has no open operation (the service's reconciler passes
+    every second)."""
     async with asyncio.timeout(20):
         while (await probe.capture()).HasField("operation"):  # noqa: ASYNC110
             await asyncio.sleep(0.2)
@@ -102,15 +141,18 @@ async def test_a_leased_run_refuses_commands_without_its_current_token(lane_stub
     await probe.check()
 
 
-async def test_an_expired_lease_can_be_taken_over(lane_stub) -> None:
-    probe = Probe(lane_stub, new_lane_id("expire"))
-    run_id, token = await leased_batch(lane_stub, probe, "a", seconds=1)
-    await asyncio.sleep(1.2)
-    taken = await lane_stub.AcquireOperation(
-        pb.AcquireOperationRequest(
-            lane_id=probe.lane_id, operation_id=run_id, driver_id="driver-2", lease_seconds=30
-        )
+async def test_an_expired_lease_can_be_taken_over(clocked: Clocked) -> None:
+    stub = clocked.stub
+    probe = Probe(stub, new_lane_id("expire"))
+    run_id, token = await leased_batch(stub, probe, "a", seconds=LEASE)
+    acquire = pb.AcquireOperationRequest(
+        lane_id=probe.lane_id, operation_id=run_id, driver_id="driver-2", lease_seconds=30
     )
+    # Shortly before it lapses the lease still holds; at its end it no longer does.
+    clocked.clock.advance(LEASE - MARGIN)
+    assert error_reason(await refused(stub.AcquireOperation(acquire))) == "LEASE_HELD"
+    clocked.clock.advance(MARGIN)
+    taken = await stub.AcquireOperation(acquire)
     assert taken.lease.token == token + 1
     # The takeover happened mid-batch: it is a recovery.
     events = await probe.check()
@@ -272,10 +314,11 @@ async def test_takeover_mid_batch_places_replays_and_interrupts(lane_stub) -> No
     assert state.state.phase == pb.RUN_PHASE_IDLE and not state.state.tool_calls
 
 
-async def test_the_service_reconciles_an_aborted_run_without_a_driver(lane_stub, store) -> None:
+async def test_the_service_reconciles_an_aborted_run_without_a_driver(clocked: Clocked) -> None:
+    lane_stub, store = clocked.stub, clocked.running.store
     probe = Probe(lane_stub, new_lane_id("reconcile"))
     lane = probe.lane_id
-    run_id, token = await leased_batch(lane_stub, probe, "running", "waiting", seconds=1)
+    run_id, token = await leased_batch(lane_stub, probe, "running", "waiting", seconds=LEASE)
     await lane_stub.StartToolCall(
         pb.StartToolCallRequest(
             lane_id=lane,
@@ -297,7 +340,10 @@ async def test_the_service_reconciles_an_aborted_run_without_a_driver(lane_stub,
     )
     await lane_stub.AbortOperation(pb.AbortOperationRequest(lane_id=lane, operation_id=run_id))
     await probe.check(["running"])
+    # Aborted, but the lease is live: the driver may still be at it, so the run stays open.
+    assert run_id not in await store.reconcile_orphans(timedelta(seconds=ORPHAN))
     # No driver comes back: once the lease lapses the service ends the run itself.
+    clocked.clock.advance(LEASE)
     await until_run_ended(probe)
     events = await probe.check(["running", "waiting"])
     assert all(e.recovery for e in events)
@@ -315,7 +361,7 @@ async def test_the_service_reconciles_an_aborted_run_without_a_driver(lane_stub,
         cur = await conn.execute(
             "SELECT count(*) FROM tool_calls WHERE operation_id = %s", (run_id,)
         )
-        assert (await cur.fetchone())[0] == 0
+        assert await cur.fetchone() == (0,)
         cur = await conn.execute(
             "SELECT phase, turn_id, batch_entry_id, lease_holder, recovering, result IS NOT NULL"
             " FROM operations WHERE operation_id = %s",
@@ -328,27 +374,19 @@ async def test_the_service_reconciles_an_aborted_run_without_a_driver(lane_stub,
         assert await cur.fetchone() == (None, run_id)
 
 
-async def test_an_orphaned_run_is_reconciled_after_the_orphan_timeout(session_database_url) -> None:
-    from lane.v1 import lane_service_pb2_grpc
-
-    from service.app.config import Settings
-    from service.app.server import start_server
-
-    running = await start_server(
-        Settings(database_url=session_database_url, orphan_seconds=0.5), listen="127.0.0.1:0"
-    )
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
-    stub = lane_service_pb2_grpc.LaneServiceStub(channel)
-    try:
-        probe = Probe(stub, new_lane_id("orphan"))
-        await leased_batch(stub, probe, "a", seconds=1)
-        await until_run_ended(probe)
-        events = await probe.check(["a"])
-        assert kinds(events)[-1] == "run_end" and all(e.recovery for e in events)
-        assert probe.snapshot.last_result.status == snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED
-    finally:
-        await channel.close()
-        await running.stop(0.5)
+async def test_an_orphaned_run_is_reconciled_after_the_orphan_timeout(clocked: Clocked) -> None:
+    probe = Probe(clocked.stub, new_lane_id("orphan"))
+    run_id, _ = await leased_batch(clocked.stub, probe, "a", seconds=LEASE)
+    orphan_after = timedelta(seconds=ORPHAN)
+    # Lapsed, but orphaned for less than the orphan interval: the driver may yet come back.
+    clocked.clock.advance(LEASE + ORPHAN - MARGIN)
+    assert run_id not in await clocked.running.store.reconcile_orphans(orphan_after)
+    assert (await probe.capture()).operation.id == run_id
+    clocked.clock.advance(MARGIN)
+    await until_run_ended(probe)
+    events = await probe.check(["a"])
+    assert kinds(events)[-1] == "run_end" and all(e.recovery for e in events)
+    assert probe.snapshot.last_result.status == snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED
 
 
 async def test_an_unleased_run_is_never_reconciled(lane_stub, store) -> None:
@@ -365,13 +403,14 @@ async def test_an_unleased_run_is_never_reconciled(lane_stub, store) -> None:
 
 
 async def test_a_lane_that_cannot_be_reconciled_does_not_hold_up_the_others(
-    lane_stub, store
+    clocked: Clocked,
 ) -> None:
     # Two abandoned runs; the first (earlier lease expiry) has a corrupt staged result, so
     # ending it faults with LANE_STATE_CORRUPT. The second is ended all the same.
+    lane_stub, store = clocked.stub, clocked.running.store
     corrupt, healthy = Probe(lane_stub, new_lane_id("rc-bad")), Probe(lane_stub, new_lane_id("rc"))
-    bad_run, bad_token = await leased_batch(lane_stub, corrupt, "c0", seconds=1)
-    good_run, _ = await leased_batch(lane_stub, healthy, "c0", seconds=2)
+    bad_run, bad_token = await leased_batch(lane_stub, corrupt, "c0", seconds=LEASE)
+    good_run, _ = await leased_batch(lane_stub, healthy, "c0", seconds=LEASE + 1)
     await lane_stub.StartToolCall(
         pb.StartToolCallRequest(
             lane_id=corrupt.lane_id,
@@ -393,6 +432,7 @@ async def test_a_lane_that_cannot_be_reconciled_does_not_hold_up_the_others(
         await lane_stub.AbortOperation(
             pb.AbortOperationRequest(lane_id=probe.lane_id, operation_id=run)
         )
+    clocked.clock.advance(LEASE + 1)
     try:
         await until_run_ended(healthy)
         # The corrupt run is still open (and capture still reports the corruption).
@@ -400,7 +440,8 @@ async def test_a_lane_that_cannot_be_reconciled_does_not_hold_up_the_others(
             cur = await conn.execute(
                 "SELECT phase FROM operations WHERE operation_id = %s", (bad_run,)
             )
-            assert (await cur.fetchone())[0] != "ended"
+            row = await cur.fetchone()
+            assert row is not None and row[0] != "ended"
     finally:
         # Repair the lane so the service's reconcilers can end it and stop warning.
         async with hand_edit(store) as conn:
@@ -412,13 +453,14 @@ async def test_a_lane_that_cannot_be_reconciled_does_not_hold_up_the_others(
     await until_run_ended(corrupt)
 
 
-async def test_runs_that_cannot_be_ended_do_not_starve_the_reconciler(lane_stub, store) -> None:
+async def test_runs_that_cannot_be_ended_do_not_starve_the_reconciler(clocked: Clocked) -> None:
     # Two orphaned runs with corrupt staged results expire first; a healthy orphan after them.
     # A pass reading one candidate at a time still reaches the healthy one.
+    lane_stub, store = clocked.stub, clocked.running.store
     stuck = []
     for _ in range(2):
         probe = Probe(lane_stub, new_lane_id("stuck"))
-        run, token = await leased_batch(lane_stub, probe, "c0", seconds=1)
+        run, token = await leased_batch(lane_stub, probe, "c0", seconds=LEASE)
         await lane_stub.StartToolCall(
             pb.StartToolCallRequest(
                 lane_id=probe.lane_id,
@@ -437,9 +479,11 @@ async def test_runs_that_cannot_be_ended_do_not_starve_the_reconciler(lane_stub,
             )
         stuck.append(run)
     healthy = Probe(lane_stub, new_lane_id("unstuck"))
-    healthy_run, _ = await leased_batch(lane_stub, healthy, "c0", seconds=1)
+    healthy_run, _ = await leased_batch(lane_stub, healthy, "c0", seconds=LEASE)
     try:
-        await asyncio.sleep(1.5)  # every lease lapses (the server orphans runs only after 600 s)
+        # Every lease lapses; the server's own reconciler waits out its orphan interval, so
+        # only this pass (orphaned for no time at all) ends them.
+        clocked.clock.advance(LEASE)
         ended = await store.reconcile_orphans(timedelta(0), limit=1)
         assert healthy_run in ended
         assert not set(stuck) & set(ended)
