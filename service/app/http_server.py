@@ -1,4 +1,5 @@
-"""The HTTP port (``LANE_HTTP_LISTEN``): LaneService over Connect and gRPC-Web on hypercorn.
+"""The HTTP port (``LANE_HTTP_LISTEN``): LaneService over Connect and gRPC-Web on hypercorn, and
+the web view (``service/web``) at ``/``.
 
 Hypercorn serves HTTP/1.1 and HTTP/2 (cleartext with prior knowledge or an upgrade, and over
 TLS by ALPN), which Connect's server streams need on both, plus the ASGI trailers that gRPC-Web
@@ -18,10 +19,12 @@ from dataclasses import dataclass
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 
 from service.api import LaneServicer
 from service.api.connect import LaneServiceApp
 from service.app.config import Settings
+from service.web import WebViewApp
 
 _log = logging.getLogger(__name__)
 
@@ -56,6 +59,23 @@ class HttpEndpoint:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+class _HttpApp:
+    """The service's methods under ``/lane.v1.LaneService/``, the web view everywhere else."""
+
+    def __init__(self, servicer: LaneServicer) -> None:
+        self._connect = LaneServiceApp(servicer)
+        self._prefix = f"{self._connect.path}/"
+        self._web = WebViewApp()
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] == "http" and not scope["path"].startswith(self._prefix):
+            await self._web(scope, receive, send)
+        else:
+            await self._connect(scope, receive, send)
 
 
 def _bind(listen: str, reuse_port: bool) -> socket.socket:
@@ -98,8 +118,9 @@ def _config(settings: Settings, fd: int, grace: float) -> Config:
 async def start_http(
     settings: Settings, listen: str, servicer: LaneServicer, *, reuse_port: bool = False
 ) -> HttpEndpoint:
-    """Serve ``servicer`` over Connect and gRPC-Web on ``listen`` (``host:port``; port 0: a free
-    one), with the TLS files of ``settings``; return once it accepts connections."""
+    """Serve ``servicer`` over Connect and gRPC-Web, and the web view, on ``listen``
+    (``host:port``; port 0: a free one), with the TLS files of ``settings``; return once it
+    accepts connections."""
     sock = _bind(listen, reuse_port)
     port = sock.getsockname()[1]
     # Listening now, so connections queue in the backlog from the moment this returns, even
@@ -108,7 +129,7 @@ async def start_http(
     config = _config(settings, sock.detach(), settings.grace_seconds)
     shutdown = asyncio.Event()
     task = asyncio.create_task(
-        serve(LaneServiceApp(servicer), config, shutdown_trigger=shutdown.wait),
+        serve(_HttpApp(servicer), config, shutdown_trigger=shutdown.wait),
         name="http",
     )
     await asyncio.sleep(0)  # let it start: a failure to start shows at once
