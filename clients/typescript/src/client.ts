@@ -4,6 +4,7 @@
 import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport, type GrpcTransportOptions } from "@connectrpc/connect-node";
 import { LaneService } from "./gen/lane/v1/lane_service_pb.js";
+import { traceContext } from "./tracing.js";
 
 export type LaneClient = Client<typeof LaneService>;
 
@@ -11,19 +12,28 @@ export type LaneClient = Client<typeof LaneService>;
 export type LaneClientOptions = Partial<GrpcTransportOptions> & {
   /** Sent as `authorization: Bearer <token>` with every call (services with auth on). */
   token?: string;
+  /**
+   * Send the active OpenTelemetry context (`traceparent`) with every call, when the
+   * application has `@opentelemetry/api` and a propagator registered (default true).
+   */
+  tracing?: boolean;
 };
 
 /**
  * A client for the service at `address`: `host:port` (plain-text gRPC, as `./dev serve`
  * listens) or a full `http://` / `https://` base URL. `options` go to `createGrpcTransport`
- * (interceptors, TLS via `nodeOptions`, keepalive `pingIntervalMs`, …), except `token`.
+ * (interceptors, TLS via `nodeOptions`, keepalive `pingIntervalMs`, …), except `token` and
+ * `tracing`.
  */
 export function createLaneClient(address: string, options: LaneClientOptions = {}): LaneClient {
-  const { token, ...transport } = options;
+  const { token, tracing = true, ...transport } = options;
   const baseUrl = /^https?:\/\//.test(address) ? address : `http://${address}`;
   const interceptors = [...(transport.interceptors ?? [])];
   if (token) {
     interceptors.unshift(bearer(token));
+  }
+  if (tracing) {
+    interceptors.unshift(traceContext());
   }
   return createClient(LaneService, createGrpcTransport({ ...transport, interceptors, baseUrl }));
 }
