@@ -7,7 +7,9 @@ Everything a caller needs is importable from here::
 * :class:`LaneClient`: the service's commands as typed async methods (request ids, lease
   tokens, retries and deadlines handled).
 * :class:`Driver`: runs an agent on a lane with a :data:`Model` and :class:`Tool` s,
-  committing every step; :class:`RunResult` is how a run ended.
+  committing every step (a streaming model's answer as it grows); :class:`RunResult` is how a
+  run ended; a model raises :class:`ModelError` to say whether a failure is worth retrying.
+  Real models are in :mod:`lane.client.models` (optional extras ``openai``, ``anthropic``).
 * :func:`watch_lane`: follows a lane live as :class:`LaneView` s, resuming after failures.
 * :class:`RetryPolicy`: how everything that retries retries.
 * :class:`LaneError` and its subclasses, one per reason a caller acts on, derived from
@@ -37,7 +39,15 @@ from lane.client.errors import (
 )
 from lane.client.hooks import Hooks
 from lane.client.lane_client import LaneClient
-from lane.client.model import Model, ModelRequest, ScriptedCall, ScriptedModel, ScriptStep
+from lane.client.model import (
+    Model,
+    ModelError,
+    ModelRequest,
+    PartialSink,
+    ScriptedCall,
+    ScriptedModel,
+    ScriptStep,
+)
 from lane.client.retry import RetryPolicy
 from lane.client.tools import Tool, ToolContext, ToolResult
 from lane.client.watch import LaneView, watch_lane
@@ -53,10 +63,12 @@ __all__ = [
     "LaneView",
     "LeaseHeld",
     "Model",
+    "ModelError",
     "ModelRequest",
     "NotReplayable",
     "OperationCancelled",
     "OperationNotOpen",
+    "PartialSink",
     "Reason",
     "RequestIdReused",
     "RetryPolicy",

@@ -11,6 +11,8 @@
     lane import FILE [--lane NEW_ID]    a new lane from an export file
     lane demo [--lane L] [--script S | --shell CMD]
                                         a scripted agent driving real tools
+    lane agent --model PROVIDER:NAME [--lane L] PROMPT
+                                        a coding agent on a real model
     lane --version
 
 Client commands share the connection options of :mod:`lane.client.cli_connection`
@@ -32,6 +34,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
+from lane.client.cli_agent import add_agent
 from lane.client.cli_connection import (
     DEFAULT_TARGET,
     Connection,
@@ -80,6 +83,7 @@ def build_parser(*, serve_flags: bool = True) -> argparse.ArgumentParser:
     _add_export(commands)
     _add_import(commands)
     _add_demo(commands)
+    add_agent(commands)
     return parser
 
 

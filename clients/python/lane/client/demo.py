@@ -34,7 +34,7 @@ from typing import Any
 
 from lane.client.driver import Driver, LeaseLost
 from lane.client.errors import LaneError
-from lane.client.model import ScriptedCall, ScriptedModel, ScriptStep, load_script
+from lane.client.model import Model, ScriptedCall, ScriptedModel, ScriptStep, load_script
 from lane.client.reach import explain
 from lane.client.tools import Tool, ToolContext, ToolResult, ToolResultLike
 from lane.v1 import lane_service_pb2 as pb
@@ -45,6 +45,7 @@ __all__ = [
     "SHELL",
     "SLEEP",
     "builtin_script",
+    "drive_interruptibly",
     "resolve_script",
     "run_demo",
 ]
@@ -280,11 +281,8 @@ async def run_demo(
     target: str = "",
     out: Any = None,
 ) -> int:
-    """Drive one scripted run on ``lane_id``; return 0 completed, 3 aborted, 1 otherwise.
-
-    SIGINT (Ctrl-C) asks the service to abort the run; a second one, or SIGTERM, stops at once
-    (running commands are killed; the run is left to another driver or the service).
-    """
+    """Drive one scripted run on ``lane_id``; return 0 completed, 3 aborted, 1 otherwise
+    (Ctrl-C aborts: :func:`drive_interruptibly`)."""
     out = out or sys.stdout
     settings = pb.RunSettings(
         tool_execution=pb.TOOL_EXECUTION_SEQUENTIAL if sequential else pb.TOOL_EXECUTION_PARALLEL
@@ -300,6 +298,28 @@ async def run_demo(
     print(f"lane demo: lane {lane_id}", file=out, flush=True)
     where = f" --target {target}" if target else ""
     print(f"  watch it live:  lane watch {lane_id}{where}", file=out, flush=True)
+    model = ScriptedModel(steps, delay=model_delay)
+    return await drive_interruptibly(
+        driver, prompt, model, name="lane demo", target=target, out=out
+    )
+
+
+async def drive_interruptibly(
+    driver: Driver,
+    prompt: str,
+    model: Model,
+    *,
+    name: str,
+    target: str = "",
+    out: Any = None,
+) -> int:
+    """Drive one run of ``driver`` to its end and print how it ended; return 0 completed, 3
+    aborted, 1 otherwise (``name`` starts the messages).
+
+    SIGINT (Ctrl-C) asks the service to abort the run; a second one, or SIGTERM, stops at once
+    (running commands are killed; the run is left to another driver or the service).
+    """
+    out = out or sys.stdout
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     pending: set[asyncio.Task[bool]] = set()
@@ -320,20 +340,22 @@ async def run_demo(
         loop.add_signal_handler(signal.SIGINT, on_interrupt)
         loop.add_signal_handler(signal.SIGTERM, on_terminate)
     try:
-        result = await driver.run(prompt, ScriptedModel(steps, delay=model_delay))
+        result = await driver.run(prompt, model)
     except LaneError as err:
-        print(f"lane demo: {explain(err, target)}", file=out, flush=True)
+        print(f"{name}: {explain(err, target)}", file=out, flush=True)
         return 1
     except LeaseLost as err:
-        print(f"lane demo: {err}", file=out, flush=True)
+        print(f"{name}: {err}", file=out, flush=True)
         return 1
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
+    ended = f"run {result.operation_id} ended {result.status_name}"
+    if result.result.HasField("error"):
+        ended += f" ({result.result.error.code}: {result.result.error.message})"
     print(
-        f"run {result.operation_id} ended {result.status_name} after "
-        f"{result.turns} turn{'' if result.turns == 1 else 's'}",
+        f"{ended} after {result.turns} turn{'' if result.turns == 1 else 's'}",
         file=out,
         flush=True,
     )

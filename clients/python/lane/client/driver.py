@@ -100,7 +100,7 @@ from lane.client.watch import RetryPolicy, watch_lane
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
-__all__ = ["Driver", "DriverError", "LeaseLost", "RunResult"]
+__all__ = ["MODEL_RETRY", "Driver", "DriverError", "LeaseLost", "RunResult"]
 
 _log = logging.getLogger(__name__)
 

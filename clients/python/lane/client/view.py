@@ -2,12 +2,15 @@
 ``lane snapshot``.
 
 Layout, top to bottom: a header (lane, revision, message count); the content, which is the
-transcript (user and assistant text, each tool call the assistant asked for, each placed tool
-result) followed by the open operation with its presentation-active tools — running ones with a
+transcript (user and assistant text, the assistant's thinking dimmed, each tool call the
+assistant asked for, each placed tool result) followed by the open operation: the assistant
+message streaming in (its thinking dimmed, its text ending in a ``▍`` cursor, the tool calls
+being written), a scheduled retry, and the presentation-active tools — running ones with a
 spinner, the elapsed seconds and their latest progress line, settled ones with their final
 result marked ``waiting for placement`` — or, with no operation open, the last run's result;
-then a status line. A tool row names its status before its arguments, so a narrow screen, which
-cuts lines at its right edge, keeps the status.
+then a status line. A streaming block shows its last lines (the ones that change). A tool row
+names its status before its arguments, so a narrow screen, which cuts lines at its right edge,
+keeps the status.
 
 With a ``height``, the content is a window of the rows that fit between the header and the
 footer: its tail (follow mode), or the rows from ``top`` on (scrolled). :func:`render_frame`
@@ -21,7 +24,7 @@ style              sequence    used for
 :data:`ERROR`      ``ESC[31m`` error results (``is_error``): placed, and settled rows
 :data:`RUNNING`    ``ESC[36m`` running tool rows
 :data:`WAITING`    ``ESC[33m`` settled rows without error, waiting for placement
-:data:`DIM`        ``ESC[2m``  tool calls the assistant asked for, the status line
+:data:`DIM`        ``ESC[2m``  thinking, tool calls the assistant asked for, the status line
 :data:`BOLD`       ``ESC[1m``  the header
 =================  ==========  ============================================================
 
@@ -42,6 +45,7 @@ from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
 
 __all__ = [
     "BOLD",
+    "CURSOR",
     "DIM",
     "ERROR",
     "RESET",
@@ -64,6 +68,8 @@ RESET = "\x1b[0m"
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 WAITING_MARK = "waiting for placement"
+#: Ends the text of an assistant message still streaming.
+CURSOR = "▍"
 
 #: Lines of a result shown in the transcript (more are elided in the middle).
 _RESULT_LINES = 4
@@ -144,6 +150,50 @@ def _lines_of(text: str) -> list[str]:
     return [lines[0], f"… ({len(lines) - 3} more lines)", *lines[-2:]]
 
 
+def _tail_of(text: str) -> list[str]:
+    """The last lines of a growing ``text`` (earlier ones counted)."""
+    lines = [line.rstrip() for line in text.splitlines()] or [""]
+    if text.endswith("\n"):
+        lines.append("")
+    if len(lines) <= _RESULT_LINES:
+        return lines
+    return [f"… ({len(lines) - _RESULT_LINES + 1} earlier lines)", *lines[-_RESULT_LINES + 1 :]]
+
+
+def _labelled(label: str, lines: list[str], style: str = "") -> list[Line]:
+    pad = " " * len(label)
+    return [
+        Line(f"{label}{line}" if i == 0 else f"{pad}{line}", style) for i, line in enumerate(lines)
+    ]
+
+
+def _thinking_lines(block: messages_pb2.ThinkingContent, streaming: bool) -> list[Line]:
+    if block.redacted:
+        return [Line("thinking: (redacted)", DIM)]
+    lines = _tail_of(block.thinking) if streaming else _lines_of(block.thinking)
+    return _labelled("thinking: ", lines, DIM)
+
+
+def _streaming_lines(message: messages_pb2.AssistantMessage) -> list[Line]:
+    """An assistant message still streaming: each block as it is so far, in order."""
+    out: list[Line] = []
+    for index, block in enumerate(message.content):
+        kind = block.WhichOneof("block")
+        last = index == len(message.content) - 1
+        if kind == "thinking":
+            out.extend(_thinking_lines(block.thinking, True))
+        elif kind == "text":
+            lines = _tail_of(block.text.text)
+            if last:
+                lines[-1] += CURSOR
+            out.extend(_labelled("assistant: ", lines))
+        elif kind == "tool_call":
+            call = block.tool_call
+            more = " …" if last else ""
+            out.append(Line(f"  → {call.name} {_compact_json(call.arguments_json)}{more}", DIM))
+    return out or [Line(f"assistant: {CURSOR}")]
+
+
 def _message_lines(message: messages_pb2.AgentMessage) -> list[Line]:
     kind = message.WhichOneof("message")
     if kind == "user":
@@ -154,6 +204,9 @@ def _message_lines(message: messages_pb2.AgentMessage) -> list[Line]:
         ]
     if kind == "assistant":
         out: list[Line] = []
+        for block in message.assistant.content:
+            if block.WhichOneof("block") == "thinking":
+                out.extend(_thinking_lines(block.thinking, False))
         text = content_text(
             [b for b in message.assistant.content if b.WhichOneof("block") == "text"]
         )
@@ -345,6 +398,8 @@ def _operation_lines(
                 f"{'aborting' if aborting else 'open'}{age}",
                 ERROR if aborting else BOLD,
             ),
+            *(_streaming_lines(op.streaming_message) if op.HasField("streaming_message") else []),
+            *(_retry_lines(op.retry) if op.HasField("retry") else []),
             *_tool_rows(op, clock, now, frame),
         ]
     if snapshot.HasField("last_result"):
@@ -358,6 +413,11 @@ def _operation_lines(
             )
         ]
     return [Line("── no operation yet", DIM)]
+
+
+def _retry_lines(retry: snapshot_pb2.RetryState) -> list[Line]:
+    text = f"  model call failed · attempt {retry.attempt} of {retry.max_attempts} scheduled"
+    return [Line(text, WAITING)]
 
 
 def _draw(line: Line, width: int, color: bool) -> str:
