@@ -83,6 +83,11 @@ export async function showLane(
       },
     })) {
       setConnection("live", "live");
+      if (update.kind === "snapshot") {
+        // How many snapshots the page has folded from: 1 unless it re-snapshotted (a resume
+        // after a restart continues from its revision, without one).
+        page.dataset.snapshots = String(Number(page.dataset.snapshots ?? 0) + 1);
+      }
       if (update.kind !== "heartbeat") {
         snapshot = update.snapshot;
         clock.observe(snapshot, update.events);

@@ -1,0 +1,513 @@
+"""The web view in a real browser: headless Chromium (Debian's ``chromium``), driven by Playwright
+(``playwright-core``, through clients/typescript/web/e2e/browser.ts), against the real service
+with auth on, while the test drives lanes over gRPC one command at a time and reads what the
+page shows after each.
+
+- a parallel batch live: the last call settled and "waiting for placement" while the first still
+  runs (with its progress and elapsed time); every row leaves exactly when its own entry is
+  placed, in every state the page drew (recorded in the page as it draws), errors in red;
+- Abort from the page's button reaches the service (AbortOperation), and the run ends aborted;
+- a service restart: the page says it is reconnecting, then resumes after its revision (no new
+  snapshot) and shows what was committed after the restart;
+- token entry, and a lane of another namespace: absent from the list, NOT_FOUND on its page.
+
+Screenshots of these moments are saved under the pytest base temp directory, in
+``web-view-screenshots`` (or in ``$LANE_SCREENSHOTS_DIR``). Needs ``chromium`` (``./dev test``
+installs it) and clients/typescript's node_modules (its scripts/test.sh); without either this
+test fails, it never skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
+
+from service.app.config import Settings
+from service.app.server import RunningServer, start_server
+from tests.integration.lanes import assistant, new_lane_id, result, text, tool_call, user
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+TYPESCRIPT_DIR = Path(__file__).resolve().parents[2] / "clients" / "typescript"
+BRIDGE = "web/e2e/browser.ts"
+TOKEN_A = "web-view-token-team-a-0123456789"
+TOKEN_B = "web-view-token-team-b-0123456789"
+#: Upper bound of one answer from the browser process (its own waits are 15 s).
+ANSWER_SECONDS = 30.0
+#: The red of error results (style.css: #c62828).
+RED = "rgb(198, 40, 40)"
+
+#: What the lane page shows, read from its DOM: revision, connection, open operation, tool rows
+#: and placed tool results. `null` before the lane page is up.
+STATE_JS = """(() => {
+  const lane = document.querySelector("#lane");
+  if (!lane) return null;
+  const connection = document.querySelector("#connection");
+  const operation = document.querySelector("#operation");
+  const last = document.querySelector("#last-result");
+  const fatal = document.querySelector("#fatal");
+  return {
+    revision: Number(lane.dataset.revision ?? -1),
+    snapshots: Number(lane.dataset.snapshots ?? 0),
+    connection: connection ? connection.dataset.state : null,
+    connectionText: connection ? connection.textContent : null,
+    operation: operation
+      ? { id: operation.dataset.operationId, status: operation.dataset.status } : null,
+    abortEnabled: !!document.querySelector("button#abort:not([disabled])"),
+    rows: [...document.querySelectorAll("li.tool")].map((r) => ({
+      id: r.dataset.callId, state: r.dataset.state, text: r.textContent,
+      error: r.classList.contains("error"), color: getComputedStyle(r).color })),
+    results: [...document.querySelectorAll("li.tool-result")].map((r) => ({
+      id: r.dataset.callId, text: r.textContent,
+      error: r.classList.contains("error"), color: getComputedStyle(r).color })),
+    lastResult: last ? (last.dataset.status ?? null) : null,
+    lastResultColor: last ? getComputedStyle(last).color : null,
+    fatal: fatal ? fatal.textContent : null,
+  };
+})()"""
+
+#: Records the page's state each time it draws a new revision, into window.__states.
+RECORD_JS = (
+    "(() => { window.__states = [];"
+    " new MutationObserver(() => window.__states.push("
+    + STATE_JS
+    + ')).observe(document.querySelector("#lane"),'
+    ' { attributes: true, attributeFilter: ["data-revision"] }); return true; })()'
+)
+
+
+class Browser:
+    """web/e2e/browser.ts in a subprocess: one JSON request per line, one answer per line."""
+
+    def __init__(self, process: asyncio.subprocess.Process, shots: Path) -> None:
+        self.process = process
+        self.shots = shots
+        self._ids = itertools.count(1)
+        self._stderr = bytearray()
+        self._reader = asyncio.create_task(self._read_stderr())
+
+    async def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        while chunk := await self.process.stderr.read(4096):
+            self._stderr.extend(chunk)
+
+    async def call(self, op: str, **args: Any) -> Any:
+        """Run one operation in the browser; its value."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        request = {"id": next(self._ids), "op": op, **args}
+        self.process.stdin.write(json.dumps(request).encode() + b"\n")
+        await self.process.stdin.drain()
+        line = await asyncio.wait_for(self.process.stdout.readline(), ANSWER_SECONDS)
+        stderr = self._stderr.decode(errors="replace")[-4000:]
+        if not line:
+            raise AssertionError(f"the browser process exited; its stderr:\n{stderr}")
+        answer = json.loads(line)
+        assert answer["id"] == request["id"]
+        if not answer["ok"]:
+            raise AssertionError(f"{op} {args}: {answer['error']}\nbrowser stderr:\n{stderr}")
+        return answer["value"]
+
+    async def wait(self, expression: str) -> Any:
+        """Wait until the page expression is truthy; its value."""
+        return await self.call("wait", expr=expression)
+
+    async def state_when(self, condition: str) -> dict[str, Any]:
+        """The page's state once ``condition`` (JavaScript over ``s``, the state) holds."""
+        state: dict[str, Any] = await self.wait(
+            f"(() => {{ const s = {STATE_JS}; return s && ({condition}) ? s : null; }})()"
+        )
+        return state
+
+    async def at_revision(self, revision: int) -> dict[str, Any]:
+        """The page's state once it drew ``revision``, the stream live."""
+        return await self.state_when(f"s.revision >= {revision} && s.connection === 'live'")
+
+    async def screenshot(self, name: str) -> None:
+        await self.call("screenshot", path=str(self.shots / f"{name}.png"))
+
+    async def open_lane(self, origin: str, lane_id: str) -> dict[str, Any]:
+        """Open the lane's page (signed in with token A) and start recording its states."""
+        await self.call("goto", url=f"{origin}/")
+        await self.call("eval", expr=f"sessionStorage.setItem('lane-token', '{TOKEN_A}')")
+        await self.call("goto", url=f"{origin}/#/lanes/{lane_id}")
+        state = await self.state_when("s.revision >= 1 && s.connection === 'live'")
+        await self.call("eval", expr=RECORD_JS)
+        return state
+
+    async def recorded(self) -> list[dict[str, Any]]:
+        states: list[dict[str, Any]] = await self.call("eval", expr="window.__states")
+        return states
+
+    async def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            await asyncio.wait_for(self.process.wait(), ANSWER_SECONDS)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+        await self._reader
+
+
+@dataclass
+class Service:
+    """The service with auth on (tokens A and B, namespaces team-a and team-b); restartable on
+    the same ports."""
+
+    settings: Settings
+    running: RunningServer
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.running.http_port}"
+
+    async def restart(self) -> None:
+        """Stop the service (its streams cut at once), then start it again on its ports."""
+        grpc_port, http_port = self.running.port, self.running.http_port
+        await self.running.stop(grace=0)
+        self.running = await start_server(
+            self.settings, listen=f"127.0.0.1:{grpc_port}", http_listen=f"127.0.0.1:{http_port}"
+        )
+
+
+class Rpc:
+    """LaneService over gRPC with one bearer token; a new channel after each restart."""
+
+    def __init__(self, service: Service, token: str) -> None:
+        self.service = service
+        self.metadata = (("authorization", f"Bearer {token}"),)
+
+    async def __call__(self, method: str, request: Any) -> Any:
+        address = f"127.0.0.1:{self.service.running.port}"
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+            return await getattr(stub, method)(request, metadata=self.metadata)
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def service(session_database_url: str) -> AsyncIterator[Service]:
+    settings = Settings(
+        database_url=session_database_url, auth_tokens={TOKEN_A: "team-a", TOKEN_B: "team-b"}
+    )
+    running = await start_server(settings, listen="127.0.0.1:0", http_listen="127.0.0.1:0")
+    holder = Service(settings, running)
+    try:
+        yield holder
+    finally:
+        await holder.running.stop(grace=0.5)
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the screenshots go: $LANE_SCREENSHOTS_DIR, or web-view-screenshots in the pytest
+    base temp directory."""
+    chosen = os.environ.get("LANE_SCREENSHOTS_DIR")
+    path = Path(chosen) if chosen else tmp_path_factory.getbasetemp() / "web-view-screenshots"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def browser(shots: Path) -> AsyncIterator[Browser]:
+    chromium = os.environ.get("LANE_CHROMIUM") or shutil.which("chromium")
+    if chromium is None:
+        pytest.fail("chromium is not installed: ./dev test installs it (apt-get install chromium)")
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node is not on PATH: the web view's tests need Node 20 or newer")
+    if not (TYPESCRIPT_DIR / "node_modules" / "playwright-core").is_dir():
+        pytest.fail("clients/typescript/node_modules is incomplete: run its scripts/test.sh")
+    process = await asyncio.create_subprocess_exec(
+        node,
+        "--import",
+        "tsx",
+        BRIDGE,
+        chromium,
+        cwd=TYPESCRIPT_DIR,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        limit=64 * 1024 * 1024,
+    )
+    opened = Browser(process, shots)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+# --- driving a lane -----------------------------------------------------------------------------
+
+
+async def open_run(rpc: Rpc, lane_id: str, calls: list[str]) -> str:
+    """A run on a new lane whose first assistant message calls ``calls``; its operation id."""
+    await rpc("CreateLane", pb.CreateLaneRequest(lane_id=lane_id))
+    run = await rpc("StartRun", pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
+    op: str = run.operation_id
+    turn = await rpc("StartTurn", pb.StartTurnRequest(lane_id=lane_id, operation_id=op))
+    blocks = [tool_call(c, "shell", {"n": i}) for i, c in enumerate(calls)]
+    await rpc(
+        "SettleAssistantMessage",
+        pb.SettleAssistantMessageRequest(
+            lane_id=lane_id,
+            operation_id=op,
+            turn_id=turn.turn_id,
+            message=assistant(text("calling tools"), *blocks),
+        ),
+    )
+    return op
+
+
+async def start_call(rpc: Rpc, lane_id: str, op: str, call: str) -> int:
+    answer = await rpc(
+        "StartToolCall",
+        pb.StartToolCallRequest(
+            lane_id=lane_id, operation_id=op, tool_call_id=call, arguments_json="{}"
+        ),
+    )
+    revision: int = answer.revision
+    return revision
+
+
+async def progress(rpc: Rpc, lane_id: str, op: str, call: str, value: str) -> int:
+    answer = await rpc(
+        "UpdateToolCall",
+        pb.UpdateToolCallRequest(
+            lane_id=lane_id, operation_id=op, tool_call_id=call, partial_result=result(value)
+        ),
+    )
+    revision: int = answer.revision
+    return revision
+
+
+async def stage(
+    rpc: Rpc, lane_id: str, op: str, call: str, value: str, *, error: bool = False
+) -> pb.StageToolOutcomeResponse:
+    staged: pb.StageToolOutcomeResponse = await rpc(
+        "StageToolOutcome",
+        pb.StageToolOutcomeRequest(
+            lane_id=lane_id,
+            operation_id=op,
+            tool_call_id=call,
+            executed=pb.ExecutedOutcome(result=result(value), is_error=error),
+        ),
+    )
+    return staged
+
+
+async def finish(rpc: Rpc, lane_id: str, op: str, status: int) -> int:
+    """End the run with ``status`` (a final assistant message first when it completes)."""
+    if status == snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED:
+        turn = await rpc("StartTurn", pb.StartTurnRequest(lane_id=lane_id, operation_id=op))
+        await rpc(
+            "SettleAssistantMessage",
+            pb.SettleAssistantMessageRequest(
+                lane_id=lane_id,
+                operation_id=op,
+                turn_id=turn.turn_id,
+                message=assistant(text("all done"), stop=messages_pb2.STOP_REASON_STOP),
+            ),
+        )
+    end = await rpc(
+        "EndRun",
+        pb.EndRunRequest(lane_id=lane_id, operation_id=op, status=status),  # type: ignore[arg-type]
+    )
+    revision: int = end.revision
+    return revision
+
+
+# --- reading the page ---------------------------------------------------------------------------
+
+
+def where(state: dict[str, Any], calls: list[str]) -> dict[str, str]:
+    """Each call's place on the page: "running" or "settled" (a row), "placed" (a transcript
+    result) or "planned" (neither). Fails when a call is in two places."""
+    rows = {r["id"]: r["state"] for r in state["rows"]}
+    placed = {r["id"] for r in state["results"]}
+    both = sorted(set(rows) & placed)
+    assert not both, f"rows still shown for placed calls {both} at revision {state['revision']}"
+    return {c: "placed" if c in placed else rows.get(c, "planned") for c in calls}
+
+
+def row(state: dict[str, Any], call: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(r for r in state["rows"] if r["id"] == call)
+    return found
+
+
+ORDER = ("planned", "running", "settled", "placed")
+
+
+# --- the tests ----------------------------------------------------------------------------------
+
+
+async def test_a_parallel_batch_live(service: Service, browser: Browser) -> None:
+    rpc = Rpc(service, TOKEN_A)
+    lane_id = new_lane_id("web-batch")
+    batch = ["a0", "a1", "a2"]
+    op = await open_run(rpc, lane_id, batch)
+    await browser.open_lane(service.origin, lane_id)
+
+    for call in batch:
+        revision = await start_call(rpc, lane_id, op, call)
+    revision = await progress(rpc, lane_id, op, "a0", "a0 half way")
+    state = await browser.at_revision(revision)
+    assert where(state, batch) == dict.fromkeys(batch, "running")
+    assert state["operation"]["id"] == op and state["abortEnabled"]
+    assert "a0 half way" in row(state, "a0")["text"]  # the latest progress
+    assert re.search(r"running \d+\.\ds", row(state, "a0")["text"])  # the elapsed time
+
+    # The last call settles first: settled, waiting for placement, while a0 and a1 run.
+    staged = await stage(rpc, lane_id, op, "a2", "a2 done")
+    assert list(staged.placed_tool_call_ids) == []
+    state = await browser.at_revision(staged.revision)
+    assert where(state, batch) == {"a0": "running", "a1": "running", "a2": "settled"}
+    assert "waiting for placement" in row(state, "a2")["text"]
+    assert "a2 done" in row(state, "a2")["text"]
+    await browser.screenshot("batch-1-a2-waiting-while-a0-runs")
+
+    # a0 is placed (its row leaves, its entry appears); a2 still waits behind a1.
+    staged = await stage(rpc, lane_id, op, "a0", "a0 done")
+    assert list(staged.placed_tool_call_ids) == ["a0"]
+    state = await browser.at_revision(staged.revision)
+    assert where(state, batch) == {"a0": "placed", "a1": "running", "a2": "settled"}
+    await browser.screenshot("batch-2-a0-placed-a2-still-waiting")
+
+    # a1 fails: a1 and a2 are placed together, in source order; the error is red.
+    staged = await stage(rpc, lane_id, op, "a1", "a1 broke", error=True)
+    assert list(staged.placed_tool_call_ids) == ["a1", "a2"]
+    state = await browser.at_revision(staged.revision)
+    assert where(state, batch) == dict.fromkeys(batch, "placed")
+    assert [r["id"] for r in state["results"]] == batch
+    colors = {r["id"]: (r["error"], r["color"]) for r in state["results"]}
+    assert colors["a1"] == (True, RED)
+    assert colors["a0"][0] is False and colors["a0"][1] != RED
+
+    revision = await finish(rpc, lane_id, op, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
+    state = await browser.at_revision(revision)
+    assert state["operation"] is None and state["lastResult"] == "completed"
+    await browser.screenshot("batch-3-completed")
+
+    # Every state the page drew: no call in two places, none lost once started, none going
+    # back; so each row left exactly when its own entry was placed.
+    drawn = await browser.recorded()
+    assert [s["revision"] for s in drawn] == sorted({s["revision"] for s in drawn})
+    places = [where(s, batch) for s in drawn]
+    for call in batch:
+        ranks = [ORDER.index(p[call]) for p in places]
+        assert ranks == sorted(ranks), f"{call} went back: {[p[call] for p in places]}"
+
+
+async def test_abort_from_the_button(service: Service, browser: Browser) -> None:
+    rpc = Rpc(service, TOKEN_A)
+    lane_id = new_lane_id("web-abort")
+    op = await open_run(rpc, lane_id, ["b0", "b1"])
+    await start_call(rpc, lane_id, op, "b0")
+    revision = await progress(rpc, lane_id, op, "b0", "b0 working")
+    await browser.open_lane(service.origin, lane_id)
+    state = await browser.at_revision(revision)
+    assert state["operation"] == {"id": op, "status": "open"} and state["abortEnabled"]
+
+    await browser.call("click", selector="button#abort")
+    state = await browser.state_when("s.operation && s.operation.status === 'aborting'")
+    assert not state["abortEnabled"]
+    # The page shows what the service committed: the operation is aborting there.
+    snapshot = (await rpc("GetLaneSnapshot", pb.GetLaneSnapshotRequest(lane_id=lane_id))).snapshot
+    assert snapshot.operation.status == snapshot_pb2.OPERATION_STATUS_ABORTING
+    assert snapshot.revision == state["revision"]
+    await browser.screenshot("abort-1-requested-from-the-button")
+
+    # The tool sees the abort and stops; the never-started b1 gets its cancelled result.
+    staged = await stage(rpc, lane_id, op, "b0", "b0 stopped")
+    assert staged.cancel_requested
+    revision = await finish(rpc, lane_id, op, snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
+    state = await browser.at_revision(revision)
+    assert state["operation"] is None
+    assert (state["lastResult"], state["lastResultColor"]) == ("aborted", RED)
+    results = {r["id"]: r for r in state["results"]}
+    assert "b0 stopped" in results["b0"]["text"]
+    assert (results["b1"]["error"], results["b1"]["color"]) == (True, RED)
+    await browser.screenshot("abort-2-ended-aborted")
+
+
+async def test_resume_after_a_service_restart(service: Service, browser: Browser) -> None:
+    rpc = Rpc(service, TOKEN_A)
+    lane_id = new_lane_id("web-restart")
+    op = await open_run(rpc, lane_id, ["c0"])
+    revision = await start_call(rpc, lane_id, op, "c0")
+    await browser.open_lane(service.origin, lane_id)
+    before = await browser.at_revision(revision)
+    assert where(before, ["c0"]) == {"c0": "running"} and before["snapshots"] == 1
+
+    stopped = asyncio.create_task(service.restart())
+    try:
+        state = await browser.state_when("s.connection === 'reconnecting'")
+        assert re.match(r"reconnecting · attempt \d+ · ", state["connectionText"])
+        # Still the lane as last seen, while the service is away.
+        assert state["revision"] == before["revision"] and where(state, ["c0"])["c0"] == "running"
+        await browser.screenshot("restart-1-reconnecting")
+    finally:
+        await stopped
+
+    # Committed after the restart, seen live: the page resumed after its revision (no second
+    # snapshot) and shows the result placed.
+    staged = await stage(rpc, lane_id, op, "c0", "c0 done after the restart")
+    state = await browser.at_revision(staged.revision)
+    assert where(state, ["c0"]) == {"c0": "placed"}
+    assert state["snapshots"] == 1, "the page re-snapshotted instead of resuming"
+    assert state["connectionText"] == "live"
+    await browser.screenshot("restart-2-resumed")
+    await finish(rpc, lane_id, op, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
+
+
+async def test_token_entry_and_another_namespace(service: Service, browser: Browser) -> None:
+    ours, theirs = new_lane_id("web-team-a"), new_lane_id("web-team-b")
+    await Rpc(service, TOKEN_A)("CreateLane", pb.CreateLaneRequest(lane_id=ours))
+    await Rpc(service, TOKEN_B)("CreateLane", pb.CreateLaneRequest(lane_id=theirs))
+
+    # Without a token, the service refuses and the page asks for one.
+    await browser.call("goto", url=f"{service.origin}/")
+    await browser.call("eval", expr="sessionStorage.clear()")
+    await browser.call("goto", url=f"{service.origin}/index.html#/")  # a new page load
+    message = await browser.wait(
+        "document.body.dataset.page === 'token'"
+        " && document.querySelector('#token-form').textContent"
+    )
+    assert "UNAUTHENTICATED" in message
+    await browser.screenshot("token-1-asked")
+
+    await browser.call("fill", selector="#token", value=TOKEN_A)
+    await browser.call("click", selector="#token-form button[type=submit]")
+    lanes = await browser.wait(
+        f"""(() => {{
+          const ids = [...document.querySelectorAll("tr.lane")].map((r) => r.dataset.laneId);
+          return ids.includes("{ours}") ? ids : null;
+        }})()"""
+    )
+    assert theirs not in lanes  # team-b's lane is not listed for team-a's token
+    await browser.screenshot("token-2-lanes-of-team-a")
+
+    # Asked for by name, it does not exist for this token.
+    await browser.call("goto", url=f"{service.origin}/#/lanes/{theirs}")
+    fatal = await browser.wait(
+        "document.querySelector('#fatal') && document.querySelector('#fatal').textContent"
+    )
+    assert fatal.startswith("NOT_FOUND LANE_NOT_FOUND")
+    color = await browser.call(
+        "eval", expr="getComputedStyle(document.querySelector('#fatal')).color"
+    )
+    assert color == RED
+    await browser.screenshot("token-3-other-namespace-not-found")
