@@ -31,8 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+from lane.client.testing import LaneScript
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import lane_service_pb2_grpc, messages_pb2
+from lane.v1 import lane_service_pb2_grpc
 
 from bench.commit_throughput import provision_database, run_service
 from bench.entry import add_database_url, run_benchmark
@@ -53,49 +54,14 @@ class Phase:
 
 async def _fill(stub: lane_service_pb2_grpc.LaneServiceAsyncStub, events: int, kib: int) -> str:
     """A lane whose log holds ``events`` progress events of ``kib`` KiB; returns its id."""
-    lane_id = f"resume-{uuid.uuid4().hex[:8]}"
-    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    go = messages_pb2.ContentBlock(text=messages_pb2.TextContent(text="go"))
-    run = await stub.StartRun(
-        pb.StartRunRequest(
-            lane_id=lane_id,
-            prompt=[messages_pb2.AgentMessage(user=messages_pb2.UserMessage(content=[go]))],
-        )
-    )
-    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run.operation_id))
-    call = messages_pb2.ToolCallContent(id="big", name="big", arguments_json="{}")
-    await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane_id,
-            operation_id=run.operation_id,
-            turn_id=turn.turn_id,
-            message=messages_pb2.AssistantMessage(
-                content=[messages_pb2.ContentBlock(tool_call=call)],
-                api="bench",
-                provider="scripted",
-                model="m1",
-                stop_reason=messages_pb2.STOP_REASON_TOOL_USE,
-            ),
-        )
-    )
-    await stub.StartToolCall(
-        pb.StartToolCallRequest(
-            lane_id=lane_id, operation_id=run.operation_id, tool_call_id="big", arguments_json="{}"
-        )
-    )
+    lane = await LaneScript.create(stub, prefix="resume")
+    run = await lane.start_run("go")
+    await run.turn(tool_calls=[("big", "big", {})])
+    call = await run.call("big").start()
     text = "x" * (kib * 1024)
     for _ in range(events):
-        await stub.UpdateToolCall(
-            pb.UpdateToolCallRequest(
-                lane_id=lane_id,
-                operation_id=run.operation_id,
-                tool_call_id="big",
-                partial_result=messages_pb2.ToolResult(
-                    content=[messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=text))]
-                ),
-            )
-        )
-    return lane_id
+        await call.progress(text)
+    return lane.lane_id
 
 
 async def _phase(

@@ -1,204 +1,37 @@
-"""Helpers for integration tests: build messages, follow the event log, check fold == capture."""
+"""Kept for the tests that import it: the helpers live in :mod:`tests.support.lanes`."""
 
-from __future__ import annotations
+from tests.support.lanes import (
+    Probe,
+    Stub,
+    assistant,
+    error_info,
+    error_reason,
+    events_between,
+    hand_edit,
+    kinds,
+    leased_batch,
+    new_lane_id,
+    presentation_check,
+    result,
+    text,
+    tool_call,
+    user,
+)
 
-import contextlib
-import json
-import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
-
-import grpc
-import psycopg
-from lane.client.reducer import fold
-from lane.v1 import events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
-
-Stub = Any  # lane_service_pb2_grpc.LaneServiceAsyncStub
-
-
-def new_lane_id(prefix: str = "lane") -> str:
-    """A lane id unique to this test run."""
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def text(value: str) -> messages_pb2.ContentBlock:
-    """A text content block."""
-    return messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=value))
-
-
-def user(value: str) -> messages_pb2.AgentMessage:
-    """A user message."""
-    return messages_pb2.AgentMessage(user=messages_pb2.UserMessage(content=[text(value)]))
-
-
-def tool_call(call_id: str, name: str, args: dict[str, Any] | str) -> messages_pb2.ContentBlock:
-    """A tool-call block."""
-    arguments = args if isinstance(args, str) else json.dumps(args)
-    return messages_pb2.ContentBlock(
-        tool_call=messages_pb2.ToolCallContent(id=call_id, name=name, arguments_json=arguments)
-    )
-
-
-def assistant(
-    *blocks: messages_pb2.ContentBlock,
-    stop: int = messages_pb2.STOP_REASON_TOOL_USE,
-    usage: messages_pb2.Usage | None = None,
-) -> messages_pb2.AssistantMessage:
-    """A settled assistant message."""
-    message = messages_pb2.AssistantMessage(
-        content=blocks,
-        api="test",
-        provider="scripted",
-        model="m1",
-        stop_reason=stop,  # type: ignore[arg-type]
-    )
-    if usage is not None:
-        message.usage.CopyFrom(usage)
-    return message
-
-
-def result(value: str, **fields: Any) -> messages_pb2.ToolResult:
-    """A tool result with one text block."""
-    return messages_pb2.ToolResult(content=[text(value)], **fields)
-
-
-async def events_between(
-    stub: Stub, lane_id: str, after: int, until: int
-) -> list[events_pb2.HarnessEvent]:
-    """Every event with after < revision <= until, read through WatchLane(after_revision)."""
-    found: list[events_pb2.HarnessEvent] = []
-    if until <= after:
-        return found
-    call = stub.WatchLane(lane_service_pb2.WatchLaneRequest(lane_id=lane_id, after_revision=after))
-    try:
-        async for response in call:
-            kind = response.WhichOneof("item")
-            assert kind in ("event_group", "heartbeat"), f"resume sent {kind}"
-            if kind == "event_group":
-                found.extend(response.event_group.events)
-                if found[-1].revision >= until:
-                    break
-    finally:
-        call.cancel()
-    return found
-
-
-def presentation_check(snapshot: snapshot_pb2.LaneSnapshot, active: Sequence[str]) -> None:
-    """Each presentation-active call is in exactly one of running_tools or the transcript."""
-    rows = [
-        getattr(row, row.WhichOneof("state") or "running").tool_call_id
-        for row in snapshot.operation.running_tools
-    ]
-    placed = [
-        e.message.message.tool_result.tool_call_id
-        for e in snapshot.transcript
-        if e.WhichOneof("payload") == "message"
-        and e.message.message.WhichOneof("message") == "tool_result"
-    ]
-    for call_id in active:
-        assert (rows.count(call_id), placed.count(call_id)) in ((1, 0), (0, 1)), (
-            f"{call_id}: {rows.count(call_id)} rows, {placed.count(call_id)} entries"
-        )
-
-
-class Probe:
-    """Follows one lane: after every command, folding the new events into the previous capture
-    must equal a fresh capture."""
-
-    def __init__(self, stub: Stub, lane_id: str) -> None:
-        self.stub = stub
-        self.lane_id = lane_id
-        self.snapshot = snapshot_pb2.LaneSnapshot()
-        self.events: list[events_pb2.HarnessEvent] = []
-
-    async def capture(self) -> snapshot_pb2.LaneSnapshot:
-        """A fresh GetLaneSnapshot."""
-        response = await self.stub.GetLaneSnapshot(
-            lane_service_pb2.GetLaneSnapshotRequest(lane_id=self.lane_id)
-        )
-        snapshot: snapshot_pb2.LaneSnapshot = response.snapshot
-        return snapshot
-
-    async def start(self) -> snapshot_pb2.LaneSnapshot:
-        """Take the first capture."""
-        self.snapshot = await self.capture()
-        return self.snapshot
-
-    async def check(self, active: Sequence[str] = ()) -> list[events_pb2.HarnessEvent]:
-        """Fold the events since the last check and compare with a fresh capture; return them."""
-        fresh = await self.capture()
-        new = await events_between(self.stub, self.lane_id, self.snapshot.revision, fresh.revision)
-        assert [e.revision for e in new] == list(
-            range(self.snapshot.revision + 1, fresh.revision + 1)
-        ), "events missing or repeated"
-        folded = fold(self.snapshot, new).snapshot
-        assert folded == fresh, f"fold != capture at revision {fresh.revision}"
-        presentation_check(fresh, active)
-        self.snapshot = fresh
-        self.events.extend(new)
-        return new
-
-
-def kinds(events: Sequence[events_pb2.HarnessEvent]) -> list[str]:
-    """The event kinds, in order."""
-    return [e.WhichOneof("kind") or "" for e in events]
-
-
-def error_info(error: grpc.aio.AioRpcError) -> Any:
-    """The google.rpc.ErrorInfo of a failed call."""
-    from google.rpc import error_details_pb2
-    from grpc_status import rpc_status
-
-    status = rpc_status.from_call(error)
-    assert status is not None, f"{error.code()} without rich status: {error.details()}"
-    for detail in status.details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return info
-    raise AssertionError("no ErrorInfo in the status details")
-
-
-def error_reason(error: grpc.aio.AioRpcError) -> str:
-    """The ErrorInfo reason of a failed call."""
-    reason: str = error_info(error).reason
-    return reason
-
-
-async def leased_batch(stub: Any, probe: Probe, *calls: str, seconds: int = 30) -> tuple[str, int]:
-    """A run leased to driver-1 with a batch of ``calls``; returns (run id, lease token)."""
-    await stub.CreateLane(lane_service_pb2.CreateLaneRequest(lane_id=probe.lane_id))
-    await probe.start()
-    run = await stub.StartRun(
-        lane_service_pb2.StartRunRequest(
-            lane_id=probe.lane_id, prompt=[user("go")], driver_id="driver-1", lease_seconds=seconds
-        )
-    )
-    assert run.lease.token == 1 and run.lease.driver_id == "driver-1"
-    token = run.lease.token
-    turn = await stub.StartTurn(
-        lane_service_pb2.StartTurnRequest(
-            lane_id=probe.lane_id, operation_id=run.operation_id, lease_token=token
-        )
-    )
-    await stub.SettleAssistantMessage(
-        lane_service_pb2.SettleAssistantMessageRequest(
-            lane_id=probe.lane_id,
-            operation_id=run.operation_id,
-            turn_id=turn.turn_id,
-            message=assistant(text("tools"), *(tool_call(c, "t", {"c": c}) for c in calls)),
-            lease_token=token,
-        )
-    )
-    await probe.check()
-    return run.operation_id, token
-
-
-@contextlib.asynccontextmanager
-async def hand_edit(store: Any) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    """A connection to the store's database that writes rows as an operator would, not as the
-    service: every lane it touches gets a new version, so no process commands it from a stale
-    in-memory copy."""
-    async with await psycopg.AsyncConnection.connect(
-        str(store.pool.conninfo), autocommit=True
-    ) as conn:
-        yield conn
+__all__ = [
+    "Probe",
+    "Stub",
+    "assistant",
+    "error_info",
+    "error_reason",
+    "events_between",
+    "hand_edit",
+    "kinds",
+    "leased_batch",
+    "new_lane_id",
+    "presentation_check",
+    "result",
+    "text",
+    "tool_call",
+    "user",
+]

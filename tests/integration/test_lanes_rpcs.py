@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
+from lane.client.testing import LaneScript
 from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
@@ -15,7 +16,6 @@ from tests.integration.lanes import (
     assistant,
     kinds,
     new_lane_id,
-    result,
     text,
     tool_call,
     user,
@@ -498,21 +498,14 @@ async def test_record_usage_updates_the_totals(lane_stub) -> None:
 
 async def test_full_run_leaves_last_result_and_no_operation(lane_stub) -> None:
     probe = await created_lane(lane_stub)
-    lane = probe.lane_id
-    run = await lane_stub.StartRun(pb.StartRunRequest(lane_id=lane, prompt=[user("hello")]))
+    run = await LaneScript(lane_stub, probe.lane_id).start_run("hello")
     await probe.check()
     prompt_entry = probe.snapshot.tip_id
-    turn_id, _ = await start_turn(lane_stub, probe, run.operation_id)
-    settled = await settle(lane_stub, probe, run.operation_id, turn_id, text("hi there"))
+    settled = (await run.turn("hi there")).settled
+    await probe.check()
     assert settled.entry_id == probe.snapshot.tip_id and list(settled.tool_calls) == []
     assert kinds(probe.events[-3:]) == ["message_end", "entry_added", "turn_end"]
-    end = await lane_stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane,
-            operation_id=run.operation_id,
-            status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED,
-        )
-    )
+    end = await run.end()
     events = await probe.check()
     assert kinds(events) == ["run_end"]
     snapshot = probe.snapshot
@@ -531,16 +524,12 @@ async def test_full_run_leaves_last_result_and_no_operation(lane_stub) -> None:
 
 async def test_next_run_starts_from_the_last_tip(lane_stub) -> None:
     probe = await created_lane(lane_stub)
-    lane = probe.lane_id
-    run_id = await start_run(lane_stub, probe)
-    turn_id, _ = await start_turn(lane_stub, probe, run_id)
-    settled = await settle(lane_stub, probe, run_id, turn_id, text("hi there"))
-    await lane_stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane, operation_id=run_id, status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED
-        )
-    )
-    second = await lane_stub.StartRun(pb.StartRunRequest(lane_id=lane, prompt=[user("again")]))
+    lane = LaneScript(lane_stub, probe.lane_id)
+    run = await lane.start_run("go")
+    await probe.check()
+    settled = (await run.turn("hi there")).settled
+    await run.end()
+    second = await lane.start_run("again")
     snapshot = await probe.capture()
     assert snapshot.operation.id == second.operation_id
     assert snapshot.operation.from_tip_id == settled.entry_id
@@ -556,14 +545,10 @@ async def test_last_result_survives_later_commands(lane_stub, command: str) -> N
     # that end no operation leave it as it is (and the fold keeps it).
     probe = await created_lane(lane_stub)
     lane = probe.lane_id
-    run = await lane_stub.StartRun(pb.StartRunRequest(lane_id=lane, prompt=[user("hello")]))
-    await lane_stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane,
-            operation_id=run.operation_id,
-            status=snapshot_pb2.OPERATION_RESULT_STATUS_FAILED,
-            error=snapshot_pb2.OperationError(code="boom", message="it broke"),
-        )
+    run = await LaneScript(lane_stub, lane).start_run("hello")
+    await run.end(
+        snapshot_pb2.OPERATION_RESULT_STATUS_FAILED,
+        snapshot_pb2.OperationError(code="boom", message="it broke"),
     )
     await probe.check()
     ended = probe.snapshot.last_result
@@ -586,48 +571,25 @@ async def test_last_result_survives_later_commands(lane_stub, command: str) -> N
 
 async def test_tool_run_end_to_end_keeps_fold_equal_to_capture(lane_stub) -> None:
     probe = await created_lane(lane_stub, tools=("t",))
-    lane = probe.lane_id
-    run_id = await start_run(lane_stub, probe)
-    turn_id, _ = await start_turn(lane_stub, probe, run_id)
-    answer = await settle(lane_stub, probe, run_id, turn_id, text("call"),
-                          tool_call("a", "t", {"x": 1}), tool_call("b", "t", {}),
-                          stop=messages_pb2.STOP_REASON_TOOL_USE)  # fmt: skip
+    run = await LaneScript(lane_stub, probe.lane_id).start_run("go")
+    await probe.check()
+    answer = (await run.turn("call", tool_calls=[("a", "t", {"x": 1}), "b"])).settled
+    await probe.check()
     assert [(c.tool_call_id, c.source_index) for c in answer.tool_calls] == [("a", 1), ("b", 2)]
     for call_id in ("a", "b"):
-        await lane_stub.StartToolCall(
-            pb.StartToolCallRequest(
-                lane_id=lane, operation_id=run_id, tool_call_id=call_id, arguments_json="{}"
-            )
-        )
+        await run.call(call_id).start()
         await probe.check(["a"])
-    staged = await lane_stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="b",
-            executed=pb.ExecutedOutcome(result=result("b out")),
-        )
-    )
+    staged = (await run.call("b").stage("b out")).staged
+    assert staged is not None
     assert staged.staged.tool_call_id == "b" and not staged.batch_complete
     await probe.check(["a", "b"])
-    staged = await lane_stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="a",
-            executed=pb.ExecutedOutcome(result=result("a out"), is_error=True),
-        )
-    )
+    staged = (await run.call("a").stage("a out", is_error=True)).staged
+    assert staged is not None
     assert list(staged.placed_tool_call_ids) == ["a", "b"] and staged.batch_complete
     await probe.check(["a", "b"])
     results = [answer.tool_calls[0].result_entry_id, answer.tool_calls[1].result_entry_id]
     assert entry_ids(probe.snapshot)[-2:] == results
-    turn_id, _ = await start_turn(lane_stub, probe, run_id)
-    await settle(lane_stub, probe, run_id, turn_id, text("all done"))
-    await lane_stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane, operation_id=run_id, status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED
-        )
-    )
+    await run.turn("all done")
+    await run.end()
     await probe.check()
     assert probe.snapshot.last_result.tip_id == probe.snapshot.tip_id

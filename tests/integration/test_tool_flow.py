@@ -8,87 +8,44 @@ import json
 
 import grpc
 import pytest
+from lane.client.testing import LaneScript, RunScript, ToolCallSpec
 from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from tests.integration.lanes import (
-    Probe,
-    assistant,
-    error_reason,
-    kinds,
-    new_lane_id,
-    result,
-    text,
-    tool_call,
-    user,
-)
+from tests.support.lanes import Probe, error_reason, kinds, new_lane_id, result, user
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-async def open_run(stub, probe: Probe, settings: pb.RunSettings | None = None) -> str:
-    await stub.CreateLane(pb.CreateLaneRequest(lane_id=probe.lane_id))
+async def open_batch(
+    stub, probe: Probe, *calls: ToolCallSpec, settings: pb.RunSettings | None = None
+) -> RunScript:
+    """A run on the probe's lane whose first turn asks for ``calls``, checked after each step."""
+    lane = await LaneScript.create(stub, probe.lane_id)
     await probe.start()
-    run = await stub.StartRun(
-        pb.StartRunRequest(lane_id=probe.lane_id, prompt=[user("go")], settings=settings)
-    )
+    run = await lane.start_run("go", settings=settings)
     await probe.check()
-    operation_id: str = run.operation_id
-    return operation_id
-
-
-async def open_batch(stub, probe: Probe, *blocks, settings=None) -> tuple[str, str]:
-    run_id = await open_run(stub, probe, settings)
-    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=probe.lane_id, operation_id=run_id))
-    await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=probe.lane_id,
-            operation_id=run_id,
-            turn_id=turn.turn_id,
-            message=assistant(text("calling tools"), *blocks),
-        )
-    )
+    await run.turn("calling tools", tool_calls=calls)
     await probe.check()
-    return run_id, turn.turn_id
+    return run
 
 
 async def test_real_call_commits_and_events_in_seed_order(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id())
-    lane = probe.lane_id
     big = 2**64 + 7
-    run_id, _ = await open_batch(lane_stub, probe, tool_call("c1", "shell", f'{{"n": {big}}}'))
+    run = await open_batch(lane_stub, probe, ("c1", "shell", f'{{"n": {big}}}'))
     effective = f'{{"n": {big}, "cwd": "/tmp"}}'
-    intent = await lane_stub.StartToolCall(
-        pb.StartToolCallRequest(
-            lane_id=lane, operation_id=run_id, tool_call_id="c1", arguments_json=effective
-        )
-    )
+    call = await run.call("c1").start(effective)
     assert kinds(await probe.check(["c1"])) == ["tool_start"]
     row = probe.snapshot.operation.running_tools[0].running
     assert row.arguments_json == effective  # byte for byte: the big integer survives
-    updates = []
     for n, checkpoint in ((1, False), (2, True)):
-        updates.append(
-            await lane_stub.UpdateToolCall(
-                pb.UpdateToolCallRequest(
-                    lane_id=lane,
-                    operation_id=run_id,
-                    tool_call_id="c1",
-                    partial_result=result(f"line {n}"),
-                    checkpoint=checkpoint,
-                )
-            )
-        )
+        await call.progress(f"line {n}", checkpoint=checkpoint)
         assert kinds(await probe.check(["c1"])) == ["tool_update"]
     assert probe.snapshot.operation.running_tools[0].running.result == result("line 2")
-    staged = await lane_stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="c1",
-            executed=pb.ExecutedOutcome(result=result("done", details_json='{"exit": 0}')),
-        )
-    )
+    await call.stage("done", details_json='{"exit": 0}')
+    staged = call.staged
+    assert call.intent is not None and staged is not None
     events = await probe.check(["c1"])
     assert kinds(events) == [
         "tool_end",
@@ -99,8 +56,11 @@ async def test_real_call_commits_and_events_in_seed_order(lane_stub) -> None:
     ]
     # Commit order is revision order: intent < updates < staging < placement.
     tool_start = next(e for e in probe.events if e.WhichOneof("kind") == "tool_start")
-    assert tool_start.revision == intent.revision
-    assert [u.revision for u in updates] == [intent.revision + 1, intent.revision + 2]
+    assert tool_start.revision == call.intent.revision
+    assert [u.revision for u in call.updates] == [
+        call.intent.revision + 1,
+        call.intent.revision + 2,
+    ]
     assert events[0].revision == staged.staged_revision  # tool_end is the staging commit
     assert staged.revision == events[-1].revision > staged.staged_revision
     assert list(staged.placed_tool_call_ids) == ["c1"] and staged.batch_complete
@@ -115,15 +75,9 @@ async def test_real_call_commits_and_events_in_seed_order(lane_stub) -> None:
 
 async def test_immediate_synthetic_stages_start_and_end_in_one_group(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id())
-    run_id, _ = await open_batch(lane_stub, probe, tool_call("c1", "nope", {"x": 1}))
-    staged = await lane_stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=probe.lane_id,
-            operation_id=run_id,
-            tool_call_id="c1",
-            synthetic=pb.SyntheticOutcome(cause=pb.SYNTHETIC_CAUSE_UNKNOWN_TOOL),
-        )
-    )
+    run = await open_batch(lane_stub, probe, ("c1", "nope", {"x": 1}))
+    staged = (await run.call("c1").synthetic(pb.SYNTHETIC_CAUSE_UNKNOWN_TOOL)).staged
+    assert staged is not None
     events = await probe.check(["c1"])
     assert kinds(events)[:2] == ["tool_start", "tool_end"]
     start, end = events[0], events[1]
@@ -136,27 +90,16 @@ async def test_immediate_synthetic_stages_start_and_end_in_one_group(lane_stub) 
 
 async def test_parallel_batch_settles_early_and_places_in_source_order(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id())
-    lane = probe.lane_id
     calls = ["c0", "c1", "c2"]
-    run_id, _ = await open_batch(lane_stub, probe, *(tool_call(c, "t", {}) for c in calls))
+    run = await open_batch(lane_stub, probe, *calls)
     for call in calls:
-        await lane_stub.StartToolCall(
-            pb.StartToolCallRequest(
-                lane_id=lane, operation_id=run_id, tool_call_id=call, arguments_json="{}"
-            )
-        )
+        await run.call(call).start()
         await probe.check(calls[: calls.index(call) + 1])
 
     async def finish(call: str) -> pb.StageToolOutcomeResponse:
-        answer: pb.StageToolOutcomeResponse = await lane_stub.StageToolOutcome(
-            pb.StageToolOutcomeRequest(
-                lane_id=lane,
-                operation_id=run_id,
-                tool_call_id=call,
-                executed=pb.ExecutedOutcome(result=result(f"{call} done")),
-            )
-        )
-        return answer
+        staged = (await run.call(call).stage(f"{call} done")).staged
+        assert staged is not None
+        return staged
 
     staged = await finish("c2")
     assert list(staged.placed_tool_call_ids) == []
@@ -187,16 +130,10 @@ async def test_parallel_batch_settles_early_and_places_in_source_order(lane_stub
 async def test_sequential_batch_refuses_a_later_start(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id())
     settings = pb.RunSettings(tool_execution=pb.TOOL_EXECUTION_SEQUENTIAL)
-    run_id, _ = await open_batch(
-        lane_stub, probe, tool_call("a", "t", {}), tool_call("b", "t", {}), settings=settings
-    )
+    run = await open_batch(lane_stub, probe, "a", "b", settings=settings)
     before = await probe.capture()
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await lane_stub.StartToolCall(
-            pb.StartToolCallRequest(
-                lane_id=probe.lane_id, operation_id=run_id, tool_call_id="b", arguments_json="{}"
-            )
-        )
+        await run.call("b").start()
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_reason(refused.value) == "SEQUENTIAL_ORDER"
     assert await probe.capture() == before
@@ -204,61 +141,28 @@ async def test_sequential_batch_refuses_a_later_start(lane_stub) -> None:
 
 async def test_abort_with_live_driver(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id())
-    lane = probe.lane_id
-    run_id, _ = await open_batch(
-        lane_stub, probe, tool_call("run", "t", {}), tool_call("wait", "t", {})
-    )
-    await lane_stub.StartToolCall(
-        pb.StartToolCallRequest(
-            lane_id=lane, operation_id=run_id, tool_call_id="run", arguments_json="{}"
-        )
-    )
-    await lane_stub.UpdateToolCall(
-        pb.UpdateToolCallRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="run",
-            partial_result=result("half", details_json='{"p": 50}'),
-            checkpoint=True,
-        )
+    run = await open_batch(lane_stub, probe, "run", "wait")
+    running = (
+        await run.call("run").start().progress("half", checkpoint=True, details_json='{"p": 50}')
     )
     await probe.check(["run"])
-    abort = await lane_stub.AbortOperation(
-        pb.AbortOperationRequest(lane_id=lane, operation_id=run_id)
-    )
+    abort = await run.abort()
     assert abort.newly_requested
     assert kinds(await probe.check(["run"])) == ["operation_abort"]
     assert probe.snapshot.operation.status == snapshot_pb2.OPERATION_STATUS_ABORTING
-    again = await lane_stub.AbortOperation(
-        pb.AbortOperationRequest(lane_id=lane, operation_id=run_id)
-    )
+    again = await run.abort()
     assert not again.newly_requested and again.revision == abort.revision
     # No new intent once aborting.
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await lane_stub.StartToolCall(
-            pb.StartToolCallRequest(
-                lane_id=lane, operation_id=run_id, tool_call_id="wait", arguments_json="{}"
-            )
-        )
+        await run.call("wait").start()
     assert error_reason(refused.value) == "OPERATION_CANCELLED"
     # The running tool still stages its real result, terminate forced false.
-    staged = await lane_stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="run",
-            executed=pb.ExecutedOutcome(result=result("finished", terminate=True)),
-        )
-    )
-    assert staged.cancel_requested
+    await running.stage("finished", terminate=True)
+    assert running.staged is not None and running.staged.cancel_requested
     events = await probe.check(["run"])
     assert not events[0].tool_end.terminate and not events[0].tool_end.result.terminate
     # The planned call gets the cancelled synthetic (start + end in one group), then run_end.
-    end = await lane_stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane, operation_id=run_id, status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED
-        )
-    )
+    end = await run.end(snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
     assert end.result.status == snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED
     events = await probe.check(["run", "wait"])
     assert kinds(events)[:2] == ["tool_start", "tool_end"]
@@ -268,31 +172,17 @@ async def test_abort_with_live_driver(lane_stub) -> None:
 
 async def test_end_run_interrupts_a_running_call_with_its_checkpoint(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id())
-    lane = probe.lane_id
-    run_id, _ = await open_batch(lane_stub, probe, tool_call("x", "t", {}))
-    await lane_stub.StartToolCall(
-        pb.StartToolCallRequest(
-            lane_id=lane, operation_id=run_id, tool_call_id="x", arguments_json="{}"
-        )
-    )
+    run = await open_batch(lane_stub, probe, "x")
     usage = messages_pb2.Usage(input=3, output=4, total_tokens=7)
-    await lane_stub.UpdateToolCall(
-        pb.UpdateToolCallRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="x",
-            partial_result=result("partial out", details_json='{"k": 1}', usage=usage),
-            checkpoint=True,
-        )
+    await (
+        run.call("x")
+        .start()
+        .progress("partial out", checkpoint=True, details_json='{"k": 1}', usage=usage)
     )
     await probe.check(["x"])
-    await lane_stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            status=snapshot_pb2.OPERATION_RESULT_STATUS_FAILED,
-            error=snapshot_pb2.OperationError(code="driver_lost", message="gone"),
-        )
+    await run.end(
+        snapshot_pb2.OPERATION_RESULT_STATUS_FAILED,
+        snapshot_pb2.OperationError(code="driver_lost", message="gone"),
     )
     events = await probe.check(["x"])
     assert kinds(events)[0] == "tool_end"  # no new tool_start: the running row already exists
@@ -307,25 +197,11 @@ async def test_end_run_interrupts_a_running_call_with_its_checkpoint(lane_stub) 
 
 async def test_placement_adds_tools_and_records_usage(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id())
-    lane = probe.lane_id
-    run_id, _ = await open_batch(lane_stub, probe, tool_call("x", "load", {}))
-    await lane_stub.StartToolCall(
-        pb.StartToolCallRequest(
-            lane_id=lane, operation_id=run_id, tool_call_id="x", arguments_json="{}"
-        )
-    )
+    run = await open_batch(lane_stub, probe, ("x", "load", {}))
+    call = await run.call("x").start()
     assert kinds(await probe.check(["x"])) == ["tool_start"]
     usage = messages_pb2.Usage(input=1, output=2, total_tokens=3)
-    await lane_stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="x",
-            executed=pb.ExecutedOutcome(
-                result=result("loaded", usage=usage, added_tool_names=["grep"], terminate=True)
-            ),
-        )
-    )
+    await call.stage("loaded", usage=usage, added_tool_names=["grep"], terminate=True)
     events = await probe.check(["x"])
     assert kinds(events) == [
         "tool_end",
@@ -340,11 +216,7 @@ async def test_placement_adds_tools_and_records_usage(lane_stub) -> None:
     entry = probe.snapshot.transcript[-1]
     assert entry.message.terminate  # the durable terminate flag reaches the entry
     # Every call terminated: the run may finish without another assistant turn.
-    await lane_stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane, operation_id=run_id, status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED
-        )
-    )
+    await run.end()
     assert kinds(await probe.check())[-1] == "run_end"
 
 

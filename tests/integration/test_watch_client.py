@@ -1,8 +1,9 @@
 """The Python watch client against the real service and PostgreSQL: snapshot assembly, live
 folding, transparent resume across a server restart, re-snapshot on OUT_OF_RANGE, errors.
 
-The rebase decision (``navigation_end``) is tested as the pure function it is: the service does
-not emit ``navigation_end`` yet, and the stream is never faked.
+The rebase decision (``navigation_end``) is tested here as the pure function it is; through the
+service (NavigateLane commits ``navigation_end``, the watch re-snapshots) in
+tests/integration/test_harness_rpcs.py. The stream is never faked.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 import pytest_asyncio
 from lane.client.connect import open_channel
 from lane.client.errors import LaneError, WatchProtocolError, lane_error
+from lane.client.testing import LaneScript
 from lane.client.watch import (
     GroupStep,
     LaneView,
@@ -33,15 +35,7 @@ from lane.v1 import lane_service_pb2 as pb
 
 from service.api import WatchSettings
 from service.app.server import RunningServer, start_server
-from tests.integration.lanes import (
-    assistant,
-    events_between,
-    new_lane_id,
-    result,
-    text,
-    tool_call,
-    user,
-)
+from tests.support.lanes import events_between, new_lane_id, user
 
 #: Quick resumes for tests; bounded so a broken resume fails instead of hanging.
 FAST = RetryPolicy(initial_backoff=0.05, max_backoff=0.3, max_attempts=100)
@@ -60,60 +54,15 @@ async def capture(stub: Any, lane_id: str) -> snapshot_pb2.LaneSnapshot:
 
 async def drive_tool_run(stub: Any, lane_id: str, calls: Sequence[str] = ("c1", "c2", "c3")) -> int:
     """One whole run with a parallel tool batch, through the RPCs; return the final revision."""
-    run = await stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
-    run_id = run.operation_id
-    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run_id))
-    await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane_id,
-            operation_id=run_id,
-            turn_id=turn.turn_id,
-            message=assistant(
-                text("calling tools"),
-                *(tool_call(c, "shell", {"n": i}) for i, c in enumerate(calls)),
-            ),
-        )
-    )
+    run = await LaneScript(stub, lane_id).start_run("go")
+    batch = [(c, "shell", {"n": i}) for i, c in enumerate(calls)]
+    await run.turn("calling tools", tool_calls=batch)
     for call in calls:
-        await stub.StartToolCall(
-            pb.StartToolCallRequest(
-                lane_id=lane_id, operation_id=run_id, tool_call_id=call, arguments_json="{}"
-            )
-        )
-        await stub.UpdateToolCall(
-            pb.UpdateToolCallRequest(
-                lane_id=lane_id,
-                operation_id=run_id,
-                tool_call_id=call,
-                partial_result=result(f"{call} half way"),
-            )
-        )
+        await run.call(call).start().progress(f"{call} half way")
     for call in reversed(calls):  # out of order: placement waits for source order
-        await stub.StageToolOutcome(
-            pb.StageToolOutcomeRequest(
-                lane_id=lane_id,
-                operation_id=run_id,
-                tool_call_id=call,
-                executed=pb.ExecutedOutcome(result=result(f"{call} done")),
-            )
-        )
-    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run_id))
-    await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane_id,
-            operation_id=run_id,
-            turn_id=turn.turn_id,
-            message=assistant(text("all done"), stop=1),  # STOP_REASON_STOP
-        )
-    )
-    end = await stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane_id,
-            operation_id=run_id,
-            status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED,
-        )
-    )
-    revision: int = end.revision
+        await run.call(call).stage(f"{call} done")
+    await run.turn("all done")
+    revision: int = (await run.end()).revision
     return revision
 
 
@@ -121,14 +70,8 @@ async def drive_big_prompt(stub: Any, lane_id: str, messages: int, size: int) ->
     """A run whose prompt is ``messages`` user messages of ``size`` characters, then its end
     (aborted: no assistant ever answered, so it cannot complete)."""
     prompt = [user(f"{n:04d} " + "x" * size) for n in range(messages)]
-    run = await stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=prompt))
-    end = await stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane_id,
-            operation_id=run.operation_id,
-            status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED,
-        )
-    )
+    run = await LaneScript(stub, lane_id).start_run(*prompt)
+    end = await run.end(snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
     revision: int = end.revision
     return revision
 

@@ -1,0 +1,327 @@
+"""Lane lifecycles in one line per step, for tests and benchmarks.
+
+The service's commands each need the lane id, the operation id and the lease token; a script
+keeps them so a test names only what it is about::
+
+    lane = await LaneScript.create(stub)
+    run = await lane.start_run("go", driver_id="d1", lease_seconds=30)
+    turn = await run.turn("calling", tool_calls=["c1", ("c2", "shell", {"cmd": "ls"})])
+    call = await turn.call("c1").start().progress("halfway").stage("done")
+    assert call.staged is not None and call.staged.batch_complete
+    await run.end()
+
+Each step is one unary RPC on the stub given (so a refusal raises ``grpc.aio.AioRpcError``,
+as the plain call would) and returns the response; nothing is retried and no request id is
+sent. It lives in the client package, not among the tests, so benchmarks use it without
+depending on the test suite.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Self
+
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import messages_pb2, snapshot_pb2
+
+if TYPE_CHECKING:
+    from lane.v1.lane_service_pb2_grpc import LaneServiceAsyncStub
+
+__all__ = [
+    "CallScript",
+    "LaneScript",
+    "RunScript",
+    "ToolCallSpec",
+    "TurnScript",
+    "assistant",
+    "new_lane_id",
+    "result",
+    "text",
+    "tool_call",
+    "user",
+]
+
+#: A tool call a turn asks for: its id alone (tool ``t``, no arguments), or (id, tool name,
+#: arguments as a dict or as JSON text kept verbatim).
+ToolCallSpec = str | tuple[str, str, Mapping[str, Any] | str]
+
+
+def new_lane_id(prefix: str = "lane") -> str:
+    """A lane id no other run of the tests or benchmarks uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def text(value: str) -> messages_pb2.ContentBlock:
+    """A text content block."""
+    return messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=value))
+
+
+def user(value: str) -> messages_pb2.AgentMessage:
+    """A user message with one text block."""
+    return messages_pb2.AgentMessage(user=messages_pb2.UserMessage(content=[text(value)]))
+
+
+def tool_call(call_id: str, name: str, args: Mapping[str, Any] | str) -> messages_pb2.ContentBlock:
+    """A tool-call block (``args`` as JSON text is sent byte for byte)."""
+    arguments = args if isinstance(args, str) else json.dumps(args)
+    return messages_pb2.ContentBlock(
+        tool_call=messages_pb2.ToolCallContent(id=call_id, name=name, arguments_json=arguments)
+    )
+
+
+def assistant(
+    *blocks: messages_pb2.ContentBlock,
+    stop: messages_pb2.StopReason.ValueType = messages_pb2.STOP_REASON_TOOL_USE,
+    usage: messages_pb2.Usage | None = None,
+) -> messages_pb2.AssistantMessage:
+    """A settled assistant message from the scripted model ``m1``."""
+    message = messages_pb2.AssistantMessage(
+        content=blocks, api="test", provider="scripted", model="m1", stop_reason=stop
+    )
+    if usage is not None:
+        message.usage.CopyFrom(usage)
+    return message
+
+
+def result(value: str, **fields: Any) -> messages_pb2.ToolResult:
+    """A tool result with one text block (``fields``: the others, e.g. ``details_json``)."""
+    return messages_pb2.ToolResult(content=[text(value)], **fields)
+
+
+def _block(spec: ToolCallSpec) -> messages_pb2.ContentBlock:
+    if isinstance(spec, str):
+        return tool_call(spec, "t", {})
+    return tool_call(*spec)
+
+
+@dataclass
+class LaneScript:
+    """One lane, created by :meth:`create`; runs start from here."""
+
+    stub: LaneServiceAsyncStub
+    lane_id: str
+
+    @classmethod
+    async def create(
+        cls,
+        stub: LaneServiceAsyncStub,
+        lane_id: str | None = None,
+        *,
+        prefix: str = "lane",
+        configuration: snapshot_pb2.LaneConfiguration | None = None,
+    ) -> LaneScript:
+        """CreateLane ``lane_id`` (default: a new id starting with ``prefix``)."""
+        script = cls(stub, lane_id or new_lane_id(prefix))
+        await stub.CreateLane(
+            pb.CreateLaneRequest(lane_id=script.lane_id, configuration=configuration)
+        )
+        return script
+
+    async def start_run(
+        self,
+        *prompt: str | messages_pb2.AgentMessage,
+        driver_id: str = "",
+        lease_seconds: int = 0,
+        settings: pb.RunSettings | None = None,
+    ) -> RunScript:
+        """StartRun with ``prompt`` (strings are user messages); leased to ``driver_id`` when
+        one is given."""
+        messages = [user(p) if isinstance(p, str) else p for p in prompt]
+        started = await self.stub.StartRun(
+            pb.StartRunRequest(
+                lane_id=self.lane_id,
+                prompt=messages,
+                settings=settings,
+                driver_id=driver_id,
+                lease_seconds=lease_seconds,
+            )
+        )
+        return RunScript(self, started.operation_id, started.lease.token, started)
+
+    async def snapshot(self) -> snapshot_pb2.LaneSnapshot:
+        """GetLaneSnapshot."""
+        answer = await self.stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=self.lane_id))
+        return answer.snapshot
+
+
+@dataclass
+class RunScript:
+    """An open run of a :class:`LaneScript`; its commands carry its lease token."""
+
+    lane: LaneScript
+    operation_id: str
+    #: 0 for a run no driver leased.
+    lease_token: int
+    started: pb.StartRunResponse
+
+    @property
+    def stub(self) -> LaneServiceAsyncStub:
+        """The stub every step is sent on."""
+        return self.lane.stub
+
+    async def turn(
+        self,
+        text_value: str = "",
+        *,
+        tool_calls: Sequence[ToolCallSpec] = (),
+        stop: messages_pb2.StopReason.ValueType | None = None,
+        usage: messages_pb2.Usage | None = None,
+        message: messages_pb2.AssistantMessage | None = None,
+    ) -> TurnScript:
+        """StartTurn, then SettleAssistantMessage: ``text_value`` and ``tool_calls`` (stop
+        reason TOOL_USE when there are calls, else STOP), or ``message`` as it is."""
+        started = await self.stub.StartTurn(
+            pb.StartTurnRequest(
+                lane_id=self.lane.lane_id,
+                operation_id=self.operation_id,
+                lease_token=self.lease_token,
+            )
+        )
+        if message is None:
+            blocks = ([text(text_value)] if text_value else []) + [_block(c) for c in tool_calls]
+            if stop is None:
+                stop = (
+                    messages_pb2.STOP_REASON_TOOL_USE
+                    if tool_calls
+                    else messages_pb2.STOP_REASON_STOP
+                )
+            message = assistant(*blocks, stop=stop, usage=usage)
+        settled = await self.stub.SettleAssistantMessage(
+            pb.SettleAssistantMessageRequest(
+                lane_id=self.lane.lane_id,
+                operation_id=self.operation_id,
+                turn_id=started.turn_id,
+                message=message,
+                lease_token=self.lease_token,
+            )
+        )
+        return TurnScript(self, started.turn_id, settled)
+
+    def call(self, call_id: str) -> CallScript:
+        """The steps of one call of the run's open batch (run them with ``await``)."""
+        return CallScript(self, call_id)
+
+    async def end(
+        self,
+        status: snapshot_pb2.OperationResultStatus.ValueType = (
+            snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED
+        ),
+        error: snapshot_pb2.OperationError | None = None,
+    ) -> pb.EndRunResponse:
+        """EndRun with ``status`` (and ``error``, for a failed run)."""
+        return await self.stub.EndRun(
+            pb.EndRunRequest(
+                lane_id=self.lane.lane_id,
+                operation_id=self.operation_id,
+                status=status,
+                error=error,
+                lease_token=self.lease_token,
+            )
+        )
+
+    async def abort(self) -> pb.AbortOperationResponse:
+        """AbortOperation (as a watcher would: no lease needed)."""
+        return await self.stub.AbortOperation(
+            pb.AbortOperationRequest(lane_id=self.lane.lane_id, operation_id=self.operation_id)
+        )
+
+    async def release(self) -> pb.ReleaseLeaseResponse:
+        """ReleaseLease: the run stays open for another driver."""
+        return await self.stub.ReleaseLease(
+            pb.ReleaseLeaseRequest(
+                lane_id=self.lane.lane_id,
+                operation_id=self.operation_id,
+                lease_token=self.lease_token,
+            )
+        )
+
+
+@dataclass
+class TurnScript:
+    """A settled turn of a :class:`RunScript`."""
+
+    run: RunScript
+    turn_id: str
+    settled: pb.SettleAssistantMessageResponse
+
+    def call(self, call_id: str) -> CallScript:
+        """The steps of one of the turn's tool calls (run them with ``await``)."""
+        return self.run.call(call_id)
+
+
+@dataclass
+class CallScript:
+    """One tool call's steps, queued by :meth:`start`, :meth:`progress`, :meth:`stage` and
+    :meth:`synthetic`, sent in that order on ``await`` (which returns the script, its responses
+    filled in). Awaited again, it sends only the steps queued since."""
+
+    run: RunScript
+    call_id: str
+    #: StartToolCall's response, once sent.
+    intent: pb.StartToolCallResponse | None = None
+    #: UpdateToolCall's responses, in order.
+    updates: list[pb.UpdateToolCallResponse] = field(default_factory=list)
+    #: StageToolOutcome's response, once sent.
+    staged: pb.StageToolOutcomeResponse | None = None
+    _queued: list[Any] = field(default_factory=list, init=False, repr=False)
+
+    def _ids(self) -> dict[str, Any]:
+        run = self.run
+        return {
+            "lane_id": run.lane.lane_id,
+            "operation_id": run.operation_id,
+            "tool_call_id": self.call_id,
+            "lease_token": run.lease_token,
+        }
+
+    def start(
+        self,
+        arguments: Mapping[str, Any] | str = "{}",
+        *,
+        replay: pb.ReplayPolicy.ValueType = pb.REPLAY_POLICY_NEVER,
+    ) -> Self:
+        """StartToolCall: the intent, with the effective ``arguments``."""
+        arguments_json = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        request = pb.StartToolCallRequest(
+            arguments_json=arguments_json, replay=replay, **self._ids()
+        )
+        self._queued.append(request)
+        return self
+
+    def progress(self, text_value: str, *, checkpoint: bool = False, **fields: Any) -> Self:
+        """UpdateToolCall: a partial result (``fields``: more of the ToolResult's)."""
+        request = pb.UpdateToolCallRequest(
+            partial_result=result(text_value, **fields), checkpoint=checkpoint, **self._ids()
+        )
+        self._queued.append(request)
+        return self
+
+    def stage(self, text_value: str, *, is_error: bool = False, **fields: Any) -> Self:
+        """StageToolOutcome: the executed result (placed when the batch's order allows)."""
+        outcome = pb.ExecutedOutcome(result=result(text_value, **fields), is_error=is_error)
+        self._queued.append(pb.StageToolOutcomeRequest(executed=outcome, **self._ids()))
+        return self
+
+    def synthetic(self, cause: pb.SyntheticCause.ValueType) -> Self:
+        """StageToolOutcome: a result the service writes for ``cause`` (unknown tool, ...)."""
+        outcome = pb.SyntheticOutcome(cause=cause)
+        self._queued.append(pb.StageToolOutcomeRequest(synthetic=outcome, **self._ids()))
+        return self
+
+    async def _send(self) -> Self:
+        stub = self.run.stub
+        while self._queued:
+            request = self._queued.pop(0)
+            if isinstance(request, pb.StartToolCallRequest):
+                self.intent = await stub.StartToolCall(request)
+            elif isinstance(request, pb.UpdateToolCallRequest):
+                self.updates.append(await stub.UpdateToolCall(request))
+            else:
+                self.staged = await stub.StageToolOutcome(request)
+        return self
+
+    def __await__(self) -> Generator[Any, None, Self]:
+        return self._send().__await__()
