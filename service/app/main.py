@@ -23,7 +23,7 @@ from service.app.config import ConfigError, Settings
 from service.app.native_logs import route_native_stderr
 from service.app.server import StartupError, start_server
 from service.app.supervisor import WorkerRole, supervise
-from service.app.tracing import exporter_names, start_tracing, stop_tracing
+from service.app.tracing import check_tracing, start_tracing, stop_tracing
 from service.logs import configure as configure_log_format
 
 _log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def main(workers: int | None = None, *, given_as: Mapping[str, str] | None = Non
         settings = Settings.from_env(environ)
         role = WorkerRole.from_env(environ)
         if settings.otel:
-            exporter_names(environ)  # a bad OTEL_* value stops start-up here, as any setting
+            check_tracing(environ)  # a bad OTEL_* value stops start-up here, as any setting
     except ConfigError as err:
         flag = (given_as or {}).get(err.variable)
         shown = f"{flag} {err.value!r}: {err.problem}" if flag else str(err)

@@ -25,9 +25,10 @@ A name no installed exporter has, or an unknown OTLP protocol, is a configuratio
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from service import traces
 from service.app.config import ConfigError
@@ -63,13 +64,29 @@ def exporter_names(environ: Mapping[str, str]) -> list[str]:
     return names
 
 
-def _exporter_class(name: str, given: str) -> Any:
+def check_tracing(environ: Mapping[str, str]) -> list[str]:
+    """What :func:`start_tracing` would refuse, found without starting anything (so a
+    supervisor stops at once instead of starting workers that cannot): the SDK missing, an
+    exporter not installed, an unknown OTLP protocol. Returns the exporters' names."""
+    if importlib.util.find_spec("opentelemetry.sdk") is None:
+        raise ConfigError(
+            "LANE_OTEL",
+            "on",
+            "traces need the OpenTelemetry SDK: pip install 'lane-service[otel]'",
+        )
+    names = exporter_names(environ)
+    for name in names:
+        _exporter_entry(name, environ)
+    return names
+
+
+def _exporter_entry(name: str, environ: Mapping[str, str]) -> importlib.metadata.EntryPoint:
     found = importlib.metadata.entry_points(group="opentelemetry_traces_exporter", name=name)
     for entry in found:
-        return entry.load()
+        return entry
     raise ConfigError(
         "OTEL_TRACES_EXPORTER",
-        given,
+        environ.get("OTEL_TRACES_EXPORTER", "otlp"),
         f"no trace exporter named {name} is installed (otlp, console or none)",
     )
 
@@ -83,20 +100,13 @@ def start_tracing(environ: Mapping[str, str]) -> TracerProvider | None:
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         _log.info("LANE_OTEL=on but OTEL_SDK_DISABLED=true: no traces")
         return None
-    try:
-        from opentelemetry import trace
-        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
-        raise ConfigError(
-            "LANE_OTEL",
-            "on",
-            "traces need the OpenTelemetry SDK: pip install 'lane-service[otel]'",
-        ) from None
-    names = exporter_names(environ)
-    given = environ.get("OTEL_TRACES_EXPORTER", "otlp")
-    exporters = [_exporter_class(name, given) for name in names]
+    names = check_tracing(environ)
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    exporters = [_exporter_entry(name, environ).load() for name in names]
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: _DEFAULT_SERVICE_NAME}))
