@@ -345,11 +345,14 @@ async def start_server(
         type(asyncio.get_running_loop()).__module__.partition(".")[0],
     )
     if http is not None:
+        scheme = "http" if settings.tls_cert_file is None else "https"
         _log.info(
-            "Connect and gRPC-Web on %s://%s (LaneService at /%s/<method>)",
-            "http" if settings.tls_cert_file is None else "https",
+            "Connect and gRPC-Web on %s://%s (LaneService at /%s/<method>); web view at %s://%s/",
+            scheme,
             http.address,
             LANE_SERVICE_NAME,
+            scheme,
+            http.address,
         )
     if metrics is not None:
         _log.info("Prometheus metrics on http://%s/metrics", metrics.address)

@@ -194,7 +194,13 @@ class Supervisor:
             for sock in sockets:
                 held.callback(sock.close)
             self._worker_env["LANE_HTTP_LISTEN"] = http_address
-            _log.info("workers serve Connect and gRPC-Web on %s", http_address)
+            scheme = "http" if settings.tls_cert_file is None else "https"
+            _log.info(
+                "workers serve Connect and gRPC-Web on %s; web view at %s://%s/",
+                http_address,
+                scheme,
+                http_address,
+            )
         _log.info(
             "lane supervisor (pid %d) starting %d workers on %s (%s); database: %s; "
             "migrations applied now: %s",
