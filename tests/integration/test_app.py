@@ -38,10 +38,6 @@ FAST_RECONNECT = [
 # --- the in-process server (conftest's lane_server) ---------------------------------------
 
 
-def test_lane_service_name() -> None:
-    assert LANE_SERVICE_NAME == "lane.v1.LaneService"
-
-
 @pytest.mark.parametrize("service", ["", "lane.v1.LaneService"])
 async def test_health_reports_serving(lane_channel: grpc.aio.Channel, service: str) -> None:
     stub = health_pb2_grpc.HealthStub(lane_channel)

@@ -271,15 +271,25 @@ async def test_log_lines_of_an_rpc_carry_its_lane_and_operation(lane_stub) -> No
 
 
 def test_text_lines_append_the_request_fields() -> None:
-    record = logging.LogRecord("service.x", logging.INFO, __file__, 1, "hello", None, None)
+    def record(**extra: str) -> logging.LogRecord:
+        made = logging.LogRecord("service.x", logging.INFO, __file__, 1, "hello", None, None)
+        made.__dict__.update(extra)
+        return made
+
+    formatter, request_fields = logs.TextFormatter(), logs.RequestFields()
     with logs.request_scope("StartRun"):
         logs.bind(lane_id="l-1", operation_id="op-1")
-        assert logs.RequestFields().filter(record)
-    line = logs.TextFormatter().format(record)
+        served, own = record(), record(lane_id="mine")
+        request_fields.filter(served)
+        request_fields.filter(own)
+    line = formatter.format(served)
     assert line.endswith("service.x: hello [rpc=StartRun lane_id=l-1 operation_id=op-1]")
-    plain = logging.LogRecord("service.x", logging.INFO, __file__, 1, "hello", None, None)
-    logs.RequestFields().filter(plain)
-    assert logs.TextFormatter().format(plain).endswith("service.x: hello")
+    # A field the caller logged itself (extra=) is never overridden by the request's.
+    assert formatter.format(own).endswith("hello [rpc=StartRun lane_id=mine operation_id=op-1]")
+    # Outside a request: no fields, and none left over from the request before.
+    plain = record()
+    request_fields.filter(plain)
+    assert formatter.format(plain).endswith("service.x: hello")
 
 
 def test_settings_read_metrics_and_log_format() -> None:

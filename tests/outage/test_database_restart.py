@@ -52,6 +52,7 @@ from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
 from service.app.config import Settings
 from service.app.server import LANE_SERVICE_NAME, RunningServer, start_server
+from service.store.pool import DEFAULT_CHECKOUT_TIMEOUT_SECONDS
 from tests.integration.lanes import assistant, events_between, text, user
 from tests.outage.restartable_postgres import RestartablePostgres
 
@@ -71,9 +72,10 @@ AFTER_OUTAGES_SECONDS = 2.0
 #: Pause between a driver's commands (keeps the transcripts small) and before a retry.
 COMMAND_PAUSE = 0.05
 RETRY_PAUSE = 0.1
-#: gRPC deadline of one attempt: above the pool's 30 s checkout timeout, so a command that waits
-#: for a connection shows up as a long attempt, not as DEADLINE_EXCEEDED.
-ATTEMPT_DEADLINE = 45.0
+#: gRPC deadline of one attempt: well above the pool's checkout timeout (both services keep the
+#: default), so a command that waits for a connection shows up as a long attempt, not as
+#: DEADLINE_EXCEEDED.
+ATTEMPT_DEADLINE = DEFAULT_CHECKOUT_TIMEOUT_SECONDS + 35.0
 #: A driver gives up on one command (a violation) after retrying this long.
 GIVE_UP_SECONDS = 60.0
 #: Every attempt, also while PostgreSQL is down, answers within this (nothing hangs).

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 from pathlib import Path
 
@@ -91,7 +90,9 @@ async def test_the_target_defaults_to_lane_target(monkeypatch: pytest.MonkeyPatc
     assert build_parser().parse_args(["lanes"]).connect_timeout == 5.0
     monkeypatch.setenv("LANE_TARGET", "example:1234")
     assert build_parser().parse_args(["watch", "x"]).target == "example:1234"
-    assert os.environ["LANE_TARGET"] == "example:1234"
+    # The option wins over the variable.
+    args = ["watch", "x", "--target", "other:99"]
+    assert build_parser().parse_args(args).target == "other:99"
 
 
 def closed_port() -> int:

@@ -61,11 +61,22 @@ def test_error_results_are_drawn_in_the_error_style() -> None:
         )
     )
     snap.transcript.append(entry(placed, "e3"))
+    fine = messages_pb2.AgentMessage(
+        tool_result=messages_pb2.ToolResultMessage(
+            tool_call_id="c", tool_name="read_file", content=[text("all good")]
+        )
+    )
+    snap.transcript.append(entry(fine, "e4"))
     lines = view.render(snap, color=True)
-    assert f"{view.ERROR}  ✗ sleep: Command aborted{view.RESET}" in lines
-    assert view.ERROR == "\x1b[31m"
+    # What the terminal is sent: SGR 31 (red) around the error, reset after; not the module's
+    # own constants compared with themselves.
+    red, reset = "\x1b[31m", "\x1b[0m"
+    assert f"{red}  ✗ sleep: Command aborted{reset}" in lines
     settled = [line for line in lines if "waiting for placement" in line]
-    assert settled and settled[0].startswith(view.ERROR)
+    assert settled and settled[0].startswith(red)
+    # A result that is no error is not drawn red.
+    good = [line for line in lines if "all good" in line]
+    assert good and not any(red in line for line in good)
 
 
 def test_the_screen_keeps_the_transcript_tail_within_its_size() -> None:
