@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -42,7 +41,7 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc
 
 from bench.commit_throughput import provision_database, run_service
-from bench.entry import add_database_url, run_benchmark
+from bench.entry import add_database_url, open_channels, run_benchmark
 
 #: How long one stream may take to get its snapshot before it counts as reset.
 STREAM_DEADLINE_SECONDS = 60.0
@@ -165,16 +164,8 @@ async def run(args: argparse.Namespace) -> int:
     async with (
         provision_database(args.database_url) as db,
         run_service(db.url, notify=True, extra_env=limits) as service,
-        contextlib.AsyncExitStack() as stack,
+        open_channels(service.address, args.channels) as channels,
     ):
-        channels = [
-            await stack.enter_async_context(
-                grpc.aio.insecure_channel(
-                    service.address, options=[("grpc.use_local_subchannel_pool", 1)]
-                )
-            )
-            for _ in range(args.channels)
-        ]
         stubs = [lane_service_pb2_grpc.LaneServiceStub(channel) for channel in channels]
         lanes = [f"storm-{uuid.uuid4().hex[:8]}-{i}" for i in range(args.lanes)]
         for lane_id in lanes:

@@ -110,7 +110,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from bench import replay
-from bench.entry import add_database_url, run_benchmark, stop_process
+from bench.entry import add_database_url, open_channels, run_benchmark, stop_process
 from bench.watchers import Fleet, FleetResult, start_fleet
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -1347,22 +1347,6 @@ async def grpc_ceiling(
     started = time.monotonic()
     await asyncio.gather(*(caller(stubs[i % len(stubs)]) for i in range(concurrency)))
     return done / (time.monotonic() - started)
-
-
-@contextlib.asynccontextmanager
-async def open_channels(address: str, count: int) -> AsyncIterator[list[grpc.aio.Channel]]:
-    """``count`` channels to ``address``, each its own TCP connection (a local subchannel
-    pool: otherwise channels with equal arguments share one), so that with workers the
-    kernel can hand them to different processes."""
-    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 4 * 1024 * 1024)]
-    if count > 1:
-        options.append(("grpc.use_local_subchannel_pool", 1))
-    async with contextlib.AsyncExitStack() as stack:
-        channels = [
-            await stack.enter_async_context(grpc.aio.insecure_channel(address, options=options))
-            for _ in range(count)
-        ]
-        yield channels
 
 
 def channel_count(args: argparse.Namespace) -> int:

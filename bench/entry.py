@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
 
 
 def add_database_url(parser: argparse.ArgumentParser) -> None:
@@ -57,3 +61,24 @@ def run_benchmark(
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: every process and directory this run started is cleaned up")
         return 130
+
+
+@contextlib.asynccontextmanager
+async def open_channels(
+    address: str, count: int, *, ready_within: float | None = None
+) -> AsyncIterator[list[grpc.aio.Channel]]:
+    """``count`` channels to ``address``, each its own TCP connection (a local subchannel
+    pool: otherwise channels with equal arguments share one), as that many clients would
+    have, and so that with workers the kernel can hand them to different processes.
+    ``ready_within``: wait that long at most for every one to connect first."""
+    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 4 * 1024 * 1024)]
+    if count > 1:
+        options.append(("grpc.use_local_subchannel_pool", 1))
+    channels = [grpc.aio.insecure_channel(address, options=options) for _ in range(count)]
+    try:
+        if ready_within is not None:
+            async with asyncio.timeout(ready_within):
+                await asyncio.gather(*(channel.channel_ready() for channel in channels))
+        yield channels
+    finally:
+        await asyncio.gather(*(channel.close(None) for channel in channels))

@@ -63,7 +63,7 @@ from bench.commit_throughput import (
     provision_database,
     run_service,
 )
-from bench.entry import add_database_url, run_benchmark, stop_process
+from bench.entry import add_database_url, open_channels, run_benchmark, stop_process
 from bench.memory import Memory
 
 TARGET_WATCHERS = 10_000  # docs/contract.md, Targets
@@ -134,23 +134,6 @@ async def run_minimal_server() -> AsyncIterator[ServerProcess]:
 
 
 # -- channels and streams ---------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def open_channels(address: str, count: int) -> AsyncIterator[list[grpc.aio.Channel]]:
-    """``count`` channels to ``address``, each on its own TCP connection (a local subchannel
-    pool: channels with equal arguments would otherwise share one connection)."""
-    options = [
-        ("grpc.use_local_subchannel_pool", 1),
-        ("grpc.max_receive_message_length", 4 * 1024 * 1024),
-    ]
-    channels = [grpc.aio.insecure_channel(address, options=options) for _ in range(count)]
-    try:
-        async with asyncio.timeout(30):
-            await asyncio.gather(*(channel.channel_ready() for channel in channels))
-        yield channels
-    finally:
-        await asyncio.gather(*(channel.close(None) for channel in channels))
 
 
 async def _cancel_all(tasks: Sequence[asyncio.Task[None]]) -> None:
@@ -313,7 +296,7 @@ class MinimalResult:
 async def run_minimal(args: argparse.Namespace) -> MinimalResult:
     async with (
         run_minimal_server() as server,
-        open_channels(server.address, args.channels) as channels,
+        open_channels(server.address, args.channels, ready_within=30) as channels,
     ):
         # Warm-up: one stream opened and closed, so lazily made state is not counted.
         tasks, _, _ = await attach_minimal(channels, len(channels), 1)
@@ -453,7 +436,9 @@ async def run_service_phase(args: argparse.Namespace, db: Database) -> ServiceRe
             run_service(db.url, notify=True, extra_env=limits)
         )
         pid = service.pid
-        channels = await stack.enter_async_context(open_channels(service.address, args.channels))
+        channels = await stack.enter_async_context(
+            open_channels(service.address, args.channels, ready_within=30)
+        )
         stub = lane_service_pb2_grpc.LaneServiceStub(channels[0])
         print(f"service pid {pid} on {service.address}; creating {args.lanes:,} lanes", flush=True)
         lanes = await _create_lanes(stub, args.lanes, args.prompts, args.prompt_bytes)

@@ -67,12 +67,11 @@ from bench.commit_throughput import (
     cpu_sample,
     cpu_use,
     describe_service,
-    open_channels,
     provision_database,
     run_service,
     watcher_limits,
 )
-from bench.entry import add_database_url, run_benchmark
+from bench.entry import add_database_url, open_channels, run_benchmark
 from bench.watchers import FleetResult, percentiles, start_fleet
 
 #: The target: p99 command latency at most this, nothing acknowledged lost.

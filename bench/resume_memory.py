@@ -25,18 +25,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import grpc
 from lane.client.testing import LaneScript
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc
 
 from bench.commit_throughput import provision_database, run_service
-from bench.entry import add_database_url, run_benchmark
+from bench.entry import add_database_url, open_channels, run_benchmark
 from bench.memory import hwm_kib, reset_peak, rss_kib
 
 DEFAULT_STREAM_MIB = 8
@@ -126,17 +124,8 @@ async def run(args: argparse.Namespace) -> int:
     async with (
         provision_database(args.database_url) as db,
         run_service(db.url, notify=True, extra_env=budget) as service,
-        contextlib.AsyncExitStack() as stack,
+        open_channels(service.address, args.streams) as channels,
     ):
-        # One channel per stream, as separate clients would have.
-        channels = [
-            await stack.enter_async_context(
-                grpc.aio.insecure_channel(
-                    service.address, options=[("grpc.use_local_subchannel_pool", 1)]
-                )
-            )
-            for _ in range(args.streams)
-        ]
         stubs = [lane_service_pb2_grpc.LaneServiceStub(channel) for channel in channels]
         print(f"filling a lane with {args.events} events of {args.event_kib} KiB ...", flush=True)
         large = await _fill(stubs[0], args.events, args.event_kib)
