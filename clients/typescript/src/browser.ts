@@ -9,6 +9,5 @@ export * from "./core.js";
 export {
   createLaneConnectClient,
   createLaneConnectClient as createLaneClient,
-  type LaneClient,
 } from "./connect-client-web.js";
 export type { LaneConnectClientOptions as LaneClientOptions } from "./connect-options.js";

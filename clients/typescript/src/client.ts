@@ -1,12 +1,11 @@
 /**
  * A LaneService client over real gRPC (HTTP/2) for Node, from connect-es.
  */
-import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
+import { createClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport, type GrpcTransportOptions } from "@connectrpc/connect-node";
 import { LaneService } from "./gen/lane/v1/lane_service_pb.js";
+import type { LaneServiceClient } from "./lane-client.js";
 import { traceContext } from "./tracing.js";
-
-export type LaneClient = Client<typeof LaneService>;
 
 /** Options of {@link createLaneClient}: the transport's, plus the service's bearer token. */
 export type LaneClientOptions = Partial<GrpcTransportOptions> & {
@@ -25,7 +24,7 @@ export type LaneClientOptions = Partial<GrpcTransportOptions> & {
  * (interceptors, TLS via `nodeOptions`, keepalive `pingIntervalMs`, …), except `token` and
  * `tracing`.
  */
-export function createLaneClient(address: string, options: LaneClientOptions = {}): LaneClient {
+export function createLaneClient(address: string, options: LaneClientOptions = {}): LaneServiceClient {
   const { token, tracing = true, ...transport } = options;
   const baseUrl = /^https?:\/\//.test(address) ? address : `http://${address}`;
   const interceptors = [...(transport.interceptors ?? [])];

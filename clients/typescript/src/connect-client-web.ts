@@ -2,12 +2,11 @@
  * A LaneService client over Connect or gRPC-Web for browsers (connect-web, on `fetch`), for the
  * service's HTTP port. It also runs wherever `fetch` streams responses (Node 20 and later).
  */
-import { createClient, type Client } from "@connectrpc/connect";
+import { createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
 import { interceptorsOf, type LaneConnectClientOptions } from "./connect-options.js";
 import { LaneService } from "./gen/lane/v1/lane_service_pb.js";
-
-export type LaneClient = Client<typeof LaneService>;
+import type { LaneServiceClient } from "./lane-client.js";
 
 /**
  * A client for the HTTP port at `baseUrl`: an absolute URL, or a path such as `"/"` for the
@@ -16,7 +15,7 @@ export type LaneClient = Client<typeof LaneService>;
 export function createLaneConnectClient(
   baseUrl: string,
   options: LaneConnectClientOptions = {},
-): LaneClient {
+): LaneServiceClient {
   const common = {
     baseUrl,
     interceptors: interceptorsOf(options),

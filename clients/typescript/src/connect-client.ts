@@ -9,7 +9,7 @@ import {
   createGrpcWebTransport,
   type ConnectTransportOptions,
 } from "@connectrpc/connect-node";
-import type { LaneClient } from "./client.js";
+import type { LaneServiceClient } from "./lane-client.js";
 import { interceptorsOf, type LaneConnectClientOptions } from "./connect-options.js";
 import { LaneService } from "./gen/lane/v1/lane_service_pb.js";
 
@@ -24,7 +24,7 @@ export type LaneConnectNodeOptions = LaneConnectClientOptions &
 export function createLaneConnectClient(
   baseUrl: string,
   options: LaneConnectNodeOptions = {},
-): LaneClient {
+): LaneServiceClient {
   const common = {
     baseUrl,
     httpVersion: options.httpVersion ?? "1.1",

@@ -25,6 +25,7 @@ export {
   type WatchOptions,
   type WatchUpdate,
 } from "./watch.js";
+export type { LaneServiceClient } from "./lane-client.js";
 export { bearer, type HttpProtocol, type LaneConnectClientOptions } from "./connect-options.js";
 export * from "./gen/lane/v1/entries_pb.js";
 export * from "./gen/lane/v1/events_pb.js";

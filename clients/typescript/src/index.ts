@@ -10,9 +10,62 @@
  * - `apply` / `fold` / `isRebase`: the snapshot reducer (same rules as the Python client).
  * - `LaneError` / `laneErrorFrom`: the service's errors with their decoded ErrorInfo;
  *   `Reason` / `reasonOf`: their reasons as the contract's enum (shared with the Python client).
+ * - `LaneClient` (`connectLane(address)`): the commands as typed methods, with request ids,
+ *   retries and lease tokens (the Python facade's shape).
+ * - `Driver`, `defineTool`, hooks, `ScriptedModel`: the driver SDK (Node only: Ajv compiles
+ *   schemas to code).
  * - The generated lane.v1 messages, enums and the LaneService descriptor.
  */
 export * from "./core.js";
-export { createLaneClient, type LaneClient, type LaneClientOptions } from "./client.js";
+export { createLaneClient, type LaneClientOptions } from "./client.js";
 export { createLaneConnectClient, type LaneConnectNodeOptions } from "./connect-client.js";
 export { traceContext } from "./tracing.js";
+export { connectLane } from "./connect-lane.js";
+export {
+  LaneClient,
+  userMessage,
+  type CommandOptions,
+  type LaneClientFacadeOptions,
+  type Prompt,
+  type RequestOf,
+  type ResponseOf,
+  type UnaryMethod,
+} from "./lane-client.js";
+export { isRetryable, newRequestId, withRetries, type RetryOptions } from "./commands.js";
+export { Driver, DriverError, LeaseLost, type DriverOptions, type RunResult } from "./driver.js";
+export {
+  Tool,
+  ToolContext,
+  defineTool,
+  errorResult,
+  textBlock,
+  toResultProto,
+  type JsonSchema,
+  type ReplayPolicyName,
+  type ToolOutput,
+  type ToolResultLike,
+  type ToolSpec,
+} from "./tools.js";
+export {
+  deny,
+  replaceArguments,
+  type AfterToolEvent,
+  type AfterToolHook,
+  type AfterToolPatch,
+  type BeforeToolDecision,
+  type BeforeToolEvent,
+  type BeforeToolHook,
+  type Deny,
+  type Hooks,
+  type ReplaceArguments,
+} from "./hooks.js";
+export {
+  ModelError,
+  ScriptedModel,
+  assistantMessage,
+  type Model,
+  type ModelRequest,
+  type ScriptStep,
+  type ScriptedCall,
+} from "./model.js";
+export type { AnyTool } from "./toolflow.js";

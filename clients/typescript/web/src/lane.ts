@@ -6,7 +6,7 @@
  * operation.
  */
 import { Code } from "@connectrpc/connect";
-import { LaneError, laneErrorFrom, watchLane, type LaneClient, type LaneSnapshot } from "@lane/client";
+import { LaneError, laneErrorFrom, watchLane, type LaneServiceClient, type LaneSnapshot } from "@lane/client";
 import { ToolClock } from "./clock.js";
 import { h } from "./dom.js";
 import { renderOperation, renderTranscript, seconds } from "./render.js";
@@ -22,7 +22,7 @@ export interface LanePageHooks {
 /** Show lane `laneId` in `root` until `signal` aborts. */
 export async function showLane(
   root: HTMLElement,
-  client: LaneClient,
+  client: LaneServiceClient,
   laneId: string,
   hooks: LanePageHooks,
   signal: AbortSignal,

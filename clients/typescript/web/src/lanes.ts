@@ -3,12 +3,12 @@
  * two seconds while shown. A lane links to its live page.
  */
 import { Code } from "@connectrpc/connect";
-import { LaneError, OperationStatus, laneErrorFrom, type LaneClient, type LaneSummary } from "@lane/client";
+import { LaneError, OperationStatus, laneErrorFrom, type LaneServiceClient, type LaneSummary } from "@lane/client";
 import { h } from "./dom.js";
 
 const REFRESH_MS = 2_000;
 
-async function allLanes(client: LaneClient, signal: AbortSignal): Promise<LaneSummary[]> {
+async function allLanes(client: LaneServiceClient, signal: AbortSignal): Promise<LaneSummary[]> {
   const lanes: LaneSummary[] = [];
   let pageToken = "";
   do {
@@ -37,7 +37,7 @@ function row(lane: LaneSummary): HTMLElement {
 /** Show the lanes in `root` until `signal` aborts. */
 export async function showLanes(
   root: HTMLElement,
-  client: LaneClient,
+  client: LaneServiceClient,
   unauthenticated: (error: LaneError) => void,
   signal: AbortSignal,
 ): Promise<void> {
