@@ -13,3 +13,5 @@ python -m grpc_tools.protoc -I protos -I third_party/protos \
   --python_out="$out" --grpc_python_out="$out" \
   --mypy_out=quiet:"$out" --mypy_grpc_out=quiet:"$out" \
   protos/lane/v1/*.proto
+# The generated modules are typed (their .pyi files): PEP 561's marker, shipped in lane-client.
+touch "$out/lane/v1/py.typed"

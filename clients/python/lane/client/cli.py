@@ -58,9 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def version() -> str:
-    """The installed lane-service distribution's version."""
+    """The installed lane-client distribution's version."""
     try:
-        return metadata.version("lane-service")
+        return metadata.version("lane-client")
     except metadata.PackageNotFoundError:
         return "unknown (not installed)"
 

@@ -5,20 +5,53 @@ variable (``LANE_DB_POOL_SIZE`` is ``--db-pool-size``), except secrets, which on
 environment may hold. A flag beats the variable, which beats the default: a given flag is put
 into the process's environment before the settings are read, so worker processes, which read
 the same environment, see it too.
+
+The server is another distribution (``lane-service``) than this client (``lane-client``).
+Without it, ``lane serve`` says how to install it and exits 1 instead of failing on an import.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+from typing import TYPE_CHECKING
 
-__all__ = ["add_serve"]
+if TYPE_CHECKING:
+    from service.app.config import Setting
+
+__all__ = ["SERVER_DISTRIBUTION", "SERVER_NOT_INSTALLED", "add_serve"]
+
+#: The server's distribution and its import package (imported only by ``lane serve``, below).
+SERVER_DISTRIBUTION = "lane-service"
+SERVER_PACKAGE = "service"
+
+SERVER_NOT_INSTALLED = (
+    f"lane serve needs the server, which is not installed here (lane-client is the client "
+    f"alone). Install the {SERVER_DISTRIBUTION} distribution beside it: pip install "
+    f"{SERVER_DISTRIBUTION}, or from the service's repository pip install ./clients/python . "
+    f"(./dev serve does it in .venv)."
+)
 
 _DESCRIPTION = (
     "Run the lane gRPC service until SIGTERM or Ctrl-C. Each setting is a flag or an "
     "environment variable (the flag wins; an empty value counts as unset). Exit status: 0 after "
     "a graceful shutdown, 1 if start-up failed, 2 for a bad configuration value."
 )
+
+
+def _server_settings() -> tuple[Setting, ...] | None:
+    """The server's settings table; None when the server package is not installed (or another
+    ``service`` package stands in its place). A module missing inside an installed server (a
+    broken install) still raises."""
+    try:
+        from service.app.config import SETTINGS
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        if missing == SERVER_PACKAGE or missing.startswith(SERVER_PACKAGE + "."):
+            return None
+        raise
+    return SETTINGS
 
 
 def add_serve(
@@ -35,11 +68,14 @@ def add_serve(
     command.set_defaults(handler=_serve)
     if not flags:
         return
-    from service.app.config import SETTINGS
+    settings = _server_settings()
+    if settings is None:
+        command.description = f"{_DESCRIPTION} {SERVER_NOT_INSTALLED}"
+        return
 
     group = command.add_argument_group("settings (flag, variable, default)")
     secrets: list[str] = []
-    for setting in SETTINGS:
+    for setting in settings:
         if setting.secret:
             secrets.append(f"{setting.variable} ({setting.meaning}; default: {setting.default})")
             continue
@@ -56,10 +92,13 @@ def add_serve(
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from service.app.config import SETTINGS
+    settings = _server_settings()
+    if settings is None:
+        print(SERVER_NOT_INSTALLED, file=sys.stderr)
+        return 1
 
     given_as: dict[str, str] = {}
-    for setting in SETTINGS:
+    for setting in settings:
         value = getattr(args, setting.variable, None)
         if value is not None:
             os.environ[setting.variable] = value

@@ -59,5 +59,5 @@ def model_from_spec(spec: str, **options: Any) -> Model:
         if err.name != extra:
             raise
         raise ImportError(
-            f"the {extra} SDK is not installed: pip install 'lane-service[{extra}]'"
+            f"the {extra} SDK is not installed: pip install 'lane-client[{extra}]'"
         ) from err

@@ -1,5 +1,5 @@
 """Anthropic models for the driver: the Messages API, streamed, through the official
-``anthropic`` SDK (the ``anthropic`` extra: ``pip install 'lane-service[anthropic]'``).
+``anthropic`` SDK (the ``anthropic`` extra: ``pip install 'lane-client[anthropic]'``).
 
 ::
 

@@ -1,5 +1,5 @@
 """OpenAI models for the driver: Chat Completions and Responses, streamed, through the
-official ``openai`` SDK (the ``openai`` extra: ``pip install 'lane-service[openai]'``).
+official ``openai`` SDK (the ``openai`` extra: ``pip install 'lane-client[openai]'``).
 
 ::
 
