@@ -237,5 +237,9 @@ async def test_python_and_typescript_drivers_agree(
     assert placed_order(py.events) == placed_order(ts.events) == source_order
     if case["mode"] == "sequential":
         assert tool_sequence(ts.events) == tool_sequence(py.events)
+    for events in (py.events, ts.events):
+        ends = [call for kind, call in tool_sequence(events) if kind == "tool_end"]
+        for earlier, later in case.get("staged_before", []):
+            assert ends.index(earlier) < ends.index(later), ends
     kinds = sorted(e.WhichOneof("kind") or "" for e in ts.events)
     assert kinds == sorted(e.WhichOneof("kind") or "" for e in py.events)

@@ -20,6 +20,7 @@
  * and whose tool both say `safe` is replayed (`ReplayToolCall`, executed again); any other gets
  * an INTERRUPTED result (its latest checkpoint plus a notice). Staged calls are left alone.
  */
+import { setMaxListeners } from "node:events";
 import { create } from "@bufbuild/protobuf";
 import { Reason, laneErrorFrom, type LaneError } from "./errors.js";
 import {
@@ -77,6 +78,8 @@ export class RunControl {
     this.settings = settings;
     this.revision = revision;
     this.log = log;
+    // Every running tool of the run listens to these: a large batch is no leak.
+    setMaxListeners(0, this.cancel.signal, this.stop.signal);
   }
 
   get cancelled(): boolean {
@@ -145,13 +148,15 @@ export class ToolFlow {
         continue; // staged: placed by the service, never executed again
       }
       try {
-        const job =
+        // The intent is committed here, in source order; the execution runs beside the rest.
+        const execution =
           item.status === ToolCallStatus.EFFECT_PENDING
-            ? this.recoverCall(run, turnId, item, active)
+            ? () => this.recoverCall(run, turnId, item, active)
             : await this.startCall(run, turnId, assistant, item, active);
-        if (job === undefined) {
+        if (execution === undefined) {
           continue;
         }
+        const job = execution();
         if (sequential) {
           await job;
         } else {
@@ -202,15 +207,16 @@ export class ToolFlow {
     return active === undefined || active.has(name) ? this.tools.get(name) : undefined;
   }
 
-  /** Prepare, beforeTool, intent. Returns the execution to run, or undefined when the call
-   *  got an immediate (synthetic) outcome. */
+  /** Prepare, beforeTool, intent. Returns the execution to start (a function: a promise
+   *  returned from here would be awaited with it), or undefined when the call got an immediate
+   *  (synthetic) outcome. */
   private async startCall(
     run: RunControl,
     turnId: string,
     assistant: AssistantMessage,
     item: BatchCall,
     active: ReadonlySet<string> | undefined,
-  ): Promise<Promise<void> | undefined> {
+  ): Promise<(() => Promise<void>) | undefined> {
     if (assistant.stopReason === StopReason.LENGTH) {
       await this.synthetic(run, item, SyntheticCause.TRUNCATED);
       return undefined;
@@ -291,7 +297,7 @@ export class ToolFlow {
       return undefined;
     }
     this.log(`call ${item.toolCallId} (${item.toolName}) started`);
-    return this.execute(run, turnId, item, tool, args, false);
+    return () => this.execute(run, turnId, item, tool, args, false);
   }
 
   /** An effect_pending call of a taken-over batch: safe replay, else interruption. */
