@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +38,7 @@ from tests.crash.checks import INTERRUPTED_MARKER, LaneFindings, check_lane, loa
 from tests.crash.recording import ensure_executions_table
 from tests.integration.lanes import new_lane_id
 from tests.integration.test_typescript_watcher import NodeFollower
-from tests.integration.typescript_driver import NodeDriver, start_node_driver
+from tests.integration.typescript_driver import TYPESCRIPT_DIR, NodeDriver, start_node_driver
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -200,7 +201,7 @@ async def test_kill_9_mid_batch_and_a_second_node_driver_takes_over(
     assert findings.staged_at_takeover == 2  # c2 and c3 waited behind c0 and c1
     assert findings.runs_completed == 1
 
-    async with await psycopg.AsyncConnection.connect(session_database_url) as conn:
+    async with await psycopg.AsyncConnection.connect(session_database_url, autocommit=True) as conn:
         data = await load(conn, lane_id)
     calls = traces(data.events)
     assert [len(data.executions.get(c, [])) for c in (c0, c1, c2, c3)] == [2, 1, 1, 0]
@@ -338,7 +339,7 @@ async def test_abort_by_another_client_reaches_tools_and_the_grace_period_interr
 
     findings = await checked(session_database_url, lane_stub, lane_id, tmp_path / "none.jsonl")
     assert findings.runs_aborted == 1
-    async with await psycopg.AsyncConnection.connect(session_database_url) as conn:
+    async with await psycopg.AsyncConnection.connect(session_database_url, autocommit=True) as conn:
         data = await load(conn, lane_id)
     calls = traces(data.events)
     by_name = {c.tool_name: c for c in calls.values() if c.tool_name == "stubborn"}
@@ -353,3 +354,46 @@ async def test_abort_by_another_client_reaches_tools_and_the_grace_period_interr
             "stopped on the abort signal"
         ]
         assert not trace.ends[0].recovery
+
+
+async def test_the_agent_example_runs_a_shell_command_and_a_file_read_at_once(
+    lane_stub: Any, lane_server: RunningServer, session_database_url: str, tmp_path: Path
+) -> None:
+    """examples/agent.ts, as the README runs it: both tools' results placed in source order,
+    the file read staged while the shell command still ran."""
+    node = shutil.which("node")
+    assert node is not None, "node is not on PATH"
+    lane_id = new_lane_id("ts-agent")
+    process = await asyncio.create_subprocess_exec(
+        node,
+        "--import",
+        "tsx",
+        "examples/agent.ts",
+        lane_id,
+        f"127.0.0.1:{lane_server.port}",
+        cwd=TYPESCRIPT_DIR,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), WAIT_SECONDS)
+    text = output.decode(errors="replace")
+    assert process.returncode == 0, text
+    assert "ended COMPLETED after 2 turns" in text, text
+
+    snapshot = (
+        await lane_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    ).snapshot
+    assert snapshot.last_result.status == snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED
+    async with await psycopg.AsyncConnection.connect(session_database_url, autocommit=True) as conn:
+        data = await load(conn, lane_id)
+    calls = traces(data.events)
+    assert len(calls) == 2
+    shell, read = (
+        next(t for t in calls.values() if t.tool_name == n) for n in ("shell", "read_file")
+    )
+    assert read.ends[0].revision < shell.ends[0].revision  # ran at once: the read finished first
+    assert read.placed[0].revision > shell.ends[0].revision  # yet placed after the shell's result
+    shell_text = shell.ends[0].tool_end.result.content[0].text.text
+    assert not shell.ends[0].tool_end.is_error and "package.json" in shell_text
+    assert '"name": "@lane/client"' in read.ends[0].tool_end.result.content[0].text.text
