@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from lane.client.cli_serve import SERVER_NOT_INSTALLED
+from lane.client.cli_serve import SERVER_NOT_INSTALLED, SERVER_PACKAGE
 
 from service.app.server import RunningServer
 
@@ -45,7 +45,9 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_SOURCE = ROOT / "clients" / "python"
 #: What a driver author must never get with the client.
-SERVER_ONLY = ("service", "psycopg", "psycopg_pool", "pgserver", "prometheus_client")
+SERVER_ONLY = (SERVER_PACKAGE, "psycopg", "psycopg_pool", "pgserver", "prometheus_client")
+#: The server package's directory in its wheel.
+SERVER_DIR = SERVER_PACKAGE.replace(".", "/")
 
 
 @dataclass(frozen=True)
@@ -172,11 +174,12 @@ def test_each_wheel_holds_its_own_packages(wheels: Wheels) -> None:
     assert not required & {"psycopg", "psycopg-pool", "pgserver", "prometheus-client"}
     assert {"grpcio", "protobuf", "jsonschema", "openai", "anthropic"} <= required
 
+    client_names = set(names)
     names, requires = metadata(wheels.server)
-    packaged = {name.split("/")[0] for name in names if not name.startswith("lane_service-")}
-    assert packaged == {"service"}  # lane.* comes from lane-client alone: no file in both
-    assert "service/web/static/index.html" in names
-    assert "service/store/schema/0001_initial.sql" in names
+    assert [n for n in names if not n.startswith((f"{SERVER_DIR}/", "lane_service-"))] == []
+    assert client_names.isdisjoint(names)  # no file in both: either uninstalls cleanly
+    assert f"{SERVER_DIR}/web/static/index.html" in names
+    assert f"{SERVER_DIR}/store/schema/0001_initial.sql" in names
     version = wheels.client.name.split("-")[1]
     assert f"lane-client=={version}" in requires
 
@@ -237,7 +240,7 @@ async def test_a_driver_type_checks_against_the_client_wheel(
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_the_server_wheel_serves(
-    server_venv: Venv, client_venv: Venv, fresh_database_url: str, tmp_path: Path
+    wheels: Wheels, server_venv: Venv, client_venv: Venv, fresh_database_url: str, tmp_path: Path
 ) -> None:
     status, out, err = await run(server_venv.lane, "serve", "--help", cwd=tmp_path)
     assert status == 0, err
@@ -260,7 +263,8 @@ async def test_the_server_wheel_serves(
         )
         assert status == 0, out + err
         page = await asyncio.to_thread(fetch, f"http://127.0.0.1:{http_port}/")
-        assert page == (ROOT / "service" / "web" / "static" / "index.html").read_bytes()
+        with zipfile.ZipFile(wheels.server) as archive:
+            assert page == archive.read(f"{SERVER_DIR}/web/static/index.html")
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)

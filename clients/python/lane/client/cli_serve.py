@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from service.app.config import Setting
 
-__all__ = ["SERVER_DISTRIBUTION", "SERVER_NOT_INSTALLED", "add_serve"]
+__all__ = ["SERVER_DISTRIBUTION", "SERVER_NOT_INSTALLED", "SERVER_PACKAGE", "add_serve"]
 
 #: The server's distribution and its import package (imported only by ``lane serve``, below).
 SERVER_DISTRIBUTION = "lane-service"
