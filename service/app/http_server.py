@@ -16,6 +16,7 @@ import logging
 import socket
 import ssl
 from dataclasses import dataclass
+from typing import Any
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
@@ -32,6 +33,8 @@ _log = logging.getLogger(__name__)
 #: only costs browsers a reconnect; streams are not idle: they carry heartbeats every 10 s).
 _KEEP_ALIVE_SECONDS = 75.0
 _BACKLOG = 1024
+#: The most of a refused request's body read and dropped before answering (see _RequestBody).
+_DRAIN_MAX_BYTES = 16 * 1024 * 1024
 
 
 class HttpStartupError(RuntimeError):
@@ -74,8 +77,44 @@ class _HttpApp:
     ) -> None:
         if scope["type"] == "http" and not scope["path"].startswith(self._prefix):
             await self._web(scope, receive, send)
+        elif scope["type"] == "http":
+            body = _RequestBody(receive)
+            await self._connect(scope, body, body.draining_before(send))
         else:
             await self._connect(scope, receive, send)
+
+
+class _RequestBody:
+    """A request's ``receive`` that knows whether the body was read to its end.
+
+    A request refused before its body was read (one over the 4 MiB limit is refused from its
+    first bytes) must still have the rest read before the answer goes out: an HTTP/1.1 server
+    that answers and closes while the client is still sending makes the client see a reset
+    connection (UNAVAILABLE), not the refusal. The rest is read and dropped, up to
+    :data:`_DRAIN_MAX_BYTES`; past that the connection is closed as before.
+    """
+
+    def __init__(self, receive: ASGIReceiveCallable) -> None:
+        self._receive = receive
+        self._ended = False
+
+    async def __call__(self) -> Any:
+        message = await self._receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self._ended = True
+        return message
+
+    def draining_before(self, send: ASGISendCallable) -> ASGISendCallable:
+        """``send``, reading the rest of the body first when the answer starts before it."""
+
+        async def send_after_body(message: Any) -> None:
+            if message["type"] == "http.response.start" and not self._ended:
+                dropped = 0
+                while not self._ended and dropped <= _DRAIN_MAX_BYTES:
+                    dropped += len((await self()).get("body", b""))
+            await send(message)
+
+        return send_after_body
 
 
 def _bind(listen: str, reuse_port: bool) -> socket.socket:
