@@ -33,10 +33,9 @@ from typing import Any
 
 import grpc
 import psycopg
-from lane.client.commands import is_reason
 from lane.client.connect import open_channel
 from lane.client.driver import Driver, LeaseLost
-from lane.client.errors import LaneError
+from lane.client.errors import LaneBusy, LaneError, OperationNotOpen
 from lane.client.hooks import Hooks
 from lane.client.model import ScriptedCall, ScriptedModel, ScriptStep
 from lane.v1 import lane_service_pb2 as pb
@@ -192,18 +191,16 @@ async def drive_lane(args: argparse.Namespace) -> int:
             except LeaseLost:
                 _log.warning("lane %s: lease of %s lost; giving up", args.lane, operation_id)
                 return EXIT_LEASE_LOST
+            except (OperationNotOpen, LaneBusy) as error:
+                # The run ended meanwhile (the service reconciled it), or another run began
+                # after this round looked: look again.
+                _log.info("lane %s: %s; looking again", args.lane, error)
+                continue
             except LaneError as error:
                 if error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     _log.error("lane %s: no service answers: %s", args.lane, error)
                     return EXIT_UNREACHABLE
-                # The run ended meanwhile (the service reconciled it), or another run began
-                # after this round looked: look again.
-                if not is_reason(
-                    error, grpc.StatusCode.FAILED_PRECONDITION, "OPERATION_NOT_OPEN", "LANE_BUSY"
-                ):
-                    raise
-                _log.info("lane %s: %s; looking again", args.lane, error)
-                continue
+                raise
             _log.info("lane %s: run %s %s", args.lane, result.operation_id, result.status_name)
 
 

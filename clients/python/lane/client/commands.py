@@ -80,9 +80,3 @@ def is_retryable(error: LaneError) -> bool:
         return True
     return error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason == _DATABASE_BUSY
 
-
-def is_reason(error: BaseException, code: grpc.StatusCode, *reasons: str) -> bool:
-    """Whether ``error`` is a :class:`LaneError` with ``code`` and one of ``reasons``.
-
-    Kept for code not yet moved to the typed exceptions (``except StaleLease:``)."""
-    return isinstance(error, LaneError) and error.code == code and error.reason in reasons
