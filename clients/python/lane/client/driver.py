@@ -2,9 +2,10 @@
 
 ::
 
-    driver = Driver(stub, "lane-1", [SHELL, READ_FILE], driver_id="worker-7")
-    result = await driver.run("List the files.", model)      # a RunResult
-    result = await driver.recover(operation_id, model)        # take a run over after a crash
+    async with LaneClient("127.0.0.1:50051") as client:
+        driver = Driver(client, "lane-1", [SHELL, READ_FILE], driver_id="worker-7")
+        result = await driver.run("List the files.", model)   # a RunResult
+        result = await driver.recover(operation_id, model)     # take a run over after a crash
 
 A run: ``StartRun`` leased to this driver (the lease is renewed in the background and its
 fencing token goes on every command), then turns until the model answers without tool calls,
@@ -56,7 +57,8 @@ the same answers and refusals as the unary RPCs, for less service CPU; a broken 
 is replaced and its unanswered commands sent again with their request ids). ``Driver(...,
 session=False)`` sends each command as its unary RPC instead; ``session=`` a
 :class:`~lane.client.session.LaneSession` of your own shares it (it is not closed by the
-driver). WatchLane (the lane's watch) is its own stream either way.
+driver). A :class:`~lane.client.lane_client.LaneClient` made with ``session=True`` lends the
+driver its session. WatchLane (the lane's watch) is its own stream either way.
 
 Recovery (:meth:`Driver.recover`): ``AcquireOperation`` (waiting for a live lease of a dead
 driver to lapse), then the open batch is finished: effect_pending calls of tools declared
@@ -91,6 +93,7 @@ from lane.client.errors import (
     TooManyWatchers,
 )
 from lane.client.hooks import Hooks
+from lane.client.lane_client import LaneClient
 from lane.client.model import Model, ModelError, ModelRequest, user_message
 from lane.client.session import LaneSession
 from lane.client.streaming import DEFAULT_INTERVAL, PartialCommits
@@ -241,6 +244,9 @@ def _default_driver_id() -> str:
 class Driver:
     """Drives runs of one lane with a set of tools (see the module doc).
 
+    ``client`` is the :class:`~lane.client.lane_client.LaneClient` whose channel the driver
+    talks over (left open: the client's to close). A generated ``LaneServiceStub`` is still
+    accepted in its place (deprecated: pass the client).
     ``lease_seconds`` is the lease length (renewed every third of it). ``settings`` are the
     run settings of new runs (parallel tool execution by default). ``max_turns`` bounds a run
     (it then ends FAILED ``max_turns``). ``abort_grace_seconds``: after an abort, how long a
@@ -257,7 +263,7 @@ class Driver:
 
     def __init__(
         self,
-        stub: Any,
+        client: LaneClient | Any,
         lane_id: str,
         tools: Sequence[Tool] = (),
         *,
@@ -276,6 +282,12 @@ class Driver:
     ) -> None:
         if not 1 <= lease_seconds <= 3600:
             raise ValueError("lease_seconds must be between 1 and 3600")
+        if isinstance(client, LaneClient):
+            stub = client.stub
+            if session is True and client.session is not None:
+                session = client.session
+        else:
+            stub = client
         self._stub = stub
         self.lane_id = lane_id
         self.tools: dict[str, Tool] = {}

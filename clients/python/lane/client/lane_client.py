@@ -22,8 +22,15 @@ Lease tokens are handled: the token of a run this client leased (``start_run`` o
 carries none, until the run ends, the lease is released, or the service says the token is
 stale.
 
-To drive runs with tools and a model, hand :attr:`LaneClient.stub` to
-:class:`~lane.client.driver.Driver`; it does all of the above over a DriveLane session.
+``LaneClient(..., session=True)`` sends every command (reads included) over one DriveLane
+stream instead of a unary RPC each: a :class:`~lane.client.session.LaneSession`, opened by the
+first command and closed with the client. The answers and refusals are the unary RPCs' (the
+service serves each command of the stream with the unary handler); a session costs the
+service less per command and lets commands be in flight together.
+
+To drive runs with tools and a model, hand the client to :class:`~lane.client.driver.Driver`
+(``Driver(client, lane_id, tools)``); it does all of the above over a DriveLane session (the
+client's own, when it has one).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from lane.client.connect import open_channel
 from lane.client.errors import StaleLease
 from lane.client.model import user_message
 from lane.client.retry import COMMAND_RETRY, RetryPolicy
+from lane.client.session import LaneSession
 from lane.client.watch import LaneView, watch_lane
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
@@ -67,7 +75,8 @@ class LaneClient:
     ``target`` and ``token``/``credentials`` open a channel of the client's own
     (:func:`~lane.client.connect.open_channel`), closed by :meth:`aclose` or ``async with``;
     pass ``channel`` instead to share one (it is left open). ``retry`` paces and bounds the
-    retries of every method; ``timeout`` bounds each attempt (None: no bound).
+    retries of every method; ``timeout`` bounds each attempt (None: no bound). ``session``:
+    send the commands over one DriveLane stream (see the module doc) instead of unary RPCs.
     """
 
     def __init__(
@@ -79,6 +88,7 @@ class LaneClient:
         channel: grpc.aio.Channel | None = None,
         retry: RetryPolicy = COMMAND_RETRY,
         timeout: float | None = 30.0,
+        session: bool = False,
     ) -> None:
         self._owned = channel is None
         self._channel = (
@@ -89,6 +99,10 @@ class LaneClient:
         self.stub = lane_service_pb2_grpc.LaneServiceStub(self._channel)
         self.retry = retry
         self.timeout = timeout
+        #: The DriveLane session the commands go over (None: each is its unary RPC).
+        self.session = (
+            LaneSession(self.stub, retry=retry, attempt_timeout=timeout) if session else None
+        )
         #: Lease tokens of runs this client leased: (lane id, operation id) → token.
         self._leases: dict[tuple[str, str], int] = {}
 
@@ -104,7 +118,9 @@ class LaneClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the channel if the client opened it."""
+        """Close the session, if any, and the channel if the client opened it."""
+        if self.session is not None:
+            await self.session.aclose()
         if self._owned:
             await self._channel.close()
 
@@ -133,13 +149,15 @@ class LaneClient:
             token = self._leases.get(key)
             if token is not None:
                 setattr(request, "lease_token", token)  # noqa: B010
+        policy = self.retry if retry is None else retry
+        timeout = self.timeout if attempt_timeout == -1.0 else attempt_timeout
         try:
-            response = await unary_call(
-                getattr(self.stub, method),
-                request,
-                retry=self.retry if retry is None else retry,
-                attempt_timeout=self.timeout if attempt_timeout == -1.0 else attempt_timeout,
-            )
+            if self.session is not None:
+                response = await self.session.call(request, retry=policy, attempt_timeout=timeout)
+            else:
+                response = await unary_call(
+                    getattr(self.stub, method), request, retry=policy, attempt_timeout=timeout
+                )
         except StaleLease:
             if key is not None:
                 self._leases.pop(key, None)

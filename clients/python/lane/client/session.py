@@ -181,18 +181,23 @@ class LaneSession:
         self,
         request: Message,
         *,
+        retry: RetryPolicy | None = None,
         retry_seconds: float | None = None,
         attempt_timeout: float | None = -1.0,
     ) -> Any:
         """Send ``request`` (a unary RPC's request message) on the stream and return the
-        RPC's response; raise its :class:`LaneError`. See the module doc for retries."""
+        RPC's response; raise its :class:`LaneError`. See the module doc for retries;
+        ``retry`` replaces the session's policy for this command, ``retry_seconds`` its
+        timeout."""
         if self._closed:
             raise RuntimeError("the session is closed")
         try:
             field_name, method = _COMMANDS[request.DESCRIPTOR.full_name]
         except KeyError:
             raise TypeError(f"{request.DESCRIPTOR.name} is not a DriveLane command") from None
-        retry = self.retry if retry_seconds is None else self.retry.with_timeout(retry_seconds)
+        retry = self.retry if retry is None else retry
+        if retry_seconds is not None:
+            retry = retry.with_timeout(retry_seconds)
         timeout = self.attempt_timeout if attempt_timeout == -1.0 else attempt_timeout
         has_id = "request_id" in request.DESCRIPTOR.fields_by_name
         if has_id and not getattr(request, "request_id"):  # noqa: B009
