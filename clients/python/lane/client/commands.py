@@ -79,4 +79,3 @@ def is_retryable(error: LaneError) -> bool:
     if error.code in RETRYABLE_CODES:
         return True
     return error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason == _DATABASE_BUSY
-
