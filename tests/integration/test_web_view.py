@@ -7,6 +7,10 @@ page shows after each.
   runs (with its progress and elapsed time); every row leaves exactly when its own entry is
   placed, in every state the page drew (recorded in the page as it draws), errors in red;
 - Abort from the page's button reaches the service (AbortOperation), and the run ends aborted;
+- an assistant message streaming in (AppendAssistantStream): a failed attempt and its scheduled
+  retry with the time left, then the retried attempt growing partial by partial — thinking
+  dimmed, the text ending in a cursor, a tool call drawn as its arguments are written — and the
+  settled message taking the partial's place in the very redraw that settles it;
 - a service restart: the page says it is reconnecting, then resumes after its revision (no new
   snapshot) and shows what was committed after the restart;
 - token entry, and a lane of another namespace: absent from the list, NOT_FOUND on its page.
@@ -50,6 +54,8 @@ TOKEN_B = "web-view-token-team-b-0123456789"
 ANSWER_SECONDS = 30.0
 #: The red of error results (style.css: #c62828).
 RED = "rgb(198, 40, 40)"
+#: The grey of dimmed lines: thinking, the tool calls asked for (style.css: #69737d).
+DIM = "rgb(105, 115, 125)"
 
 #: What the lane page shows, read from its DOM: revision, connection, open operation, tool rows
 #: and placed tool results. `null` before the lane page is up.
@@ -85,6 +91,41 @@ RECORD_JS = (
     "(() => { window.__states = [];"
     " new MutationObserver(() => window.__states.push("
     + STATE_JS
+    + ')).observe(document.querySelector("#lane"),'
+    ' { attributes: true, attributeFilter: ["data-revision"] }); return true; })()'
+)
+
+
+#: What the lane page shows of an assistant message streaming in, a scheduled retry and the
+#: transcript, read from its DOM, each element with its computed color and font style.
+STREAM_JS = """(() => {
+  const lane = document.querySelector("#lane");
+  if (!lane) return null;
+  const look = (e) => {
+    const style = getComputedStyle(e);
+    return { text: e.textContent, color: style.color, fontStyle: style.fontStyle };
+  };
+  const streaming = document.querySelector("#streaming");
+  const retry = document.querySelector("#retry");
+  return {
+    revision: Number(lane.dataset.revision ?? -1),
+    connection: document.querySelector("#connection")?.dataset.state ?? null,
+    streaming: streaming ? [...streaming.querySelectorAll(".block")].map((b) => ({
+      kind: [...b.classList].filter((c) => c !== "block").join(" "), ...look(b),
+      cursor: !!b.querySelector(".cursor") })) : null,
+    retry: retry ? { ...look(retry), attempt: Number(retry.dataset.attempt),
+      maxAttempts: Number(retry.dataset.maxAttempts),
+      nextAttemptMs: Number(retry.dataset.nextAttemptMs) } : null,
+    transcript: [...document.querySelectorAll("#transcript > li")].map((e) => ({
+      kind: [...e.classList].filter((c) => c !== "entry").join(" "), ...look(e) })),
+  };
+})()"""
+
+#: Records the streaming state each time the page draws a new revision, into window.__streams.
+RECORD_STREAM_JS = (
+    "(() => { window.__streams = [];"
+    " new MutationObserver(() => window.__streams.push("
+    + STREAM_JS
     + ')).observe(document.querySelector("#lane"),'
     ' { attributes: true, attributeFilter: ["data-revision"] }); return true; })()'
 )
@@ -135,6 +176,14 @@ class Browser:
     async def at_revision(self, revision: int) -> dict[str, Any]:
         """The page's state once it drew ``revision``, the stream live."""
         return await self.state_when(f"s.revision >= {revision} && s.connection === 'live'")
+
+    async def stream_at(self, revision: int) -> dict[str, Any]:
+        """What the page shows of the streaming message once it drew ``revision``, live."""
+        state: dict[str, Any] = await self.wait(
+            f"(() => {{ const s = {STREAM_JS};"
+            f" return s && s.revision >= {revision} && s.connection === 'live' ? s : null; }})()"
+        )
+        return state
 
     async def screenshot(self, name: str) -> None:
         await self.call("screenshot", path=str(self.shots / f"{name}.png"))
@@ -441,6 +490,163 @@ async def test_abort_from_the_button(service: Service, browser: Browser) -> None
     assert "b0 stopped" in results["b0"]["text"]
     assert (results["b1"]["error"], results["b1"]["color"]) == (True, RED)
     await browser.screenshot("abort-2-ended-aborted")
+
+
+def thinking(value: str) -> messages_pb2.ContentBlock:
+    return messages_pb2.ContentBlock(thinking=messages_pb2.ThinkingContent(thinking=value))
+
+
+def partial(*blocks: messages_pb2.ContentBlock) -> pb.StreamedPartial:
+    """One streamed partial: the message so far."""
+    return pb.StreamedPartial(message=assistant(*blocks, stop=messages_pb2.STOP_REASON_PENDING))
+
+
+async def test_an_assistant_message_streaming_in(service: Service, browser: Browser) -> None:
+    rpc = Rpc(service, TOKEN_A)
+    lane_id = new_lane_id("web-stream")
+    await rpc("CreateLane", pb.CreateLaneRequest(lane_id=lane_id))
+    run = await rpc("StartRun", pb.StartRunRequest(lane_id=lane_id, prompt=[user("read it")]))
+    op: str = run.operation_id
+    turn: str = (
+        await rpc("StartTurn", pb.StartTurnRequest(lane_id=lane_id, operation_id=op))
+    ).turn_id
+    await browser.open_lane(service.origin, lane_id)
+    await browser.call("eval", expr=RECORD_STREAM_JS)
+
+    async def stream(*blocks: messages_pb2.ContentBlock) -> dict[str, Any]:
+        """Commit ``blocks`` as the latest partial; what the page drew for it."""
+        appended = await rpc(
+            "AppendAssistantStream",
+            pb.AppendAssistantStreamRequest(
+                lane_id=lane_id, operation_id=op, turn_id=turn, partials=[partial(*blocks)]
+            ),
+        )
+        return await browser.stream_at(appended.revision)
+
+    # A first attempt fails mid-stream: the failed message is placed (red), the partial is gone,
+    # and the retry line names the attempt scheduled and the time left until it.
+    state = await stream(text("Let me"))
+    assert [(b["kind"], b["text"], b["cursor"]) for b in state["streaming"]] == [
+        ("text", "assistant Let me▍", True)
+    ]
+    failed = assistant(text("Let me"), stop=messages_pb2.STOP_REASON_ERROR)
+    failed.error_message = "529 overloaded"
+    scheduled = await rpc(
+        "ScheduleRetry",
+        pb.ScheduleRetryRequest(
+            lane_id=lane_id,
+            operation_id=op,
+            turn_id=turn,
+            failed_message=failed,
+            max_attempts=3,
+            delay_ms=60_000,
+            error_message="529 overloaded",
+        ),
+    )
+    state = await browser.stream_at(scheduled.revision)
+    assert state["streaming"] is None
+    assert state["transcript"][-1] == {
+        "kind": "error",
+        "text": "assistant error: 529 overloaded",
+        "color": RED,
+        "fontStyle": "normal",
+    }
+    retry = state["retry"]
+    at = scheduled.next_attempt_time
+    assert (retry["attempt"], retry["maxAttempts"]) == (2, 3)
+    assert retry["nextAttemptMs"] == at.seconds * 1000 + at.nanos // 1_000_000
+    left = re.fullmatch(
+        r"model call failed · attempt 2 of 3 scheduled · in (\d+\.\d)s", retry["text"]
+    )
+    assert left is not None, retry["text"]
+    assert 0 < float(left[1]) <= 60.0
+    await browser.screenshot("stream-1-retry-scheduled")
+    started = await rpc(
+        "StartRetry", pb.StartRetryRequest(lane_id=lane_id, operation_id=op, turn_id=turn)
+    )
+    state = await browser.stream_at(started.revision)
+    assert state["retry"] is None and state["streaming"] is None
+
+    # The retried attempt streams: thinking first, dimmed and set apart from the text.
+    state = await stream(thinking("The user wants"))
+    assert [(b["kind"], b["text"], b["cursor"]) for b in state["streaming"]] == [
+        ("thinking", "thinking The user wants", False)
+    ]
+    assert (state["streaming"][0]["color"], state["streaming"][0]["fontStyle"]) == (DIM, "italic")
+    first_revision = state["revision"]
+
+    # The text grows, ending in the cursor while it is the last block.
+    think = thinking("The user wants the README.")
+    state = await stream(think, text("I will"))
+    assert [(b["kind"], b["text"], b["cursor"]) for b in state["streaming"]] == [
+        ("thinking", "thinking The user wants the README.", False),
+        ("text", "assistant I will▍", True),
+    ]
+    dimmed, plain = state["streaming"]
+    assert (plain["color"], plain["fontStyle"]) != (DIM, "italic")
+    assert (dimmed["color"], dimmed["fontStyle"]) == (DIM, "italic")
+
+    # A tool call being written: its arguments so far, cut JSON as it is; the text is no longer
+    # last, so it has no cursor.
+    state = await stream(
+        think, text("I will read it."), tool_call("r1", "read_file", '{"path": "REA')
+    )
+    assert [(b["kind"], b["text"], b["cursor"]) for b in state["streaming"]] == [
+        ("thinking", "thinking The user wants the README.", False),
+        ("text", "assistant I will read it.", False),
+        ("call", '→ read_file {"path": "REA …', False),
+    ]
+    await browser.screenshot("stream-2-thinking-text-and-a-call-being-written")
+
+    # Settled: the partial is gone and the message is in the transcript, thinking still dimmed,
+    # the call with its whole arguments.
+    settled = await rpc(
+        "SettleAssistantMessage",
+        pb.SettleAssistantMessageRequest(
+            lane_id=lane_id,
+            operation_id=op,
+            turn_id=turn,
+            message=assistant(
+                think, text("I will read it."), tool_call("r1", "read_file", {"path": "README.md"})
+            ),
+        ),
+    )
+    state = await browser.stream_at(settled.revision)
+    assert state["streaming"] is None and state["retry"] is None
+    message = [(e["kind"], e["text"]) for e in state["transcript"][-3:]]
+    assert message == [
+        ("thinking", "thinking The user wants the README."),
+        ("assistant", "assistant I will read it."),
+        ("call", '→ read_file {"path":"README.md"}'),
+    ]
+    assert (state["transcript"][-3]["color"], state["transcript"][-3]["fontStyle"]) == (
+        DIM,
+        "italic",
+    )
+    await browser.screenshot("stream-3-settled")
+
+    # Every state the page drew of the retried attempt: the partial only grew, and gave way to
+    # the settled message in one redraw — never both on the page, never neither.
+    recorded: list[dict[str, Any]] = await browser.call("eval", expr="window.__streams")
+    drawn = [s for s in recorded if s["revision"] >= first_revision]
+    assert [s["revision"] for s in drawn] == sorted({s["revision"] for s in drawn})
+    assert drawn[-1]["revision"] == settled.revision
+    lengths = []
+    for s in drawn:
+        placed = ("assistant", "assistant I will read it.") in [
+            (e["kind"], e["text"]) for e in s["transcript"]
+        ]
+        assert (s["streaming"] is None) == placed, s
+        assert placed == (s["revision"] >= settled.revision), s
+        if s["streaming"] is not None:
+            lengths.append(sum(len(b["text"]) for b in s["streaming"]))
+    assert lengths == sorted(lengths) and len(lengths) == 3
+
+    await start_call(rpc, lane_id, op, "r1")
+    await stage(rpc, lane_id, op, "r1", "# lane")
+    revision = await finish(rpc, lane_id, op, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
+    state = await browser.at_revision(revision)
+    assert state["lastResult"] == "completed"
 
 
 async def test_resume_after_a_service_restart(service: Service, browser: Browser) -> None:

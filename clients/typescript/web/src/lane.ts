@@ -1,17 +1,18 @@
 /**
  * The live lane page: folds `WatchLane` with the client's watcher (the reducer the conformance
- * vectors test) and redraws after every update. The watcher resumes on its own after a dropped
- * stream or a service restart; meanwhile the page says `reconnecting · attempt n · cause`, and
- * `live` again at the next update or heartbeat. Abort calls AbortOperation on the open
- * operation.
+ * vectors test) and redraws after every update, so an assistant message streaming in grows with
+ * each committed partial and gives way to the settled message in the redraw of the group that
+ * settles it. The watcher resumes on its own after a dropped stream or a service restart;
+ * meanwhile the page says `reconnecting · attempt n · cause`, and `live` again at the next
+ * update or heartbeat. Abort calls AbortOperation on the open operation.
  */
 import { Code } from "@connectrpc/connect";
 import { LaneError, laneErrorFrom, watchLane, type LaneServiceClient, type LaneSnapshot } from "@lane/client";
 import { ToolClock } from "./clock.js";
 import { h } from "./dom.js";
-import { renderOperation, renderTranscript, seconds } from "./render.js";
+import { countdown, renderOperation, renderTranscript, seconds } from "./render.js";
 
-/** Elapsed times are redrawn this often, between updates. */
+/** Elapsed times and a retry's countdown are redrawn this often, between updates. */
 const TICK_MS = 200;
 
 export interface LanePageHooks {
@@ -65,6 +66,9 @@ export async function showLane(
   const ticker = setInterval(() => {
     for (const span of page.querySelectorAll<HTMLElement>(".elapsed")) {
       span.textContent = seconds(clock.elapsed(span.dataset.callId ?? ""));
+    }
+    for (const span of page.querySelectorAll<HTMLElement>(".countdown")) {
+      span.textContent = countdown(Number(span.dataset.at));
     }
   }, TICK_MS);
 

@@ -1,27 +1,43 @@
 /**
- * A lane snapshot as page elements (no I/O): the transcript (user and assistant text, the tool
- * calls asked for, each placed tool result) and the open operation with its presentation-active
- * tools — running ones with their elapsed time and latest progress, settled ones with their
- * result marked "waiting for placement" — or, with no operation open, the last result. Error
- * results are drawn with the `error` class (red). Rows and entries carry `data-call-id`, so a
- * reader (and the browser tests) can tell where each call is.
+ * A lane snapshot as page elements (no I/O): the transcript (user and assistant text, the
+ * assistant's thinking dimmed, the tool calls asked for, each placed tool result) and the open
+ * operation — the assistant message streaming in, a scheduled retry, and the
+ * presentation-active tools: running ones with their elapsed time and latest progress, settled
+ * ones with their result marked "waiting for placement" — or, with no operation open, the last
+ * result. Error results are drawn with the `error` class (red). Rows and entries carry
+ * `data-call-id`, so a reader (and the browser tests) can tell where each call is.
+ *
+ * The streaming message is the open operation's `streamingMessage`, as the reducer folds it:
+ * the latest partial committed by AppendAssistantStream (`message_start`/`message_update`),
+ * gone at its `message_end` — the group that settles the message (SettleAssistantMessage)
+ * or fails it (ScheduleRetry), whose `entry_added` puts the message in the transcript in the
+ * same redraw. It is drawn as the terminal view draws it: each block so far, in order; thinking
+ * dimmed; the text ending in a cursor while it is the last block; a tool call being written
+ * with its arguments so far and ` …` while it is the last block. The retry line is the
+ * operation's `retry`: the attempt scheduled and the time left until its `nextAttemptTime`.
  */
+import { timestampMs } from "@bufbuild/protobuf/wkt";
 import {
   OperationKind,
   OperationResultStatus,
   OperationStatus,
   StopReason,
   type AgentMessage,
+  type AssistantMessage,
   type ContentBlock,
   type Entry,
   type LaneSnapshot,
   type OperationResult,
+  type RetryState,
   type SnapshotOperation,
+  type ThinkingContent,
 } from "@lane/client";
 import type { ToolClock } from "./clock.js";
 import { h } from "./dom.js";
 
 export const WAITING_MARK = "waiting for placement";
+/** Ends the text of an assistant message still streaming. */
+export const CURSOR = "▍";
 
 /** The text of `blocks`: text and thinking blocks joined by newlines, images as `[image]`. */
 export function contentText(blocks: readonly ContentBlock[]): string {
@@ -55,6 +71,65 @@ function compactJson(text: string, limit = 80): string {
   return shown.length <= limit ? shown : `${shown.slice(0, limit - 1)}…`;
 }
 
+/** A thinking block's label and text (or that it was redacted). */
+function thinkingParts(block: ThinkingContent): (HTMLElement | string)[] {
+  return [h("b", {}, "thinking "), block.redacted ? "(redacted)" : h("span", { class: "body" }, block.thinking)];
+}
+
+/** The assistant message still streaming: each block as it is so far, in order. */
+export function renderStreaming(message: AssistantMessage): HTMLElement {
+  const blocks = message.content;
+  const parts = blocks.map((block, index): HTMLElement | null => {
+    const last = index === blocks.length - 1;
+    switch (block.block.case) {
+      case "thinking":
+        return h("div", { class: "block thinking" }, ...thinkingParts(block.block.value));
+      case "text":
+        return h("div", { class: "block text" }, h("b", {}, "assistant "),
+          h("span", { class: "body" }, block.block.value.text),
+          last ? h("span", { class: "cursor" }, CURSOR) : null);
+      case "toolCall": {
+        const call = block.block.value;
+        return h("div", { class: "block call", "data-call-id": call.id || undefined },
+          `→ ${call.name} ${compactJson(call.argumentsJson)}${last ? " …" : ""}`);
+      }
+      case "image":
+        return h("div", { class: "block image" }, `[image ${block.block.value.mimeType}]`);
+      default:
+        return null;
+    }
+  });
+  const shown = parts.filter((part) => part !== null);
+  return h(
+    "div",
+    { id: "streaming", "data-blocks": String(blocks.length) },
+    ...(shown.length > 0
+      ? shown
+      : [h("div", { class: "block text" }, h("b", {}, "assistant "), h("span", { class: "cursor" }, CURSOR))]),
+  );
+}
+
+/** "in 2.5s" until `atMs`, "due" once it has passed. */
+export function countdown(atMs: number, now = Date.now()): string {
+  return atMs > now ? `in ${seconds((atMs - now) / 1000)}` : "due";
+}
+
+function retryLine(retry: RetryState): HTMLElement {
+  const at = retry.nextAttemptTime === undefined ? undefined : timestampMs(retry.nextAttemptTime);
+  return h(
+    "p",
+    {
+      id: "retry",
+      "data-attempt": String(retry.attempt),
+      "data-max-attempts": String(retry.maxAttempts),
+      "data-next-attempt-ms": at?.toString(),
+    },
+    `model call failed · attempt ${retry.attempt} of ${retry.maxAttempts} scheduled`,
+    at === undefined ? null : " · ",
+    at === undefined ? null : h("span", { class: "countdown", "data-at": String(at) }, countdown(at)),
+  );
+}
+
 function messageItems(message: AgentMessage | undefined): HTMLElement[] {
   const value = message?.message;
   switch (value?.case) {
@@ -62,8 +137,14 @@ function messageItems(message: AgentMessage | undefined): HTMLElement[] {
       return [h("li", { class: "entry user" }, h("b", {}, "you "), contentText(value.value.content))];
     case "assistant": {
       const assistant = value.value;
+      const items: HTMLElement[] = [];
+      for (const block of assistant.content) {
+        if (block.block.case === "thinking") {
+          items.push(h("li", { class: "entry thinking" }, ...thinkingParts(block.block.value)));
+        }
+      }
       const text = contentText(assistant.content.filter((b) => b.block.case === "text"));
-      const items = [h("li", { class: "entry assistant" }, h("b", {}, "assistant "), text || "(no text)")];
+      items.push(h("li", { class: "entry assistant" }, h("b", {}, "assistant "), text || "(no text)"));
       for (const block of assistant.content) {
         if (block.block.case === "toolCall") {
           const call = block.block.value;
@@ -196,12 +277,8 @@ export function renderOperation(
       h("b", {}, KIND_NAMES[operation.kind] ?? "operation"), ` ${operation.id} · `,
       h("span", { class: aborting ? "status error" : "status" }, aborting ? "aborting" : "open"),
       " ", abort),
-    operation.streamingMessage
-      ? h("p", { class: "streaming" }, contentText(operation.streamingMessage.content))
-      : null,
-    operation.retry
-      ? h("p", { class: "error" }, `retry ${operation.retry.attempt} of ${operation.retry.maxAttempts}`)
-      : null,
+    operation.streamingMessage ? renderStreaming(operation.streamingMessage) : null,
+    operation.retry ? retryLine(operation.retry) : null,
     toolRows(operation, clock),
   );
 }
