@@ -1,6 +1,7 @@
 """One table of cases (tests/driver_cases.json) run by both drivers: the Python
 ``lane.client.Driver`` in this process and the TypeScript ``Driver`` in a Node process, each on
-a lane of its own against the real service.
+a lane of its own against the real service. The TypeScript driver runs every case over its
+default DriveLane session, and one case over unary RPCs.
 
 For every case both must end the run the same way and place, per call, what the table expects
 (executed or the synthetic cause, is_error, the text); and the two lanes' event logs must agree
@@ -194,9 +195,17 @@ def comparable(
     return out
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+#: Every case with the TypeScript driver's default (a DriveLane session per run), and one with
+#: its commands as unary RPCs.
+RUNS = [(case, "session") for case in CASES] + [(CASES[0], "unary")]
+
+
+@pytest.mark.parametrize(
+    ("case", "transport"), RUNS, ids=[f"{c['name']}-{transport}" for c, transport in RUNS]
+)
 async def test_python_and_typescript_drivers_agree(
     case: dict[str, Any],
+    transport: str,
     lane_stub: Any,
     lane_server: RunningServer,
     session_database_url: str,
@@ -206,7 +215,14 @@ async def test_python_and_typescript_drivers_agree(
     py_lane = new_lane_id(f"parity-py-{case['name']}")
     ts_lane = new_lane_id(f"parity-ts-{case['name']}")
     node = await start_node_driver(
-        {"kind": "case", "target": target, "lane": ts_lane, "case": case}, tmp_path / "node.log"
+        {
+            "kind": "case",
+            "target": target,
+            "lane": ts_lane,
+            "case": case,
+            "session": transport == "session",
+        },
+        tmp_path / "node.log",
     )
     try:
         py_status = await run_python(target, py_lane, case, lane_stub)
@@ -215,6 +231,12 @@ async def test_python_and_typescript_drivers_agree(
         node.kill()
     assert py_status == case["status"]
     assert ts_result["status"].lower() == case["status"], node.tail()
+    calls = ts_result["calls"]
+    if transport == "session":
+        # Every command on one DriveLane stream; the lane's watch is its own stream.
+        assert calls["DriveLane"] == 1 and set(calls) <= {"DriveLane", "WatchLane"}, calls
+    else:
+        assert "DriveLane" not in calls and calls["StartRun"] == 1, calls
 
     async with await psycopg.AsyncConnection.connect(session_database_url, autocommit=True) as conn:
         py = await load(conn, py_lane)

@@ -38,11 +38,13 @@ export function isRetryable(error: LaneError): boolean {
 /**
  * Run `attempt` (one RPC, given the per-attempt timeout) until it answers, retrying as
  * `options` say; the last failure is thrown as a `LaneError`. `signal` stops the waiting.
+ * `retryable` decides which failures are tried again (default `isRetryable`).
  */
 export async function withRetries<T>(
   attempt: (timeoutMs: number | undefined) => Promise<T>,
   options: RetryOptions = {},
   signal?: AbortSignal,
+  retryable: (error: LaneError) => boolean = isRetryable,
 ): Promise<T> {
   const deadline = Date.now() + (options.timeoutMs ?? 30_000);
   const initial = options.initialMs ?? 100;
@@ -55,7 +57,7 @@ export async function withRetries<T>(
       const error = laneErrorFrom(thrown);
       const capped = Math.min(max, initial * 2 ** (failures - 1));
       const delay = capped / 2 + Math.random() * (capped / 2);
-      if (!isRetryable(error) || Date.now() + delay > deadline || signal?.aborted) {
+      if (!retryable(error) || Date.now() + delay > deadline || signal?.aborted) {
         throw error;
       }
       await sleep(delay, signal);

@@ -6,9 +6,10 @@ import { LaneClient, type LaneClientFacadeOptions } from "./lane-client.js";
 
 /**
  * A `LaneClient` for the service at `address` (`host:port` or an `http(s)://` URL) over gRPC;
- * `options` are `createLaneClient`'s (token, TLS, …) plus the facade's `retry` and `headers`.
+ * `options` are `createLaneClient`'s (token, TLS, …) plus the facade's `retry`, `headers` and
+ * `session` (`true`: every command over one DriveLane stream; `close()` ends it).
  */
 export function connectLane(address: string, options: LaneClientOptions & LaneClientFacadeOptions = {}): LaneClient {
-  const { retry, headers, ...transport } = options;
-  return new LaneClient(createLaneClient(address, transport), { retry, headers });
+  const { retry, headers, session, ...transport } = options;
+  return new LaneClient(createLaneClient(address, transport), { retry, headers, session });
 }

@@ -34,7 +34,13 @@
  * SAFE) are replayed (`ReplayToolCall`, executed again), other effect_pending calls get an
  * INTERRUPTED result, planned calls run the ordinary flow — then the run continues as usual.
  *
- * Unlike the Python driver, commands go as unary RPCs (no DriveLane session).
+ * Commands travel over one DriveLane stream per run (`LaneSession`, `session.ts`: the same
+ * answers and refusals as the unary RPCs, for less service CPU; a broken stream is replaced and
+ * its unanswered commands sent again with their request ids), as the Python driver's do.
+ * `session: false` sends each command as its unary RPC instead; `session:` a `LaneSession` of
+ * your own shares it (the driver does not close it); a `LaneClient` made with a session of its
+ * own (`connectLane(address, { session: true })`) lends the driver that one. The lane's watch is
+ * its own stream either way.
  */
 import { hostname } from "node:os";
 import { Reason, laneErrorFrom } from "./errors.js";
@@ -56,6 +62,7 @@ import {
 import type { Hooks } from "./hooks.js";
 import { userMessage, type LaneClient, type Prompt, type RequestOf, type ResponseOf, type UnaryMethod } from "./lane-client.js";
 import { ModelError, type Model, type ModelRequest } from "./model.js";
+import { LaneSession } from "./session.js";
 import { LeaseLost, RunControl, ToolFlow, messageOf, type AnyTool, type BatchCall } from "./toolflow.js";
 import { watchLane } from "./watch.js";
 
@@ -102,6 +109,11 @@ export interface DriverOptions {
   modelRetry?: { retries?: number; initialMs?: number; maxMs?: number };
   /** Where the driver's log lines go (default: nowhere). */
   log?: (line: string) => void;
+  /**
+   * How commands travel: `true` (default) over a DriveLane session per run (the client's own,
+   * if it has one), `false` as unary RPCs, or over the given `LaneSession` (left open).
+   */
+  session?: boolean | LaneSession;
 }
 
 /** The model failed, or answered with an error: the run ends FAILED. */
@@ -208,8 +220,12 @@ export class Driver {
   readonly model: Model | undefined;
   private readonly modelRetry: Required<NonNullable<DriverOptions["modelRetry"]>>;
   private readonly log: (line: string) => void;
+  /** How commands travel (`DriverOptions.session`). */
+  readonly session: boolean | LaneSession;
   private readonly flow: ToolFlow;
   private run_: RunControl | undefined;
+  /** What this run's commands go over: a session, unary (`false`), or the client's choice. */
+  private commands_: LaneSession | false | undefined;
 
   constructor(lanes: LaneClient, laneId: string, tools: readonly AnyTool[] = [], options: DriverOptions = {}) {
     const leaseSeconds = options.leaseSeconds ?? 30;
@@ -235,6 +251,7 @@ export class Driver {
     this.model = options.model;
     this.modelRetry = { retries: 4, initialMs: 1_000, maxMs: 30_000, ...options.modelRetry };
     this.log = options.log ?? (() => undefined);
+    this.session = options.session ?? true;
     this.flow = new ToolFlow(laneId, byName, options.hooks ?? {}, options.abortGraceMs, this.command, this.log);
   }
 
@@ -253,12 +270,16 @@ export class Driver {
     if (this.run_ !== undefined) {
       throw new DriverError(`this driver already drives operation ${this.run_.operationId}`);
     }
+    return this.withCommands(() => this.start(prompt, model, options.operationId));
+  }
+
+  private async start(prompt: Prompt, model: Model, operationId: string | undefined): Promise<RunResult> {
     const messages: AgentMessage[] =
       typeof prompt === "string" ? [userMessage(prompt)] : Array.isArray(prompt) ? [...(prompt as AgentMessage[])] : [prompt as AgentMessage];
     await this.command("createLane", { laneId: this.laneId });
     const started = await this.command("startRun", {
       laneId: this.laneId,
-      operationId: options.operationId ?? "",
+      operationId: operationId ?? "",
       prompt: messages,
       settings: this.settings ?? {},
       driverId: this.driverId,
@@ -284,6 +305,10 @@ export class Driver {
     if (this.run_ !== undefined) {
       throw new DriverError(`this driver already drives operation ${this.run_.operationId}`);
     }
+    return this.withCommands(() => this.takeOver(operationId, options));
+  }
+
+  private async takeOver(operationId: string, options: { model?: Model; waitMs?: number }): Promise<RunResult> {
     const deadline = Date.now() + (options.waitMs ?? 60_000);
     let taken: ResponseOf<"acquireOperation">;
     for (;;) {
@@ -328,6 +353,28 @@ export class Driver {
 
   // -- commands ------------------------------------------------------------------------------
 
+  /** Run `body` (one run() or recover()) with its commands going as `DriverOptions.session`
+   *  asks: over a session opened for it and closed after it, unless one is lent or refused. */
+  private async withCommands<T>(body: () => Promise<T>): Promise<T> {
+    let opened: LaneSession | undefined;
+    if (this.session === false) {
+      this.commands_ = false;
+    } else if (this.session instanceof LaneSession) {
+      this.commands_ = this.session;
+    } else if (this.lanes.session !== undefined) {
+      this.commands_ = undefined; // the client's own
+    } else {
+      opened = this.lanes.openSession({ retry: { timeoutMs: this.retryMs } });
+      this.commands_ = opened;
+    }
+    try {
+      return await body();
+    } finally {
+      this.commands_ = undefined;
+      await opened?.close();
+    }
+  }
+
   /** Send a command of the current run: its lease token, a request id, retries, and the
    *  `cancelRequested` of its answer. */
   private readonly command = async <K extends UnaryMethod>(method: K, init: RequestOf<K>): Promise<ResponseOf<K>> => {
@@ -343,7 +390,7 @@ export class Driver {
     }
     let answer: ResponseOf<K>;
     try {
-      answer = await this.lanes.call(method, init, { retry: { timeoutMs: this.retryMs } });
+      answer = await this.lanes.call(method, init, { retry: { timeoutMs: this.retryMs }, session: this.commands_ });
     } catch (thrown) {
       const error = laneErrorFrom(thrown);
       if (error.reasonCode === Reason.STALE_LEASE) {
@@ -400,7 +447,7 @@ export class Driver {
       await this.lanes.call(
         "releaseLease",
         { laneId: this.laneId, operationId: run.operationId, leaseToken: run.leaseToken },
-        { retry: { timeoutMs: 2_000, attemptTimeoutMs: 5_000 } },
+        { retry: { timeoutMs: 2_000, attemptTimeoutMs: 5_000 }, session: this.commands_ },
       );
     } catch {
       // Best effort: the lease lapses on its own.
@@ -419,7 +466,7 @@ export class Driver {
         const answer = await this.lanes.call(
           "renewLease",
           { laneId: this.laneId, operationId: run.operationId, leaseToken: run.leaseToken, leaseSeconds: this.leaseSeconds },
-          { retry: { timeoutMs: interval, attemptTimeoutMs: Math.max(interval, 1_000) }, signal },
+          { retry: { timeoutMs: interval, attemptTimeoutMs: Math.max(interval, 1_000) }, signal, session: this.commands_ },
         );
         if (answer.cancelRequested) {
           run.markCancelled("lease renewal");

@@ -12,6 +12,8 @@
  *   `Reason` / `reasonOf`: their reasons as the contract's enum (shared with the Python client).
  * - `LaneClient` (`connectLane(address)`): the commands as typed methods, with request ids,
  *   retries and lease tokens (the Python facade's shape).
+ * - `LaneSession`: the commands over one DriveLane stream (pipelined, resent after a break);
+ *   `connectLane(address, { session: true })` sends every command of a `LaneClient` over one.
  * - `Driver`, `defineTool`, hooks, `ScriptedModel`: the driver SDK (Node only: Ajv compiles
  *   schemas to code).
  * - The generated lane.v1 messages, enums and the LaneService descriptor.
@@ -32,6 +34,13 @@ export {
   type UnaryMethod,
 } from "./lane-client.js";
 export { isRetryable, newRequestId, withRetries, type RetryOptions } from "./commands.js";
+export {
+  LaneSession,
+  MAX_COMMANDS_IN_FLIGHT,
+  SessionBroken,
+  type LaneSessionOptions,
+  type SessionCallOptions,
+} from "./session.js";
 export { Driver, DriverError, LeaseLost, type DriverOptions, type RunResult } from "./driver.js";
 export {
   Tool,

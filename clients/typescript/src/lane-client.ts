@@ -21,6 +21,11 @@
  *
  * It works over any transport: gRPC (`createLaneClient` in Node) or Connect and gRPC-Web
  * (`createLaneConnectClient`). `Driver` drives runs with tools and a model on top of it.
+ *
+ * Sessions (gRPC in Node): with `{ session: true }` every command goes over one DriveLane
+ * stream the client owns (`session.ts`: the same answers and errors, pipelined, resent on a new
+ * stream after a break; `close()` ends it); `{ session: aLaneSession }` shares one, and a call's
+ * `{ session }` option picks one (or `false`: unary) for that call alone.
  */
 import { create, type DescMessage, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
@@ -28,6 +33,7 @@ import type { CallOptions, Client } from "@connectrpc/connect";
 import type { DescMethodUnary } from "@bufbuild/protobuf";
 import { newRequestId, withRetries, type RetryOptions } from "./commands.js";
 import { Reason } from "./errors.js";
+import { LaneSession, type LaneSessionOptions } from "./session.js";
 import {
   LaneService,
   type AcquireOperationResponse,
@@ -89,6 +95,12 @@ export interface LaneClientFacadeOptions {
   retry?: RetryOptions;
   /** Extra headers sent with every call. */
   headers?: CallOptions["headers"];
+  /**
+   * Send commands over a DriveLane session: `true` opens one the client owns (on the first
+   * command; `close()` ends it), a `LaneSession` is shared (not closed by the client). Default:
+   * unary RPCs. gRPC in Node only (Connect and gRPC-Web have no bidirectional streams).
+   */
+  session?: boolean | LaneSession;
 }
 
 /** Per-call options of `LaneClient.call`. */
@@ -97,6 +109,8 @@ export interface CommandOptions {
   retry?: RetryOptions;
   /** Stops the retries (the call in flight is cancelled). */
   signal?: AbortSignal;
+  /** Send this call over `session`, or as a unary RPC (`false`), whatever the client's own. */
+  session?: LaneSession | false;
 }
 
 /** A user message with one text block, time-stamped now. */
@@ -128,10 +142,44 @@ export class LaneClient {
   /** Lease tokens of runs this client leased: lane id + operation id → token. */
   private readonly leases = new Map<string, bigint>();
 
+  /** The session every command goes over (undefined: unary RPCs), and whether it is ours. */
+  private session_: LaneSession | undefined;
+  private readonly ownsSession: boolean;
+
   constructor(service: LaneServiceClient, options: LaneClientFacadeOptions = {}) {
     this.service = service;
     this.retry = options.retry ?? {};
     this.headers = options.headers;
+    this.ownsSession = options.session === true;
+    if (options.session instanceof LaneSession) {
+      this.session_ = options.session;
+    } else if (options.session === true) {
+      this.session_ = this.openSession();
+    }
+  }
+
+  /** The session this client's commands go over, if any. */
+  get session(): LaneSession | undefined {
+    return this.session_;
+  }
+
+  /**
+   * A new `LaneSession` on this client's transport, headers and retry options (its stream
+   * opens with the first command). The caller closes it; pass it per call (`{ session }`), to
+   * a `LaneClient` or to a `Driver`.
+   */
+  openSession(options: LaneSessionOptions = {}): LaneSession {
+    return new LaneSession(this.service, { retry: this.retry, headers: this.headers, ...options });
+  }
+
+  /** End the session the client opened itself (`{ session: true }`); commands after it go
+   *  unary. A shared session is left open. */
+  async close(): Promise<void> {
+    const session = this.session_;
+    if (this.ownsSession) {
+      this.session_ = undefined;
+      await session?.close();
+    }
   }
 
   /** The token this client holds for the run, if it leased it. */
@@ -168,14 +216,18 @@ export class LaneClient {
       request: unknown,
       options: CallOptions,
     ) => Promise<ResponseOf<K>>;
+    const session = options.session === undefined ? this.session_ : options.session || undefined;
     let response: ResponseOf<K>;
     try {
-      response = await withRetries(
-        (timeoutMs) =>
-          send.call(this.service, request, { timeoutMs, signal: options.signal, headers: this.headers }),
-        options.retry ?? this.retry,
-        options.signal,
-      );
+      response =
+        session !== undefined
+          ? await session.call(method, request as RequestOf<K>, { retry: options.retry ?? this.retry, signal: options.signal })
+          : await withRetries(
+              (timeoutMs) =>
+                send.call(this.service, request, { timeoutMs, signal: options.signal, headers: this.headers }),
+              options.retry ?? this.retry,
+              options.signal,
+            );
     } catch (error) {
       if (key !== undefined && (error as { reasonCode?: Reason }).reasonCode === Reason.STALE_LEASE) {
         this.leases.delete(key);

@@ -4,8 +4,10 @@
  *
  *     node --import tsx test/driver-process.ts '<json>'
  *
- * `{"kind": "case", "target", "lane", "case"}` runs one case of tests/driver_cases.json (the
- * `echo` tool and the shared hooks, as the Python side builds them). `{"kind": "crash", "target",
+ * `{"kind": "case", "target", "lane", "case", "session"}` runs one case of
+ * tests/driver_cases.json (the `echo` tool and the shared hooks, as the Python side builds
+ * them) over the Driver's default DriveLane session, or unary RPCs with `"session": false`; its
+ * result counts the RPCs made by method (`calls`). `{"kind": "crash", "target",
  * "lane", "driverId", "executions", "leaseSeconds", "plan", "operationId", "recover"}` runs (or,
  * with `recover`, takes over) a run of the crash plan with the recording tools `safe_read` and
  * `never_write`: every execution is appended to the `executions` file (JSON lines, synced)
@@ -17,6 +19,7 @@
  * driver's log goes to stderr. Exit status 3: the lease was lost.
  */
 import { closeSync, fsyncSync, openSync, readFileSync, writeSync } from "node:fs";
+import type { Interceptor } from "@connectrpc/connect";
 import {
   Driver,
   LeaseLost,
@@ -109,9 +112,16 @@ function caseHooks(abort: () => Promise<void>): Hooks {
 
 async function runCase(config: Json, log: (line: string) => void): Promise<Json> {
   const spec = config["case"] as Json;
-  const lanes = connectLane(config["target"] as string);
+  // The RPCs the driver made, by method: whether its commands went over a session.
+  const calls: Record<string, number> = {};
+  const counted: Interceptor = (next) => (request) => {
+    calls[request.method.name] = (calls[request.method.name] ?? 0) + 1;
+    return next(request);
+  };
+  const lanes = connectLane(config["target"] as string, { interceptors: [counted] });
   let driver: Driver | undefined = undefined;
   driver = new Driver(lanes, config["lane"] as string, [echo], {
+    ...(config["session"] === false ? { session: false } : {}),
     hooks: caseHooks(async () => {
       await driver!.abort();
     }),
@@ -120,7 +130,7 @@ async function runCase(config: Json, log: (line: string) => void): Promise<Json>
     log,
   });
   const result = await driver.run(`case ${spec["name"] as string}`);
-  return { status: OperationResultStatus[result.status], turns: result.turns };
+  return { status: OperationResultStatus[result.status], turns: result.turns, calls };
 }
 
 /** Append one execution to the file, synced, before the effect begins. */

@@ -1,0 +1,347 @@
+"""The TypeScript ``LaneSession`` (clients/typescript/src/session.ts) against the real service,
+in a Node process of its own (clients/typescript/test/session-process.ts, fed JSON lines):
+
+- the shared table of test_drive_lane (every unary command kind, accepted and refused) gets the
+  same answers, refusals (code, ErrorInfo reason, message, metadata) and events through the
+  TypeScript session as through Python's unary calls, and through TypeScript's unary calls;
+- pipelining: a lane whose commands wait on its row lock does not hold up another lane's, and
+  each lane's commands are applied in the order sent, however many are in flight;
+- the in-flight bound: with a lane held, 64 commands are written and the rest wait in the
+  session, unwritten (a free lane's command behind them does not run), then all are answered
+  in order;
+- a stream cut mid-flight (a proxy drops the connection) loses and doubles nothing: the
+  session resends with request ids, and RenewLease, which has none, fails UNAVAILABLE;
+- a service restart: the session reconnects and its command is answered once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.message import Message
+from lane.client.errors import LaneError, lane_error
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import lane_service_pb2_grpc
+
+from service.app.server import RunningServer, start_server
+from tests.integration.lanes import events_between, kinds, new_lane_id, user
+from tests.integration.test_drive_lane import (
+    METHOD_OF,
+    SERVICE,
+    CuttableProxy,
+    created,
+    revision,
+    row_locked,
+    run_table,
+    usage,
+    waiting_on_locks,
+)
+from tests.integration.typescript_driver import TYPESCRIPT_DIR
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+PROCESS = "test/session-process.ts"
+#: The service's bound (service/api/drive.py), which the session's default window equals.
+BOUND = 64
+
+
+class SessionBrokenInNode(LaneError):
+    """The TypeScript session's SessionBroken."""
+
+
+class NodeSession:
+    """A TypeScript LaneSession in a Node process: commands in as JSON lines, answers out."""
+
+    def __init__(self, process: asyncio.subprocess.Process, log: Path) -> None:
+        self.process = process
+        self.log = log
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._reader = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def start(cls, target: str, log: Path, **config: Any) -> NodeSession:
+        node = shutil.which("node")
+        if node is None:
+            pytest.fail("node is not on PATH: the TypeScript client needs Node 20 or newer")
+        if not (TYPESCRIPT_DIR / "node_modules" / "tsx").is_dir():
+            pytest.fail("clients/typescript/node_modules is missing: run scripts/test.sh first")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as sink:
+            process = await asyncio.create_subprocess_exec(
+                node,
+                "--import",
+                "tsx",
+                PROCESS,
+                json.dumps({"target": target, **config}),
+                cwd=TYPESCRIPT_DIR,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=sink,
+                limit=64 * 1024 * 1024,
+            )
+        return cls(process, log)
+
+    async def _read(self) -> None:
+        assert self.process.stdout is not None
+        while line := await self.process.stdout.readline():
+            message = json.loads(line)
+            future = self._waiting.pop(message["id"], None)
+            if future is not None and not future.done():
+                future.set_result(message)
+        problem = AssertionError(f"the Node session exited; its log:\n{self.tail()}")
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(problem)
+
+    def tail(self) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-40:])
+
+    def _send(self, op: str, **fields: Any) -> asyncio.Future[dict[str, Any]]:
+        """Write one line now (lines go out in the order sent); its answer's future."""
+        assert self.process.stdin is not None
+        ident = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[ident] = future
+        self.process.stdin.write(json.dumps({"id": ident, "op": op, **fields}).encode() + b"\n")
+        return future
+
+    def submit(self, request: Message, via: str = "session") -> asyncio.Future[Any]:
+        """Send ``request`` now; a future of its response, or of its LaneError."""
+        method = METHOD_OF[request.DESCRIPTOR.full_name]
+        answer = self._send(
+            "call",
+            method=method[0].lower() + method[1:],
+            request=base64.b64encode(request.SerializeToString()).decode(),
+            via=via,
+        )
+        return asyncio.ensure_future(_decode(method, answer))
+
+    async def call(self, request: Message, via: str = "session") -> Any:
+        return await asyncio.wait_for(self.submit(request, via), 60)
+
+    async def stats(self) -> dict[str, Any]:
+        return await asyncio.wait_for(self._send("stats"), 30)
+
+    async def close(self) -> dict[str, Any]:
+        answer = await asyncio.wait_for(self._send("close"), 30)
+        await asyncio.wait_for(self.process.wait(), 30)
+        return answer
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+        self._reader.cancel()
+
+
+async def _decode(method: str, answer: asyncio.Future[dict[str, Any]]) -> Any:
+    message = await answer
+    if "error" in message:
+        error = message["error"]
+        kind = SessionBrokenInNode if error.get("sessionBroken") else LaneError
+        raise kind(
+            grpc.StatusCode[error["code"]], error["reason"], error["message"], error["metadata"]
+        )
+    response_type = getattr(pb, SERVICE.methods_by_name[method].output_type.name)
+    return response_type.FromString(base64.b64decode(message["response"]))
+
+
+@contextlib.asynccontextmanager
+async def node_session(target: str, tmp_path: Path, **config: Any) -> AsyncIterator[NodeSession]:
+    session = await NodeSession.start(target, tmp_path / "node-session.log", **config)
+    try:
+        yield session
+    finally:
+        session.kill()
+
+
+def target_of(server: RunningServer) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+# -- the shared table -----------------------------------------------------------------------------
+
+
+async def test_the_table_answers_alike_through_a_typescript_session(
+    lane_stub: Any, lane_server: RunningServer, tmp_path: Path
+) -> None:
+    async def unary(request: Message) -> Any:
+        rpc = getattr(lane_stub, METHOD_OF[request.DESCRIPTOR.full_name])
+        try:
+            return await rpc(request, timeout=30)
+        except grpc.aio.AioRpcError as err:
+            raise lane_error(err) from err
+
+    by_python, python_events = await run_table(lane_stub, new_lane_id("ts-table-py"), unary)
+    async with node_session(target_of(lane_server), tmp_path) as node:
+        by_session, session_events = await run_table(
+            lane_stub, new_lane_id("ts-table-s"), node.call
+        )
+        by_ts_unary, ts_unary_events = await run_table(
+            lane_stub,
+            new_lane_id("ts-table-u"),
+            lambda request: node.call(request, via="unary"),
+        )
+        assert (await node.close())["streamsOpened"] == 1
+    for (label, expected), (_, session), (_, ts_unary) in zip(
+        by_python, by_session, by_ts_unary, strict=True
+    ):
+        assert session == expected, label
+        assert ts_unary == expected, label
+    assert session_events == python_events == ts_unary_events
+    refused = [label for label, outcome in by_session if outcome[0] == "refused"]
+    assert len(refused) >= 15 and len(by_session) - len(refused) >= 35
+
+
+# -- pipelining and order -------------------------------------------------------------------------
+
+
+async def test_a_held_lane_does_not_hold_up_another_and_each_keeps_its_order(
+    lane_stub: Any, lane_server: RunningServer, session_database_url: str, tmp_path: Path
+) -> None:
+    held, free = new_lane_id("ts-held"), new_lane_id("ts-free")
+    await created(lane_stub, held, free)
+    async with node_session(target_of(lane_server), tmp_path) as node:
+        async with row_locked(session_database_url, held):
+            # Three of the held lane first, then three of the free one, none awaited.
+            held_calls = [node.submit(usage(held, n)) for n in (1, 2, 3)]
+            free_calls = [node.submit(usage(free, n)) for n in (1, 2, 3)]
+            # The free lane is answered while the held lane's first command waits in
+            # PostgreSQL: both were in flight on the one stream at once.
+            free_answers = await asyncio.wait_for(asyncio.gather(*free_calls), 20)
+            await waiting_on_locks(session_database_url, 1)
+            assert not any(call.done() for call in held_calls)
+        held_answers = await asyncio.wait_for(asyncio.gather(*held_calls), 20)
+
+        # Many lanes, many commands each, all submitted before any is answered.
+        lanes = [new_lane_id(f"ts-pipe{i}") for i in range(8)]
+        await asyncio.gather(*(node.call(pb.CreateLaneRequest(lane_id=lane)) for lane in lanes))
+        calls = [node.submit(usage(lane, n)) for n in range(1, 21) for lane in lanes]
+        answers = await asyncio.wait_for(asyncio.gather(*calls), 60)
+        assert (await node.close())["streamsOpened"] == 1
+    assert [a.revision for a in free_answers] == [2, 3, 4]
+    assert [a.revision for a in held_answers] == [2, 3, 4]
+    events = await events_between(lane_stub, held, 1, 4)
+    assert [e.usage.row.usage.input for e in events] == [1, 2, 3]
+    for index, lane in enumerate(lanes):
+        revisions = [a.revision for a in answers[index :: len(lanes)]]
+        assert revisions == list(range(2, 22)), lane  # one lane's commands in the order sent
+
+
+# -- the in-flight bound --------------------------------------------------------------------------
+
+
+async def test_past_the_bound_commands_wait_in_the_session_unwritten(
+    lane_stub: Any, lane_server: RunningServer, session_database_url: str, tmp_path: Path
+) -> None:
+    held, free = new_lane_id("ts-bound-held"), new_lane_id("ts-bound-free")
+    await created(lane_stub, held, free)
+    sent = BOUND + 36
+    async with node_session(target_of(lane_server), tmp_path) as node:
+        async with row_locked(session_database_url, held):
+            held_calls = [node.submit(usage(held, n)) for n in range(1, sent + 1)]
+            await waiting_on_locks(session_database_url, 1)
+            stats = await node.stats()  # read after every line above: all are submitted
+            assert (stats["inFlight"], stats["queued"]) == (BOUND, sent - BOUND)
+            # A free lane's command waits behind them for a slot: not written, so not run.
+            free_call = node.submit(usage(free, 1))
+            stats = await node.stats()
+            assert (stats["inFlight"], stats["queued"]) == (BOUND, sent - BOUND + 1)
+            assert await revision(lane_stub, free) == 1
+            assert not free_call.done()
+        # The lock is gone: answers free slots, the queue drains, everything is answered.
+        held_answers = await asyncio.wait_for(asyncio.gather(*held_calls), 60)
+        assert (await asyncio.wait_for(free_call, 20)).revision == 2
+        stats = await node.stats()
+        assert (stats["inFlight"], stats["queued"], stats["streamsOpened"]) == (0, 0, 1)
+    assert [a.revision for a in held_answers] == list(range(2, sent + 2))
+
+
+# -- a broken stream ------------------------------------------------------------------------------
+
+
+async def test_a_stream_cut_mid_flight_loses_and_doubles_nothing(
+    lane_stub: Any, lane_server: RunningServer, session_database_url: str, tmp_path: Path
+) -> None:
+    proxy = CuttableProxy(lane_server.port)
+    await proxy.start()
+    held, other = new_lane_id("ts-cut-held"), new_lane_id("ts-cut-other")
+    await created(lane_stub, held, other)
+    started = await lane_stub.StartRun(
+        pb.StartRunRequest(lane_id=held, prompt=[user("go")], driver_id="d1", lease_seconds=300)
+    )
+    try:
+        async with node_session(f"127.0.0.1:{proxy.listen_port}", tmp_path) as node:
+            await node.call(pb.GetLaneSnapshotRequest(lane_id=other))  # the stream is up
+            async with row_locked(session_database_url, held):
+                # The held lane's commands wait in PostgreSQL (the first holds its
+                # connection); the other lane's are answered.
+                held_calls = [node.submit(usage(held, n)) for n in (1, 2, 3)]
+                renew = node.submit(
+                    pb.RenewLeaseRequest(
+                        lane_id=held,
+                        operation_id=started.operation_id,
+                        lease_token=started.lease.token,
+                    )
+                )
+                for n in (1, 2):
+                    await node.call(usage(other, n))
+                await waiting_on_locks(session_database_url, 1)
+                proxy.cut()  # the stream breaks; the first held command is in its transaction
+                # RenewLease has no request id: it is not sent again blindly.
+                with pytest.raises(SessionBrokenInNode) as broken:
+                    await asyncio.wait_for(renew, 20)
+                assert broken.value.code == grpc.StatusCode.UNAVAILABLE
+                # A command sent while the session reconnects goes out on the new stream.
+                assert (await node.call(usage(other, 3))).revision == 4
+            # The lock is gone: the first transaction commits (its stream is gone), and the
+            # resent commands get their answers: the stored one for the command that committed.
+            answers = await asyncio.wait_for(asyncio.gather(*held_calls), 30)
+            assert (await node.close())["streamsOpened"] == 2
+    finally:
+        await proxy.stop()
+    before = started.revision
+    assert [a.revision for a in answers] == [before + n for n in (1, 2, 3)]
+    events = await events_between(lane_stub, held, before, before + 3)
+    assert kinds(events) == ["usage"] * 3
+    assert [e.usage.row.usage.input for e in events] == [1, 2, 3]
+    assert await revision(lane_stub, held) == before + 3  # nothing twice
+    assert await revision(lane_stub, other) == 4
+    # A unary retry of one of them returns the same answer: it was stored under its id.
+    assert await lane_stub.RecordUsage(usage(held, 1)) == answers[0]
+
+
+async def test_a_session_rides_out_a_service_restart(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    first = await start_server(fresh_database_url, listen="127.0.0.1:0")
+    port = first.port
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+    lane = new_lane_id("ts-restart")
+    second: RunningServer | None = None
+    try:
+        async with node_session(f"127.0.0.1:{port}", tmp_path) as node:
+            await node.call(pb.CreateLaneRequest(lane_id=lane))
+            await node.call(usage(lane, 1))
+            await first.stop(grace=5.0)  # ends the stream UNAVAILABLE SERVER_SHUTTING_DOWN
+            pending = node.submit(usage(lane, 2))
+            second = await start_server(fresh_database_url, listen=f"127.0.0.1:{port}")
+            assert (await asyncio.wait_for(pending, 30)).revision == 3
+            assert (await node.close())["streamsOpened"] >= 2
+        assert await revision(stub, lane) == 3
+    finally:
+        await channel.close()
+        if second is not None:
+            await second.stop(grace=0.5)
