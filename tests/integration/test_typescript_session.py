@@ -11,7 +11,9 @@ in a Node process of its own (clients/typescript/test/session-process.ts, fed JS
   in order;
 - a stream cut mid-flight (a proxy drops the connection) loses and doubles nothing: the
   session resends with request ids, and RenewLease, which has none, fails UNAVAILABLE;
-- a service restart: the session reconnects and its command is answered once.
+- a service restart: the session reconnects and its command is answered once;
+- an answer too large for a stream message (ANSWER_TOO_LARGE) is read with the unary RPC, and
+  a request too large for one goes unary; the stream goes on.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.message import Message
-from lane.client.errors import LaneError, lane_error
+from lane.client.errors import LaneError, lane_error, status_error
+from lane.limits import MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import lane_service_pb2_grpc
+from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 
 from service.app.server import RunningServer, start_server
 from tests.integration.lanes import events_between, kinds, new_lane_id, user
@@ -40,6 +43,7 @@ from tests.integration.test_drive_lane import (
     SERVICE,
     CuttableProxy,
     created,
+    raw_drive,
     revision,
     row_locked,
     run_table,
@@ -345,3 +349,88 @@ async def test_a_session_rides_out_a_service_restart(
         await channel.close()
         if second is not None:
             await second.stop(grace=0.5)
+
+
+# -- sizes ----------------------------------------------------------------------------------------
+
+
+async def answer_bytes(stub: Any, lane: str) -> int:
+    answer = await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane))
+    size: int = answer.ByteSize()
+    return size
+
+
+async def grown_to_the_limit(stub: Any, lane: str) -> pb.GetLaneSnapshotResponse:
+    """Grow ``lane`` until its GetLaneSnapshot answer is 3 bytes short of the message limit: a
+    unary answer, but no DriveLane one (the sequence and the field's header add 7)."""
+    await created(stub, lane)
+    # Runs whose prompts fill the transcript to some 40 KB short (a run's start commit carries
+    # its prompt more than once: at most two messages of 500 KB each).
+    while (room := MAX_MESSAGE_BYTES - 40_000 - await answer_bytes(stub, lane)) > 0:
+        pieces = [min(500_000, room - n * 500_000) for n in range(2) if room > n * 500_000]
+        started = await stub.StartRun(
+            pb.StartRunRequest(lane_id=lane, prompt=[user("x" * size) for size in pieces])
+        )
+        await stub.EndRun(
+            pb.EndRunRequest(
+                lane_id=lane,
+                operation_id=started.operation_id,
+                status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED,
+            )
+        )
+    # The rest with the configuration's tool names, replaced until the size is exact (each
+    # name costs its length and 2 bytes; the configuration's own header may grow meanwhile).
+    target = MAX_MESSAGE_BYTES - 3
+    names: list[str] = []
+    for _ in range(8):
+        answer = await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane))
+        gap = target - answer.ByteSize()
+        if gap == 0:
+            return answer  # type: ignore[no-any-return]
+        wanted = sum(len(name) + 2 for name in names) + gap
+        assert wanted > 0, gap
+        full, rest = divmod(wanted, 102)
+        names = [f"t{i:05d}".ljust(100, "x") for i in range(full)]
+        if rest:  # a name of rest - 2 bytes, or one full name longer when rest is too small
+            if rest < 3 and names:
+                names[-1] += "y" * rest
+            else:
+                names.append(f"r{'z' * (rest - 3)}")
+        await stub.UpdateLaneConfig(
+            pb.UpdateLaneConfigRequest(lane_id=lane, active_tool_names=pb.ToolNames(names=names))
+        )
+    raise AssertionError("the snapshot's size did not settle")
+
+
+async def test_an_answer_too_large_for_the_stream_is_read_unary(
+    lane_stub: Any, lane_channel: Any, lane_server: RunningServer, tmp_path: Path
+) -> None:
+    lane = new_lane_id("ts-too-large")
+    expected = await grown_to_the_limit(lane_stub, lane)
+    # On the stream alone it is refused ANSWER_TOO_LARGE ...
+    call = raw_drive(lane_channel)
+    try:
+        request = pb.DriveLaneRequest(
+            sequence=1, get_lane_snapshot=pb.GetLaneSnapshotRequest(lane_id=lane)
+        )
+        await call.write(request.SerializeToString())
+        refused = await asyncio.wait_for(call.read(), 20)
+    finally:
+        call.cancel()
+    assert refused.WhichOneof("answer") == "error"
+    assert status_error(refused.error).reason == "ANSWER_TOO_LARGE"
+    async with node_session(target_of(lane_server), tmp_path) as node:
+        # ... and the session reads it with the unary RPC instead.
+        assert await node.call(pb.GetLaneSnapshotRequest(lane_id=lane)) == expected
+        # A request too large for a stream message goes unary too: gRPC's own refusal.
+        huge = pb.EnqueueMessageRequest(
+            lane_id=lane,
+            kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP,
+            message=user("x" * MAX_MESSAGE_BYTES),
+        )
+        with pytest.raises(LaneError) as too_big:
+            await node.call(huge)
+        assert too_big.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # The stream went on: a command after them is answered on it.
+        assert (await node.call(usage(lane, 1))).revision == expected.snapshot.revision + 1
+        assert (await node.close())["streamsOpened"] == 1
