@@ -5,7 +5,8 @@ in a Node process of its own (clients/typescript/test/session-process.ts, fed JS
   same answers, refusals (code, ErrorInfo reason, message, metadata) and events through the
   TypeScript session as through Python's unary calls, and through TypeScript's unary calls;
 - pipelining: a lane whose commands wait on its row lock does not hold up another lane's, and
-  each lane's commands are applied in the order sent, however many are in flight;
+  each lane's commands are applied in the order sent, however many are in flight (also through
+  a ``LaneClient`` of ``connectLane(target, { session: true })``: one stream);
 - the in-flight bound: with a lane held, 64 commands are written and the rest wait in the
   session, unwritten (a free lane's command behind them does not run), then all are answered
   in order;
@@ -228,11 +229,15 @@ async def test_a_held_lane_does_not_hold_up_another_and_each_keeps_its_order(
             assert not any(call.done() for call in held_calls)
         held_answers = await asyncio.wait_for(asyncio.gather(*held_calls), 20)
 
-        # Many lanes, many commands each, all submitted before any is answered.
+        # Many lanes, many commands each, all submitted before any is answered: through a
+        # LaneClient made with a session of its own (connectLane(target, { session: true })).
         lanes = [new_lane_id(f"ts-pipe{i}") for i in range(8)]
-        await asyncio.gather(*(node.call(pb.CreateLaneRequest(lane_id=lane)) for lane in lanes))
-        calls = [node.submit(usage(lane, n)) for n in range(1, 21) for lane in lanes]
+        await asyncio.gather(
+            *(node.call(pb.CreateLaneRequest(lane_id=lane), via="client") for lane in lanes)
+        )
+        calls = [node.submit(usage(lane, n), via="client") for n in range(1, 21) for lane in lanes]
         answers = await asyncio.wait_for(asyncio.gather(*calls), 60)
+        assert (await node.stats())["clientStreamsOpened"] == 1
         assert (await node.close())["streamsOpened"] == 1
     assert [a.revision for a in free_answers] == [2, 3, 4]
     assert [a.revision for a in held_answers] == [2, 3, 4]

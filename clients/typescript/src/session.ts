@@ -496,7 +496,9 @@ export class LaneSession {
     if (stream !== undefined && this.pending.size === 0) {
       // Nothing unanswered: end the stream politely (the service sees its end, not a cancel).
       stream.outbox.end();
-      await Promise.race([stream.reading, sleep(1_000)]);
+      const waited = new AbortController(); // so the timer does not keep the process alive
+      await Promise.race([stream.reading, sleep(1_000, waited.signal)]);
+      waited.abort();
     }
     this.drop();
     await stream?.reading;

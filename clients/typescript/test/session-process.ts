@@ -8,11 +8,14 @@
  * as soon as it is answered (so requests are pipelined: the next line is read while earlier
  * commands wait):
  *
- * - `{"id", "op": "call", "method": "recordUsage", "request": base64, "via": "session" | "unary"}`:
- *   the request (the method's request message, encoded) through the session or as the unary RPC
- *   (`LaneServiceClient`, errors through `laneErrorFrom`); the answer is `{"id", "response":
- *   base64}` or `{"id", "error": {"code", "reason", "message", "metadata", "sessionBroken"}}`.
- * - `{"id", "op": "stats"}`: `{"id", "streamsOpened", "inFlight", "queued"}`.
+ * - `{"id", "op": "call", "method": "recordUsage", "request": base64, "via": "session" |
+ *   "unary" | "client"}`: the request (the method's request message, encoded) through the
+ *   session, as the unary RPC (`LaneServiceClient`, errors through `laneErrorFrom`), or through
+ *   `LaneClient.call` of a `connectLane(target, { session: true })` client; the answer is
+ *   `{"id", "response": base64}` or `{"id", "error": {"code", "reason", "message", "metadata",
+ *   "sessionBroken"}}`.
+ * - `{"id", "op": "stats"}`: `{"id", "streamsOpened", "inFlight", "queued",
+ *   "clientStreamsOpened"}` (the last: the LaneClient's own session).
  * - `{"id", "op": "close"}`: closes the session, answers, and exits.
  */
 import { createInterface } from "node:readline";
@@ -23,6 +26,7 @@ import {
   LaneSession,
   SessionBroken,
   codeName,
+  connectLane,
   createLaneClient,
   laneErrorFrom,
   type RequestOf,
@@ -33,6 +37,7 @@ type Json = Record<string, unknown>;
 
 const config = JSON.parse(process.argv[2] ?? "{}") as Json;
 const service = createLaneClient(config["target"] as string);
+const lanes = connectLane(config["target"] as string, { session: true });
 const session = new LaneSession(service, {
   ...(config["maxInFlight"] === undefined ? {} : { maxInFlight: config["maxInFlight"] as number }),
   retry: { timeoutMs: 30_000 },
@@ -51,6 +56,8 @@ async function call(line: Json): Promise<Json> {
     if (line["via"] === "unary") {
       const send = service[method] as unknown as (request: unknown, options: CallOptions) => Promise<unknown>;
       response = await send.call(service, request, { timeoutMs: 30_000 });
+    } else if (line["via"] === "client") {
+      response = await lanes.call(method, request as RequestOf<typeof method>);
     } else {
       response = await session.call(method, request as RequestOf<typeof method>);
     }
@@ -80,9 +87,15 @@ for await (const text of lines) {
   if (op === "call") {
     void call(line).then((answer) => reply({ id, ...answer }));
   } else if (op === "stats") {
-    reply({ id, streamsOpened: session.streamsOpened, inFlight: session.inFlight, queued: session.queued });
+    reply({
+      id,
+      streamsOpened: session.streamsOpened,
+      inFlight: session.inFlight,
+      queued: session.queued,
+      clientStreamsOpened: lanes.session?.streamsOpened,
+    });
   } else if (op === "close") {
-    await session.close();
+    await Promise.all([session.close(), lanes.close()]);
     reply({ id, streamsOpened: session.streamsOpened });
     break;
   } else {
