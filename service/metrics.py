@@ -1,10 +1,14 @@
 """Every Prometheus metric of the service, defined once for the whole process.
 
 A cross-cutting module: it imports nothing of the service, so every layer may use it (the
-domain stays pure and does not). The metrics live in :data:`REGISTRY`, a registry of their own
-that also carries the standard ``process_*``, ``python_gc_*`` and ``python_info`` collectors;
-``LANE_METRICS_LISTEN`` serves it over HTTP (:func:`serve_metrics`). They are module-level, so
-several servers in one process (as in the tests) add to the same series.
+domain stays pure and does not). Importing it registers nothing: the metrics live in a
+:class:`Metrics`, and code counts on :data:`current` (``metrics.current.commands.labels(...)``).
+Until the process installs its registry, :data:`current` holds metrics registered nowhere
+(counted, never exported). ``service/app/server.py`` calls :func:`install` at start-up: once
+per process it makes the registry (the metrics below, and the standard ``process_*``,
+``python_gc_*`` and ``python_info`` collectors) and makes it :data:`current`; later servers in
+the process (as in the tests) get the same one and add to the same series.
+``LANE_METRICS_LISTEN`` serves it over HTTP (:func:`serve_metrics`).
 
 ``lane_commands_total{method, code}`` (counter)
     Unary LaneService RPCs answered, by method (``StartRun``, ...; the read-only
@@ -58,89 +62,111 @@ from prometheus_client import (
     start_wsgi_server,
 )
 
-REGISTRY = CollectorRegistry(auto_describe=True)
-for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-    REGISTRY.register(_collector)
-
 _COMMAND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _DELIVERY_BUCKETS = (
     *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
     *(1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
-
-COMMANDS = Counter(
-    "lane_commands",
-    "Unary LaneService RPCs answered, by method and gRPC status code name.",
-    ["method", "code"],
-    registry=REGISTRY,
-)
-COMMAND_SECONDS = Histogram(
-    "lane_command_duration_seconds",
-    "Time to answer a unary LaneService RPC, refusals included.",
-    ["method"],
-    buckets=_COMMAND_BUCKETS,
-    registry=REGISTRY,
-)
-EVENTS_APPENDED = Counter(
-    "lane_events_appended",
-    "Events committed to the event log.",
-    registry=REGISTRY,
-)
-STORE_COMMITS = Counter(
-    "lane_store_commits",
-    "Commands run by the store, by path: 'optimistic' (decided on the lane kept in memory and"
-    " committed in one statement), 'locked' (the lane loaded under its row lock).",
-    ["path"],
-    registry=REGISTRY,
-)
-OPTIMISTIC_COMMITS = STORE_COMMITS.labels("optimistic")
-LOCKED_COMMITS = STORE_COMMITS.labels("locked")
-WATCHERS_ACTIVE = Gauge(
-    "lane_watchers_active",
-    "WatchLane streams being served.",
-    registry=REGISTRY,
-)
-WATCHERS_ENDED = Counter(
-    "lane_watchers_ended",
-    "WatchLane streams that ended, by reason.",
-    ["reason"],
-    registry=REGISTRY,
-)
 #: The reasons a watcher ends for, shown at zero before the first one does.
 WATCHER_END_REASONS = ("client_left", "too_slow", "shutdown", "out_of_range", "error")
-for _reason in WATCHER_END_REASONS:
-    WATCHERS_ENDED.labels(_reason)
-DELIVERY_SECONDS = Histogram(
-    "lane_delivery_latency_seconds",
-    "From an event group's commit time to a watcher writing it to its stream.",
-    buckets=_DELIVERY_BUCKETS,
-    registry=REGISTRY,
-)
-DOORBELLS_SENT = Counter(
-    "lane_doorbells_sent",
-    "NOTIFY doorbells sent for commits to lanes another process watches.",
-    registry=REGISTRY,
-)
-EVENT_LOG_READS = Counter(
-    "lane_event_log_reads",
-    "Reads of a lane's event log for watchers (shared per lane, or a watcher catching up).",
-    registry=REGISTRY,
-)
-LISTENER_RECONNECTS = Counter(
-    "lane_listener_reconnects",
-    "Times the hub's LISTEN connection was lost or could not be opened.",
-    registry=REGISTRY,
-)
-NOTIFICATION_QUEUE_USAGE = Gauge(
-    "lane_notification_queue_usage_ratio",
-    "pg_notification_queue_usage(): the fraction of PostgreSQL's NOTIFY queue in use.",
-    registry=REGISTRY,
-)
+
+
+class Metrics:
+    """The service's metrics, registered in ``registry`` (None: nowhere, never exported)."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.registry = registry
+        self.commands = Counter(
+            "lane_commands",
+            "Unary LaneService RPCs answered, by method and gRPC status code name.",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.command_seconds = Histogram(
+            "lane_command_duration_seconds",
+            "Time to answer a unary LaneService RPC, refusals included.",
+            ["method"],
+            buckets=_COMMAND_BUCKETS,
+            registry=registry,
+        )
+        self.events_appended = Counter(
+            "lane_events_appended",
+            "Events committed to the event log.",
+            registry=registry,
+        )
+        self.store_commits = Counter(
+            "lane_store_commits",
+            "Commands run by the store, by path: 'optimistic' (decided on the lane kept in"
+            " memory and committed in one statement), 'locked' (the lane loaded under its row"
+            " lock).",
+            ["path"],
+            registry=registry,
+        )
+        self.optimistic_commits = self.store_commits.labels("optimistic")
+        self.locked_commits = self.store_commits.labels("locked")
+        self.watchers_active = Gauge(
+            "lane_watchers_active",
+            "WatchLane streams being served.",
+            registry=registry,
+        )
+        self.watchers_ended = Counter(
+            "lane_watchers_ended",
+            "WatchLane streams that ended, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in WATCHER_END_REASONS:
+            self.watchers_ended.labels(reason)
+        self.delivery_seconds = Histogram(
+            "lane_delivery_latency_seconds",
+            "From an event group's commit time to a watcher writing it to its stream.",
+            buckets=_DELIVERY_BUCKETS,
+            registry=registry,
+        )
+        self.doorbells_sent = Counter(
+            "lane_doorbells_sent",
+            "NOTIFY doorbells sent for commits to lanes another process watches.",
+            registry=registry,
+        )
+        self.event_log_reads = Counter(
+            "lane_event_log_reads",
+            "Reads of a lane's event log for watchers (shared per lane, or a watcher catching up).",
+            registry=registry,
+        )
+        self.listener_reconnects = Counter(
+            "lane_listener_reconnects",
+            "Times the hub's LISTEN connection was lost or could not be opened.",
+            registry=registry,
+        )
+        self.notification_queue_usage = Gauge(
+            "lane_notification_queue_usage_ratio",
+            "pg_notification_queue_usage(): the fraction of PostgreSQL's NOTIFY queue in use.",
+            registry=registry,
+        )
+
+
+#: The metrics code counts on: registered nowhere until :func:`install` replaces them.
+current = Metrics(None)
+_install_lock = threading.Lock()
+
+
+def install() -> CollectorRegistry:
+    """The process's registry, made (and its metrics made :data:`current`) by the first call:
+    the app calls it where the process starts. Metrics counted before are not carried over."""
+    global current
+    with _install_lock:
+        if current.registry is not None:
+            return current.registry
+        registry = CollectorRegistry(auto_describe=True)
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            registry.register(collector)
+        current = Metrics(registry)
+        return registry
 
 
 @dataclass
 class MetricsEndpoint:
-    """The HTTP endpoint serving :data:`REGISTRY` (any path) from a daemon thread."""
+    """The HTTP endpoint serving a registry (any path) from a daemon thread."""
 
     server: WSGIServer
     thread: threading.Thread
@@ -159,26 +185,20 @@ class MetricsEndpoint:
         self.thread.join()
 
 
-def serve_metrics(host: str, port: int) -> MetricsEndpoint:
-    """Serve :data:`REGISTRY` on ``host``:``port`` (``[::1]`` or ``::1`` for IPv6; port 0 picks
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsEndpoint:
+    """Serve ``registry`` on ``host``:``port`` (``[::1]`` or ``::1`` for IPv6; port 0 picks
     a free one). Raises OSError when the address cannot be bound."""
     host = host.removeprefix("[").removesuffix("]")
-    server, thread = start_wsgi_server(port, addr=host, registry=REGISTRY)
+    server, thread = start_wsgi_server(port, addr=host, registry=registry)
     bound = server.socket.getsockname()
     return MetricsEndpoint(server, thread, host, int(bound[1]))
 
 
 __all__ = [
-    "COMMANDS",
-    "COMMAND_SECONDS",
-    "DELIVERY_SECONDS",
-    "EVENTS_APPENDED",
-    "LISTENER_RECONNECTS",
-    "NOTIFICATION_QUEUE_USAGE",
-    "REGISTRY",
-    "WATCHERS_ACTIVE",
-    "WATCHERS_ENDED",
     "WATCHER_END_REASONS",
+    "Metrics",
     "MetricsEndpoint",
+    "current",
+    "install",
     "serve_metrics",
 ]

@@ -38,11 +38,13 @@ class MethodMetrics:
     ``lane_command_duration_seconds{method}``, and the DEBUG line of each answer. Shared by the
     unary RPC and DriveLane's commands of the method (:func:`method_metrics`)."""
 
-    __slots__ = ("_answered", "_seconds", "method")
+    __slots__ = ("_answered", "_seconds", "method", "source")
 
     def __init__(self, method: str) -> None:
         self.method = method
-        self._seconds = metrics.COMMAND_SECONDS.labels(method)
+        #: The metrics its series belong to (the process's, once the app installed them).
+        self.source = metrics.current
+        self._seconds = self.source.command_seconds.labels(method)
         # The counter of each status code, looked up once (a labels() call takes a lock).
         self._answered: dict[str, Any] = {}
 
@@ -51,7 +53,7 @@ class MethodMetrics:
         self._seconds.observe(elapsed)
         counter = self._answered.get(code)
         if counter is None:
-            counter = self._answered[code] = metrics.COMMANDS.labels(self.method, code)
+            counter = self._answered[code] = self.source.commands.labels(self.method, code)
         counter.inc()
         if log.isEnabledFor(logging.DEBUG):
             why = f" {reason}" if reason else ""  # the ErrorInfo reason of a refusal
@@ -62,9 +64,10 @@ _METHOD_METRICS: dict[str, MethodMetrics] = {}
 
 
 def method_metrics(method: str) -> MethodMetrics:
-    """The :class:`MethodMetrics` of ``method`` (one per method and process)."""
+    """The :class:`MethodMetrics` of ``method`` (one per method and process; made again
+    once the app installed the process's metrics)."""
     found = _METHOD_METRICS.get(method)
-    if found is None:
+    if found is None or found.source is not metrics.current:
         found = _METHOD_METRICS[method] = MethodMetrics(method)
     return found
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 from google.rpc import code_pb2
+from lane.limits import DEFAULT_MAX_WATCHERS, DEFAULT_MAX_WATCHERS_PER_LANE, HEARTBEAT_SECONDS
 from lane.v1 import lane_service_pb2 as pb
 from psycopg import OperationalError
 from psycopg_pool import PoolTimeout
@@ -47,7 +48,7 @@ DEFAULT_STREAM_BYTES = 8 << 20
 class WatchSettings:
     """Published watch limits."""
 
-    heartbeat_seconds: float = 10.0
+    heartbeat_seconds: float = HEARTBEAT_SECONDS
     #: A write the client has not taken within this long ends the stream WATCHER_TOO_SLOW.
     write_deadline_seconds: float = DEFAULT_WRITE_DEADLINE_SECONDS
     #: Events read per catch-up batch (whole commit groups, so a batch may run over by one).
@@ -59,8 +60,8 @@ class WatchSettings:
     chunk_bytes: int = 1 << 20
     #: Concurrent WatchLane streams of one lane, and of all lanes, in this process; a stream
     #: over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
-    max_watchers_per_lane: int = 1000
-    max_watchers_per_process: int = 10_000
+    max_watchers_per_lane: int = DEFAULT_MAX_WATCHERS_PER_LANE
+    max_watchers_per_process: int = DEFAULT_MAX_WATCHERS
     #: Database reads watchers make at once in this process (snapshots, resumes, catch-up):
     #: a reconnect storm of thousands queues here, leaving the rest of the pool to commands.
     max_concurrent_reads: int = 4
@@ -181,7 +182,7 @@ async def watch_lane(
     settings: WatchSettings,
 ) -> None:
     """Serve one WatchLane stream of ``lane`` until the client leaves or the server stops."""
-    metrics.WATCHERS_ACTIVE.inc()
+    metrics.current.watchers_active.inc()
     ended = "error"
     subscription: Subscription | None = None
     try:
@@ -210,8 +211,8 @@ async def watch_lane(
         ended = "database"  # an outage or a full pool, not a fault of the service
         raise
     finally:
-        metrics.WATCHERS_ACTIVE.dec()
-        metrics.WATCHERS_ENDED.labels(ended).inc()
+        metrics.current.watchers_active.dec()
+        metrics.current.watchers_ended.labels(ended).inc()
 
 
 def _ended_by(context: grpc.aio.ServicerContext[Any, Any]) -> str:
@@ -285,7 +286,9 @@ async def _serve(
                 del bodies  # the frame holds them now
                 with traces.delivery(first, last, "log"):
                     await _write(context, frame, settings, revision)
-                metrics.DELIVERY_SECONDS.observe(max(0.0, time.time() - commit_time.timestamp()))
+                metrics.current.delivery_seconds.observe(
+                    max(0.0, time.time() - commit_time.timestamp())
+                )
                 revision = last
                 subscription.delivered(revision)
             if full:
@@ -298,7 +301,7 @@ async def _serve(
             for group in shared:
                 with traces.delivery(group.first, group.last, "feed"):
                     await _write(context, group.frame(event_group_frame), settings, revision)
-                metrics.DELIVERY_SECONDS.observe(max(0.0, time.time() - group.committed_at))
+                metrics.current.delivery_seconds.observe(max(0.0, time.time() - group.committed_at))
                 revision = group.last
                 subscription.delivered(revision)
             continue

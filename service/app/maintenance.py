@@ -97,7 +97,7 @@ async def notification_queue_forever(
                 cur = await conn.execute("SELECT pg_notification_queue_usage()")
                 row = await cur.fetchone()
             if row is not None:
-                metrics.NOTIFICATION_QUEUE_USAGE.set(row[0])
+                metrics.current.notification_queue_usage.set(row[0])
         except (psycopg.Error, OSError) as exc:
             log.warning("reading the NOTIFY queue usage failed: %s", exc)
         await asyncio.sleep(interval)

@@ -4,7 +4,9 @@
 embedded PostgreSQL), the store with its migrations applied, the watch hub (NOTIFY and polling
 per ``LANE_NOTIFY`` / ``LANE_POLL_INTERVAL_SECONDS``), and a ``grpc.aio`` server carrying
 LaneService, health checking and server reflection, plus the Prometheus endpoint when
-``LANE_METRICS_LISTEN`` is set. Tests use it directly; ``service/app/main.py`` runs it as a
+``LANE_METRICS_LISTEN`` is set. It installs the process's metrics registry first
+(``service/metrics.py``: importing the service registers nothing), so every server of the
+process counts into the one registry. Tests use it directly; ``service/app/main.py`` runs it as a
 process until SIGTERM or SIGINT, once per process: alone, or as one of the workers of
 ``lane serve --workers N`` (``service/app/supervisor.py``), which share the port.
 
@@ -29,6 +31,7 @@ import psycopg
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from lane.limits import MAX_MESSAGE_BYTES, MIN_CLIENT_PING_INTERVAL_MS
 from lane.v1 import lane_service_pb2
+from prometheus_client import CollectorRegistry
 
 from service.api import LaneServicer, WatchSettings, add_lane_service
 from service.api.auth import Authenticator
@@ -49,6 +52,7 @@ from service.app.maintenance import (
 from service.app.reflection import add_reflection
 from service.hub import Hub
 from service.metrics import MetricsEndpoint, serve_metrics
+from service.metrics import install as install_metrics
 from service.store import DEFAULT_NAMESPACE, Clock, Store, system_clock
 from service.store.pool import MIN_IDLE_CONNECTIONS
 
@@ -147,6 +151,8 @@ class RunningServer:
     address: str
     database: str  # human-readable, never with a password
     applied_migrations: list[str]
+    #: The process's metrics registry (the endpoint serves it; tests read it).
+    registry: CollectorRegistry
     embedded: EmbeddedPostgres | None = None
     maintenance: list[asyncio.Task[None]] = field(default_factory=list)
     #: The Prometheus endpoint (``LANE_METRICS_LISTEN``), None when off.
@@ -235,6 +241,7 @@ async def start_server(
             settings, http_listen=parse_listen("http_listen", http_listen)
         )
     require_auth_or_loopback(settings)
+    registry = install_metrics()
 
     embedded: EmbeddedPostgres | None = None
     store: Store | None = None
@@ -282,7 +289,7 @@ async def start_server(
             )
         except RuntimeError as err:
             raise StartupError(f"cannot listen on {settings.listen}: {err}") from None
-        metrics = await _start_metrics(settings.metrics_listen)
+        metrics = await _start_metrics(registry, settings.metrics_listen)
         await server.start()
         if settings.http_listen is not None:
             try:
@@ -312,6 +319,7 @@ async def start_server(
         address=f"{host}:{port}",
         database=database,
         applied_migrations=applied,
+        registry=registry,
         embedded=embedded,
         maintenance=[
             asyncio.create_task(
@@ -375,13 +383,13 @@ def _log_auth(settings: Settings) -> None:
         _log.warning("bearer tokens travel in plaintext on %s: configure TLS", settings.listen)
 
 
-async def _start_metrics(listen: str | None) -> MetricsEndpoint | None:
-    """Serve Prometheus metrics on ``listen`` (``host:port``), or nothing when None."""
+async def _start_metrics(registry: CollectorRegistry, listen: str | None) -> MetricsEndpoint | None:
+    """Serve ``registry`` on ``listen`` (``host:port``), or nothing when None."""
     if listen is None:
         return None
     host, _, port = listen.rpartition(":")
     try:
-        return await asyncio.to_thread(serve_metrics, host, int(port))
+        return await asyncio.to_thread(serve_metrics, registry, host, int(port))
     except OSError as err:
         raise StartupError(f"cannot serve metrics on {listen}: {err}") from None
 

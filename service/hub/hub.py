@@ -395,7 +395,7 @@ class Hub:
                 self._deleted = set()
                 if not payloads:
                     continue
-                metrics.DOORBELLS_SENT.inc(len(doorbells))
+                metrics.current.doorbells_sent.inc(len(doorbells))
                 try:
                     await notifier.send(CHANNEL, payloads)
                 except ChannelError as exc:
@@ -441,7 +441,7 @@ class Hub:
                         self._heard(notification.payload)
             except ChannelError as exc:
                 self.listening.clear()
-                metrics.LISTENER_RECONNECTS.inc()
+                metrics.current.listener_reconnects.inc()
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

@@ -231,7 +231,7 @@ class Store:
         """Hand a commit's events, as written, to the commit listeners."""
         if statement is None or statement.events is None:
             return
-        metrics.EVENTS_APPENDED.inc(len(statement.events.bodies))
+        metrics.current.events_appended.inc(len(statement.events.bodies))
         for listener in self._commit_listeners:
             listener(lane, statement.events)
 
@@ -299,7 +299,7 @@ class Store:
                 return None  # a request id or operation id used before: see under the lock
         if not written:
             return None
-        metrics.OPTIMISTIC_COMMITS.inc()
+        metrics.current.optimistic_commits.inc()
         self.cache.put(lane, VersionedLane(transition.state, cached.version + 1))
         self._committed(lane, statement)
         return (answer,)
@@ -312,7 +312,7 @@ class Store:
                 loaded = await load_versioned(conn, lane, lock=True)
                 if loaded is None:
                     raise lane_not_found(lane)
-                metrics.LOCKED_COMMITS.inc()
+                metrics.current.locked_commits.inc()
                 self.cache.put(lane, loaded)
                 if request is not None:
                     replay = await replayed_answer(conn, lane, request.key, request.form)
@@ -550,7 +550,7 @@ class Store:
         then more while they start within ``limit`` events and ``max_bytes`` bytes (so the read
         holds at most ``max_bytes`` plus one group). Counted in :attr:`event_log_reads`."""
         self.event_log_reads += 1
-        metrics.EVENT_LOG_READS.inc()
+        metrics.current.event_log_reads.inc()
         async with self.pool.connection() as conn:
             rows = await load_events(conn, lane, after_revision, limit, max_bytes)
         groups: list[EventGroup] = []

@@ -39,7 +39,6 @@ from pyqwest import HTTPTransport, HTTPVersion
 
 from service.app.config import Settings
 from service.app.server import RunningServer, start_server
-from service.metrics import REGISTRY
 from tests.integration.lanes import error_info, new_lane_id, user
 from tests.integration.test_tls import issue, pem, pem_key
 
@@ -327,7 +326,7 @@ async def test_limits_validation_and_metrics_as_on_the_grpc_port(
     await grpc_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
 
     def answered(code: str) -> float:
-        value = REGISTRY.get_sample_value(
+        value = served.registry.get_sample_value(
             "lane_commands_total", {"method": "EnqueueMessage", "code": code}
         )
         return value or 0.0

@@ -18,8 +18,8 @@ from lane.client.commands import call
 from lane.client.errors import lane_error
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
+from prometheus_client import CollectorRegistry
 
-from service import metrics
 from service.app.config import ConfigError, Settings
 from service.app.server import RunningServer, start_server
 from service.store.pool import LanePool
@@ -136,11 +136,11 @@ async def test_a_busy_pool_answers_database_busy_and_writes_nothing(
             assert await cur.fetchone() == (0,)
             assert not blocked.done()
             # The Python client retries DATABASE_BUSY (with the same request id).
-            refused = _busy_refusals()
+            refused = _busy_refusals(running.registry)
             retried = asyncio.ensure_future(
                 call(stub.EnqueueMessage, _enqueue(other, "b", "busy-1"), retry_seconds=120)
             )
-            while _busy_refusals() == refused:
+            while _busy_refusals(running.registry) == refused:
                 assert not retried.done(), retried.result()
                 await asyncio.sleep(0.02)
         # The lock is released: the blocked command commits, and so does the retried one.
@@ -151,10 +151,10 @@ async def test_a_busy_pool_answers_database_busy_and_writes_nothing(
     assert pool.lent == 0  # every connection given back
 
 
-def _busy_refusals() -> float:
+def _busy_refusals(registry: CollectorRegistry) -> float:
     """EnqueueMessage calls this process answered RESOURCE_EXHAUSTED so far."""
     labels = {"method": "EnqueueMessage", "code": "RESOURCE_EXHAUSTED"}
-    return metrics.REGISTRY.get_sample_value("lane_commands_total", labels) or 0.0
+    return registry.get_sample_value("lane_commands_total", labels) or 0.0
 
 
 async def _lane_revision(conn: psycopg.AsyncConnection[tuple[int]], lane_id: str) -> int:

@@ -37,7 +37,6 @@ from lane.client.session import LaneSession, SessionBroken
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service import metrics
 from service.api.drive import MAX_COMMANDS_IN_FLIGHT
 from service.app.server import RunningServer, start_server
 from tests.driver.support import returns, step, tool
@@ -824,9 +823,11 @@ async def test_a_malformed_message_is_answered_under_its_sequence(lane_stub, lan
     assert answers[8].create_lane.created
 
 
-async def test_each_command_is_counted_under_its_own_method(lane_stub) -> None:
+async def test_each_command_is_counted_under_its_own_method(
+    lane_stub, lane_server: RunningServer
+) -> None:
     def count(method: str, code: str) -> float:
-        value = metrics.REGISTRY.get_sample_value(
+        value = lane_server.registry.get_sample_value(
             "lane_commands_total", {"method": method, "code": code}
         )
         return value or 0.0

@@ -10,8 +10,9 @@ import grpc
 import pytest
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2
+from prometheus_client import CollectorRegistry
 
-from service import metrics
+from service.app.server import RunningServer
 from service.store import LANE_SCAN
 from tests.integration.lanes import (
     Probe,
@@ -26,8 +27,8 @@ from tests.integration.servers import extra_server
 from tests.integration.statements import recording
 
 
-def commits(path: str) -> float:
-    value = metrics.REGISTRY.get_sample_value("lane_store_commits_total", {"path": path})
+def commits(registry: CollectorRegistry, path: str) -> float:
+    value = registry.get_sample_value("lane_store_commits_total", {"path": path})
     return value or 0.0
 
 
@@ -55,15 +56,18 @@ async def start_call(stub: Any, lane_id: str, run: str, token: int, call: str) -
     )
 
 
-async def test_commands_after_the_first_commit_on_the_kept_lane(lane_stub: Any) -> None:
+async def test_commands_after_the_first_commit_on_the_kept_lane(
+    lane_stub: Any, lane_server: RunningServer
+) -> None:
     probe = Probe(lane_stub, new_lane_id("cache"))
     run, token = await leased_batch(lane_stub, probe, "c0")
     await start_call(lane_stub, probe.lane_id, run, token, "c0")
-    optimistic, locked = commits("optimistic"), commits("locked")
+    registry = lane_server.registry
+    optimistic, locked = commits(registry, "optimistic"), commits(registry, "locked")
     for n in range(5):
         await update(lane_stub, probe.lane_id, run, token, "c0", f"step {n}")
-    assert commits("optimistic") - optimistic == 5
-    assert commits("locked") == locked
+    assert commits(registry, "optimistic") - optimistic == 5
+    assert commits(registry, "locked") == locked
     events = await probe.check(active=["c0"])
     assert [e.tool_update.partial_result.content[0].text.text for e in events[-5:]] == [
         f"step {n}" for n in range(5)
@@ -71,7 +75,7 @@ async def test_commands_after_the_first_commit_on_the_kept_lane(lane_stub: Any) 
 
 
 async def test_two_processes_alternating_on_one_lane_lose_nothing(
-    lane_stub: Any, session_database_url: str
+    lane_stub: Any, lane_server: RunningServer, session_database_url: str
 ) -> None:
     # Each server keeps its own copy of the lane; every command of the other makes it stale.
     probe = Probe(lane_stub, new_lane_id("cache-two"))
@@ -80,13 +84,13 @@ async def test_two_processes_alternating_on_one_lane_lose_nothing(
         stubs = (lane_stub, other)
         await start_call(other, probe.lane_id, run, token, "c0")
         revisions = []
-        locked = commits("locked")
+        locked = commits(lane_server.registry, "locked")
         for n in range(8):
             answer = await update(stubs[n % 2], probe.lane_id, run, token, "c0", f"step {n}")
             revisions.append(answer.revision)
         # Every command found the other's commit: none was lost or written twice.
         assert revisions == list(range(revisions[0], revisions[0] + 8))
-        assert commits("locked") - locked >= 7
+        assert commits(lane_server.registry, "locked") - locked >= 7
         events = await probe.check(active=["c0"])
         assert [e.tool_update.partial_result.content[0].text.text for e in events[-8:]] == [
             f"step {n}" for n in range(8)

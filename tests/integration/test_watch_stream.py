@@ -16,8 +16,8 @@ import pytest
 from lane.client.reducer import fold
 from lane.v1 import events_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
+from prometheus_client import CollectorRegistry
 
-from service import metrics
 from service.api import WatchSettings
 from service.store import DEFAULT_NAMESPACE, LaneRef
 from service.store.retention import enforce_retention
@@ -270,8 +270,8 @@ async def test_watcher_on_one_process_sees_commits_of_another(session_database_u
             await watcher.close()
 
 
-def doorbells_sent() -> float:
-    return metrics.REGISTRY.get_sample_value("lane_doorbells_sent_total") or 0.0
+def doorbells_sent(registry: CollectorRegistry) -> float:
+    return registry.get_sample_value("lane_doorbells_sent_total") or 0.0
 
 
 async def until(condition, within: float = 10.0) -> None:
@@ -298,14 +298,14 @@ async def test_doorbells_ring_only_lanes_watched_in_another_process(session_data
                 lambda: writer_server.hub.watched_elsewhere(LaneRef(DEFAULT_NAMESPACE, lane_id))
             )
             assert not writer_server.hub.watched_elsewhere(LaneRef(DEFAULT_NAMESPACE, unwatched))
-            before = doorbells_sent()
+            before = doorbells_sent(writer_server.registry)
             await enqueue(writer, unwatched, 3)
             head = await enqueue(writer, lane_id, 1)
             await watcher.reach(head)
             # Doorbells go out in commit order: once the watched lane's is counted, any of the
             # unwatched lane's would have been too. Nobody watches that one: it rang no one.
-            await until(lambda: doorbells_sent() > before)
-            assert doorbells_sent() - before == 1
+            await until(lambda: doorbells_sent(writer_server.registry) > before)
+            assert doorbells_sent(writer_server.registry) - before == 1
             assert watcher.snapshot == await snapshot_of(writer, lane_id)
         finally:
             await watcher.close()

@@ -42,6 +42,7 @@ from lane.client.cli_connection import (
     run_client,
 )
 from lane.client.cli_serve import add_serve
+from lane.limits import MAX_PAGE_SIZE
 
 __all__ = ["DEFAULT_TARGET", "build_parser", "main"]
 
@@ -169,7 +170,9 @@ def _lanes(args: argparse.Namespace) -> int:
         rows: list[tuple[str, str, str, str]] = []
         token = ""
         while True:
-            page = await call(stub.ListLanes, pb.ListLanesRequest(page_size=1000, page_token=token))
+            page = await call(
+                stub.ListLanes, pb.ListLanesRequest(page_size=MAX_PAGE_SIZE, page_token=token)
+            )
             for lane in page.lanes:
                 status = "idle"
                 if lane.operation_id:
