@@ -9,6 +9,9 @@
 - ``tests.support.clock``: a clock tests move forward instead of sleeping;
 - ``tests.support.driver_tools``: recording tools and polling for the driver SDK's tests.
 
+``tests.support.refusal_matrix`` is data, imported rather than loaded: which command is
+refused in which lane state, checked by the domain's and the service's refusal tests.
+
 Loaded as plugins, their asserts are rewritten as a test's are, so a failing check inside a
 helper reports its values.
 """

@@ -5,7 +5,7 @@ with SQL. Capture must answer DATA_LOSS (reason LANE_STATE_CORRUPT) naming the l
 tool call, never a wrong snapshot. Placement reads the same staged results and must fault the
 same way rather than place a result that is missing or belongs to another call.
 
-The batch (from test_refusals' "outcome_ready_blocked" state): the assistant message is
+The batch (from test_refusals' "blocked" state): the assistant message is
 [text, c0, c1]; c0 (source index 1) is effect_pending, c1 (source index 2) is outcome_ready and
 waits for c0.
 """
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 async def corruptible_lane(stub: Any) -> Ctx:
-    ctx = await build(stub, "outcome_ready_blocked", prefix="corrupt")
+    ctx = await build(stub, "blocked", prefix="corrupt")
     # The lane captures fine before it is corrupted.
     await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=ctx.lane_id))
     return ctx

@@ -148,17 +148,17 @@ def _stage(c: Ctx, v: int) -> Message:
 # rpc -> (lane state, method, request(ctx, variant)); variants 0 and 1 differ in content.
 RPCS: dict[str, tuple[str, str, Callable[[Ctx, int], Message]]] = {
     "CreateLane": ("no_lane", "CreateLane", _create),
-    "UpdateLaneConfig": ("lane", "UpdateLaneConfig", _update_config),
-    "EnqueueMessage": ("lane", "EnqueueMessage", _enqueue),
-    "StartRun": ("lane", "StartRun", _start_run),
+    "UpdateLaneConfig": ("no_op", "UpdateLaneConfig", _update_config),
+    "EnqueueMessage": ("no_op", "EnqueueMessage", _enqueue),
+    "StartRun": ("no_op", "StartRun", _start_run),
     "AbortOperation": ("idle", "AbortOperation", _abort),
     "EndRun": ("may_finish", "EndRun", _end_run),
     "StartTurn": ("idle", "StartTurn", _start_turn),
-    "SettleAssistantMessage": ("turn_open", "SettleAssistantMessage", _settle),
-    "RecordUsage": ("lane", "RecordUsage", _record_usage),
+    "SettleAssistantMessage": ("turn", "SettleAssistantMessage", _settle),
+    "RecordUsage": ("no_op", "RecordUsage", _record_usage),
     "StartToolCall": ("planned", "StartToolCall", _start_tool),
-    "UpdateToolCall": ("effect_pending", "UpdateToolCall", _update_tool),
-    "StageToolOutcome": ("effect_pending", "StageToolOutcome", _stage),
+    "UpdateToolCall": ("pending", "UpdateToolCall", _update_tool),
+    "StageToolOutcome": ("pending", "StageToolOutcome", _stage),
 }
 
 
@@ -210,7 +210,7 @@ async def test_same_id_with_different_content_is_refused(lane_stub, store, rpc) 
 
 
 async def test_same_id_on_another_method_is_refused(lane_stub, store) -> None:
-    ctx = await build(lane_stub, "lane", prefix="idem")
+    ctx = await build(lane_stub, "no_op", prefix="idem")
     await send(lane_stub, "EnqueueMessage", request_for("EnqueueMessage", ctx, 0, "shared-id"))
     committed = await picture(lane_stub, store, ctx.lane_id)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -264,7 +264,7 @@ async def test_concurrent_identical_requests_commit_once(lane_stub, store, rpc) 
 
 
 async def test_stage_retry_after_placement_returns_the_placed_ids(lane_stub, store) -> None:
-    ctx = await build(lane_stub, "effect_pending", prefix="idem")
+    ctx = await build(lane_stub, "pending", prefix="idem")
     probe = Probe(lane_stub, ctx.lane_id)
     await probe.start()
     await start_tool(lane_stub, ctx, "c1")
@@ -301,7 +301,7 @@ async def test_stage_retry_after_placement_returns_the_placed_ids(lane_stub, sto
 
 
 async def test_retry_after_the_lane_moved_on_still_commits_nothing(lane_stub, store) -> None:
-    ctx = await build(lane_stub, "lane", prefix="idem")
+    ctx = await build(lane_stub, "no_op", prefix="idem")
     start = pb.StartRunRequest(lane_id=ctx.lane_id, prompt=[user("go")], request_id="run-1")
     run = await lane_stub.StartRun(start)
     await lane_stub.EndRun(
@@ -321,7 +321,7 @@ async def test_retry_after_the_lane_moved_on_still_commits_nothing(lane_stub, st
 
 async def test_a_refused_request_id_is_not_recorded(lane_stub) -> None:
     # Nothing is recorded for a refused command, so the same request succeeds once allowed.
-    ctx = await build(lane_stub, "turn_open", prefix="idem")
+    ctx = await build(lane_stub, "turn", prefix="idem")
     request = pb.StartTurnRequest(
         lane_id=ctx.lane_id, operation_id=ctx.operation_id, request_id="turn-2"
     )
@@ -345,7 +345,7 @@ async def test_stage_concurrent_retries_after_staging_agree(lane_stub) -> None:
     # A retry that arrives while the first call is between its staging and its placement
     # commits must not get a different answer from the first call.
     for _ in range(5):
-        ctx = await build(lane_stub, "effect_pending", prefix="idem")
+        ctx = await build(lane_stub, "pending", prefix="idem")
         request = pb.StageToolOutcomeRequest(
             lane_id=ctx.lane_id,
             operation_id=ctx.operation_id,
@@ -386,7 +386,7 @@ async def _stage_without_placement(stub: Any, request: Message, monkeypatch: Any
 async def test_stage_retry_places_what_the_first_call_left_unplaced(
     lane_stub, store, monkeypatch
 ) -> None:
-    ctx = await build(lane_stub, "effect_pending", prefix="idem")
+    ctx = await build(lane_stub, "pending", prefix="idem")
     probe = Probe(lane_stub, ctx.lane_id)
     await probe.start()
     request = _stage_c0(ctx, "stage-stopped")
@@ -410,7 +410,7 @@ async def test_stage_retry_without_request_id_is_refused_and_the_placement_finis
     # Without a request id a retry cannot be told from a second outcome for the call: the call
     # is staged already, so it is refused. What the first call left unplaced is placed all the
     # same, in a placement commit of its own (service/commands/pending_placement.py).
-    ctx = await build(lane_stub, "effect_pending", prefix="idem")
+    ctx = await build(lane_stub, "pending", prefix="idem")
     probe = Probe(lane_stub, ctx.lane_id)
     await probe.start()
     request = _stage_c0(ctx, "")

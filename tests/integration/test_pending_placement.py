@@ -77,7 +77,7 @@ PLACED = ["message_start", "message_end", "entry_added"]
 
 async def staged_unplaced(stub: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Ctx, Probe]:
     """A lane whose c0 is staged with its placement lost (c1 still planned)."""
-    ctx = await build(stub, "effect_pending", prefix="pending")
+    ctx = await build(stub, "pending", prefix="pending")
     probe = Probe(stub, ctx.lane_id)
     await probe.start()
     await stage_placement_unavailable(stub, monkeypatch, stage_c0(ctx))
@@ -117,7 +117,7 @@ async def group_ends(store: Any, lane_id: str, revisions: list[int]) -> list[int
 async def test_the_next_command_places_a_batch_left_unplaced_and_runs(
     lane_stub, store, monkeypatch
 ) -> None:
-    ctx = await build(lane_stub, "effect_pending", prefix="pending")
+    ctx = await build(lane_stub, "pending", prefix="pending")
     probe = Probe(lane_stub, ctx.lane_id)
     await probe.start()
     await stage(lane_stub, ctx, "c1", synthetic=UNKNOWN_TOOL)  # staged, waits behind c0

@@ -2,9 +2,8 @@
 
 Three parts:
 
-1. A table of mutating commands by lane states. The expected outcome of every combination is
-   written out below, derived from the contract (lane_service.proto, docs/contract.md, recovery.md),
-   not from running the service.
+1. Mutating commands by lane states: the refusal matrix (tests/support/refusal_matrix.py),
+   which the domain's unit test checks too, posed to the real service.
 2. Malformed requests: INVALID_ARGUMENT with an ErrorInfo reason, nothing stored.
 3. Mutated wire bytes (hypothesis): only the documented codes, and capture never faults.
 
@@ -42,6 +41,8 @@ from tests.integration.lanes import (
     tool_call,
     user,
 )
+from tests.support import refusal_matrix
+from tests.support.refusal_matrix import Expected, Refusal, params
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -104,7 +105,7 @@ UNKNOWN_TOOL = pb.SyntheticOutcome(cause=pb.SYNTHETIC_CAUSE_UNKNOWN_TOOL)
 
 
 async def build(stub: Any, state: str, prefix: str = "refuse") -> Ctx:
-    """A fresh lane in ``state`` (one of STATES, or "lane" = created, no operation).
+    """A fresh lane in ``state``, one of the refusal matrix's (tests/support/refusal_matrix.py).
 
     The tool states hold one batch: [text, c0, c1] (tool calls at source indexes 1 and 2).
     ``ctx.call_id`` is the call the state is named after.
@@ -113,30 +114,32 @@ async def build(stub: Any, state: str, prefix: str = "refuse") -> Ctx:
     if state == "no_lane":
         return ctx
     await stub.CreateLane(pb.CreateLaneRequest(lane_id=ctx.lane_id))
-    if state in ("no_operation", "lane"):
+    if state == "no_op":
         return ctx
     run = await stub.StartRun(pb.StartRunRequest(lane_id=ctx.lane_id, prompt=[user("go")]))
     ctx.operation_id = run.operation_id
     if state == "idle":
         return ctx
-    if state == "aborting":
+    if state == "a_idle":
         await abort(stub, ctx)
         return ctx
     turn = await stub.StartTurn(
         pb.StartTurnRequest(lane_id=ctx.lane_id, operation_id=ctx.operation_id)
     )
     ctx.turn_id = turn.turn_id
-    if state == "turn_open":
+    if state in ("turn", "a_turn"):
+        if state == "a_turn":
+            await abort(stub, ctx)
         return ctx
     if state == "no_calls":
         await settle(stub, ctx, text("let me look"), stop=messages_pb2.STOP_REASON_TOOL_USE)
         return ctx
-    if state in ("truncated", "aborting_truncated"):
+    if state in ("trunc", "a_trunc"):
         length = messages_pb2.STOP_REASON_LENGTH
         await settle(
             stub, ctx, text("cut"), tool_call("c0", "t", {}), tool_call("c1", "t", {}), stop=length
         )
-        if state == "aborting_truncated":
+        if state == "a_trunc":
             await abort(stub, ctx)
         return ctx
     if state in ("may_finish", "ended"):
@@ -149,18 +152,20 @@ async def build(stub: Any, state: str, prefix: str = "refuse") -> Ctx:
             )
         return ctx
     await settle(stub, ctx, text("calling"), tool_call("c0", "t", {}), tool_call("c1", "t", {}))
-    if state == "planned":
+    if state in ("planned", "a_planned"):
+        if state == "a_planned":
+            await abort(stub, ctx)
         return ctx
     if state == "completed":
         await stage(stub, ctx, "c0", synthetic=UNKNOWN_TOOL)  # placed at once: c0 is first
         return ctx
     await start_tool(stub, ctx, "c0")
-    if state == "effect_pending":
+    if state == "pending":
         return ctx
-    if state == "aborting_tools":
+    if state == "a_pending":
         await abort(stub, ctx)
         return ctx
-    assert state == "outcome_ready_blocked", state
+    assert state == "blocked", state
     await start_tool(stub, ctx, "c1")
     staged = await stage(stub, ctx, "c1", executed=pb.ExecutedOutcome(result=result("c1 done")))
     assert list(staged.placed_tool_call_ids) == []  # c0 still running blocks it
@@ -272,143 +277,27 @@ async def call(stub: Any, method: str, request: Message) -> Any:
 
 # -- 1. commands x states -----------------------------------------------------------------------
 
+#: The matrix's states this module builds by commands (ready, a_ready and compaction only the
+#: domain's unit test builds).
 STATES = (
-    "no_lane",  # the lane does not exist
-    "no_operation",  # created, never ran
-    "idle",  # run just started: idle, needs an assistant
-    "turn_open",  # a turn started, its assistant message not settled
-    "may_finish",  # idle after an assistant settled without tool calls
-    "planned",  # tools phase: target call c0 planned (c1 planned)
-    "effect_pending",  # tools phase: target call c0 effect_pending (c1 planned)
-    "outcome_ready_blocked",  # target c1 outcome_ready, blocked by c0 effect_pending
-    "completed",  # target c0 completed (placed), c1 still planned: still the tools phase
-    "aborting",  # idle run whose abort was requested
-    "aborting_tools",  # aborting run, target c0 effect_pending (c1 planned)
-    "ended",  # the run ended COMPLETED; its operation id is no longer open
-    "truncated",  # tools phase of a message that stopped for LENGTH: c0 planned (c1 planned)
-    "aborting_truncated",  # the same, aborting
-    "no_calls",  # idle after a message that stopped for TOOL_USE without tool calls
+    "no_lane",
+    "no_op",
+    "idle",
+    "turn",
+    "may_finish",
+    "planned",
+    "pending",
+    "blocked",
+    "completed",
+    "a_idle",
+    "a_turn",
+    "a_planned",
+    "a_pending",
+    "ended",
+    "trunc",
+    "a_trunc",
+    "no_calls",
 )
-
-ANY_REASON = "*"
-Outcome = frozenset[tuple[grpc.StatusCode, str]]  # the acceptable (code, reason); empty = OK
-
-
-def refused(code: grpc.StatusCode, reason: str) -> Outcome:
-    return frozenset({(code, reason)})
-
-
-# Legend of the table below; "X|Y" accepts either (both rules apply, no order is documented).
-OUTCOMES: dict[str, Outcome] = {
-    "ok": frozenset(),
-    "lane": refused(Code.NOT_FOUND, "LANE_NOT_FOUND"),
-    "open": refused(Code.FAILED_PRECONDITION, "OPERATION_NOT_OPEN"),
-    "busy": refused(Code.FAILED_PRECONDITION, "LANE_BUSY"),
-    "phase": refused(Code.FAILED_PRECONDITION, "WRONG_RUN_PHASE"),
-    "cancel": refused(Code.FAILED_PRECONDITION, "OPERATION_CANCELLED"),
-    "status": refused(Code.FAILED_PRECONDITION, "TOOL_CALL_WRONG_STATUS"),
-    "call": refused(Code.NOT_FOUND, "TOOL_CALL_NOT_FOUND"),
-    "turn": refused(Code.FAILED_PRECONDITION, "TURN_MISMATCH"),
-    "needs": refused(Code.FAILED_PRECONDITION, "RUN_NEEDS_ASSISTANT"),
-    "truncated": refused(Code.FAILED_PRECONDITION, "MESSAGE_TRUNCATED"),
-    "nottrunc": refused(Code.FAILED_PRECONDITION, "MESSAGE_NOT_TRUNCATED"),
-    # A rule forbids it, but no reason is specified for it.
-    "forbid": refused(Code.FAILED_PRECONDITION, ANY_REASON),
-}
-
-# Rules (lane_service.proto, docs/contract.md, docs/recovery.md):
-# - a missing lane: NOT_FOUND; an operation id that is not the open run: OPERATION_NOT_OPEN
-#   (also once the run ended).
-# - StartRun needs a lane without an open operation (LANE_BUSY otherwise).
-# - AbortOperation is accepted while the run is open, again (a no-op) once aborting.
-# - EndRun COMPLETED needs a run between turns (not inside a turn or its tool batch) at a
-#   finishing point (docs/contract.md, Tool calls: RUN_NEEDS_ASSISTANT), i.e. after an assistant
-#   message without tool calls (or a batch whose calls all terminate), not right after StartRun.
-#   An aborting run always ends, recorded ABORTED.
-# - StartTurn needs a run between turns that is not aborting (no new work after abort).
-# - SettleAssistantMessage needs the open turn, by id (also while aborting: the response of an
-#   admitted request still settles). Outside a turn, "phase" and "turn" both apply.
-# - Tool commands need the run's tool batch; without one, "phase" and "call" both apply.
-# - StartToolCall: a planned call, not while aborting (no new intent after an abort:
-#   docs/recovery.md).
-# - UpdateToolCall / executed StageToolOutcome: an effect_pending call, also while aborting
-#   (admitted work is never erased: docs/recovery.md).
-# - Synthetic UNKNOWN_TOOL is decided before intent: planned calls only.
-# - Synthetic CANCELLED: a planned call, or an effect_pending one whose effect was not admitted;
-#   and a cancelled outcome is never staged before the abort is durable (docs/errors.md,
-#   OPERATION_NOT_CANCELLED), so
-#   only once the run's abort was requested.
-# - Synthetic INTERRUPTED: only a started (effect_pending) call; no abort needed (recovery
-#   after a driver crash).
-# - A call already outcome_ready or completed never changes again.
-# - The service decides truncation from the settled message: a call of a message that stopped
-#   for LENGTH never starts and takes only the TRUNCATED synthetic (before an abort too); no
-#   other call may take it.
-# - A message that stopped for TOOL_USE without tool calls is no answer to finish on: the run
-#   awaits an assistant response (EndRun COMPLETED refused, a new turn allowed).
-TABLE_TEXT = """
-command                      no_lane  no_op  idle        turn        may_finish  planned     pending          ready       completed   aborting           abort_tools      ended  trunc             abort_trunc       no_calls
-start_run                    lane     ok     busy        busy        busy        busy        busy             busy        busy        busy               busy             ok     busy              busy              busy
-abort                        lane     open   ok          ok          ok          ok          ok               ok          ok          ok                 ok               open   ok                ok                ok
-end_run_completed            lane     open   forbid      phase       ok          phase       phase            phase       phase       ok                 ok               open   phase             ok                needs
-start_turn                   lane     open   ok          phase       ok          phase       phase            phase       phase       cancel             phase|cancel     open   phase             phase|cancel      ok
-settle                       lane     open   phase|turn  ok          phase|turn  phase|turn  phase|turn       phase|turn  phase|turn  phase|turn         phase|turn       open   phase|turn        phase|turn        phase|turn
-start_tool                   lane     open   phase|call  phase|call  phase|call  ok          status           status      status      phase|call|cancel  status|cancel    open   truncated         truncated|cancel  phase|call
-update_tool                  lane     open   phase|call  phase|call  phase|call  status      ok               status      status      phase|call         ok               open   status            status            phase|call
-stage_executed               lane     open   phase|call  phase|call  phase|call  status      ok               status      status      phase|call         ok               open   truncated|status  truncated|status  phase|call
-stage_unknown_tool           lane     open   phase|call  phase|call  phase|call  ok          status           status      status      phase|call         status           open   truncated         truncated         phase|call
-stage_cancelled              lane     open   phase|call  phase|call  phase|call  forbid      forbid           status      status      phase|call         ok               open   truncated         truncated         phase|call
-stage_interrupted            lane     open   phase|call  phase|call  phase|call  status      ok               status      status      phase|call         ok               open   truncated|status  truncated|status  phase|call
-stage_truncated              lane     open   phase|call  phase|call  phase|call  nottrunc    nottrunc|status  status      status      phase|call         nottrunc|status  open   ok                ok                phase|call
-abort_wrong_operation        lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
-end_run_wrong_operation      lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
-start_turn_wrong_operation   lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
-settle_wrong_operation       lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
-start_tool_wrong_operation   lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
-update_tool_wrong_operation  lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
-stage_wrong_operation        lane     open   open        open        open        open        open             open        open        open               open             open   open              open              open
-settle_wrong_turn            lane     open   phase|turn  turn        phase|turn  phase|turn  phase|turn       phase|turn  phase|turn  phase|turn         phase|turn       open   phase|turn        phase|turn        phase|turn
-start_tool_unknown_call      lane     open   phase|call  phase|call  phase|call  call        call             call        call        phase|call|cancel  call|cancel      open   call              call|cancel       phase|call
-update_tool_unknown_call     lane     open   phase|call  phase|call  phase|call  call        call             call        call        phase|call         call             open   call              call              phase|call
-stage_unknown_call           lane     open   phase|call  phase|call  phase|call  call        call             call        call        phase|call         call             open   call              call              phase|call
-"""  # noqa: E501
-
-
-# The table's column headings, in STATES order.
-COLUMNS = {
-    "no_lane": "no_lane",
-    "no_op": "no_operation",
-    "idle": "idle",
-    "turn": "turn_open",
-    "may_finish": "may_finish",
-    "planned": "planned",
-    "pending": "effect_pending",
-    "ready": "outcome_ready_blocked",
-    "completed": "completed",
-    "aborting": "aborting",
-    "abort_tools": "aborting_tools",
-    "ended": "ended",
-    "trunc": "truncated",
-    "abort_trunc": "aborting_truncated",
-    "no_calls": "no_calls",
-}
-
-
-def _parse_table(source: str) -> dict[str, tuple[Outcome, ...]]:
-    header, *rows = source.strip().splitlines()
-    columns = header.split()[1:]
-    assert tuple(COLUMNS[c] for c in columns) == STATES, columns
-    table: dict[str, tuple[Outcome, ...]] = {}
-    for row in rows:
-        command, *cells = row.split()
-        assert len(cells) == len(STATES), command
-        table[command] = tuple(
-            frozenset().union(*(OUTCOMES[name] for name in cell.split("|"))) for cell in cells
-        )
-    return table
-
-
-TABLE = _parse_table(TABLE_TEXT)
 
 WRONG_OPERATION = "op-wrong"
 WRONG_TURN = "turn-wrong"
@@ -480,7 +369,7 @@ def _synthetic(cause: int) -> dict[str, Any]:
 COMMANDS: dict[str, tuple[str, Callable[[Ctx], Message]]] = {
     "start_run": ("StartRun", _start_run),
     "abort": ("AbortOperation", _abort),
-    "end_run_completed": ("EndRun", _end_run),
+    "end_completed": ("EndRun", _end_run),
     "start_turn": ("StartTurn", _start_turn),
     "settle": ("SettleAssistantMessage", _settle),
     "start_tool": ("StartToolCall", _start_tool),
@@ -503,41 +392,34 @@ COMMANDS: dict[str, tuple[str, Callable[[Ctx], Message]]] = {
         lambda c: _stage(c, **_synthetic(pb.SYNTHETIC_CAUSE_TRUNCATED)),
     ),
     "abort_wrong_operation": ("AbortOperation", lambda c: _abort(c, wrong=True)),
-    "end_run_wrong_operation": ("EndRun", lambda c: _end_run(c, wrong=True)),
+    "end_wrong_operation": ("EndRun", lambda c: _end_run(c, wrong=True)),
     "start_turn_wrong_operation": ("StartTurn", lambda c: _start_turn(c, wrong=True)),
     "settle_wrong_operation": ("SettleAssistantMessage", lambda c: _settle(c, wrong=True)),
     "start_tool_wrong_operation": ("StartToolCall", lambda c: _start_tool(c, wrong=True)),
     "update_tool_wrong_operation": ("UpdateToolCall", lambda c: _update_tool(c, wrong=True)),
     "stage_wrong_operation": ("StageToolOutcome", lambda c: _stage(c, wrong=True)),
     "settle_wrong_turn": ("SettleAssistantMessage", lambda c: _settle(c, turn=WRONG_TURN)),
-    "start_tool_unknown_call": ("StartToolCall", lambda c: _start_tool(c, call_id=UNKNOWN_CALL)),
-    "update_tool_unknown_call": (
-        "UpdateToolCall",
-        lambda c: _update_tool(c, call_id=UNKNOWN_CALL),
-    ),
+    "start_unknown_call": ("StartToolCall", lambda c: _start_tool(c, call_id=UNKNOWN_CALL)),
+    "update_unknown_call": ("UpdateToolCall", lambda c: _update_tool(c, call_id=UNKNOWN_CALL)),
     "stage_unknown_call": ("StageToolOutcome", lambda c: _stage(c, call_id=UNKNOWN_CALL)),
 }
 
 
-async def test_the_table_covers_every_command_and_state() -> None:
-    assert set(TABLE) == set(COMMANDS)
-    assert all(len(row) == len(STATES) for row in TABLE.values())
+async def test_the_matrix_has_every_command_and_state_built_here() -> None:
+    assert set(COMMANDS) <= set(refusal_matrix.COMMANDS)
+    assert set(STATES) <= set(refusal_matrix.STATES)
 
 
-CASES = [
-    pytest.param(state, command, id=f"{state}-{command}") for command in TABLE for state in STATES
-]
+def _names(refusals: frozenset[Refusal]) -> list[Refusal]:
+    return sorted(refusals)
 
 
-def _matches(outcome: Outcome, code: grpc.StatusCode, reason: str) -> bool:
-    return any(c == code and r in (reason, ANY_REASON) for c, r in outcome)
-
-
-@pytest.mark.parametrize(("state", "command"), CASES)
-async def test_command_in_state(lane_stub, store, state: str, command: str) -> None:
-    expected = TABLE[command][STATES.index(state)]
+@pytest.mark.parametrize(("command", "state", "expected"), params(set(COMMANDS), set(STATES)))
+async def test_command_in_state(
+    lane_stub, store, command: str, state: str, expected: Expected
+) -> None:
     # An allowed command moves its lane on: it gets a lane of its own.
-    ctx = await shared(lane_stub, state) if expected else await build(lane_stub, state)
+    ctx = await build(lane_stub, state) if expected.ok else await shared(lane_stub, state)
     try:
         await _run_case(lane_stub, store, ctx, state, command, expected)
     except BaseException:
@@ -546,7 +428,7 @@ async def test_command_in_state(lane_stub, store, state: str, command: str) -> N
 
 
 async def _run_case(
-    lane_stub: Any, store: Any, ctx: Ctx, state: str, command: str, expected: Outcome
+    lane_stub: Any, store: Any, ctx: Ctx, state: str, command: str, expected: Expected
 ) -> None:
     method, make = COMMANDS[command]
     request = make(ctx)
@@ -554,28 +436,26 @@ async def _run_case(
     try:
         answer = await call(lane_stub, method, request)
     except grpc.aio.AioRpcError as error:
-        reason = error_reason(error)
-        assert expected, f"{command} in {state} must succeed, got {error.code()} {reason}"
-        assert _matches(expected, error.code(), reason), (
-            f"{command} in {state}: got {error.code().name} {reason}, expected one of "
-            f"{sorted((c.name, r) for c, r in expected)}: {error.details()}"
+        got = (error.code().name, error_reason(error))
+        assert not expected.ok, f"{command} in {state} must succeed, got {got}"
+        assert got in expected.refusals, (
+            f"{command} in {state}: got {got}, expected one of {_names(expected.refusals)}:"
+            f" {error.details()}"
         )
         assert_unchanged(before, await picture(lane_stub, store, ctx.lane_id), command)
         return
-    assert not expected, (
-        f"{command} in {state} succeeded; expected {sorted((c.name, r) for c, r in expected)}"
-    )
+    assert expected.ok, f"{command} in {state} succeeded; expected {_names(expected.refusals)}"
     assert before.snapshot is not None
     probe = Probe(lane_stub, ctx.lane_id)
     probe.snapshot = before.snapshot
     await probe.check()  # fold == capture after the allowed command
-    if command == "abort" and state.startswith("aborting"):
+    if command == "abort" and state.startswith("a_"):
         # Asking again is answered, not refused, and changes nothing.
         assert not answer.newly_requested
         assert_unchanged(before, await picture(lane_stub, store, ctx.lane_id), command)
     else:
         assert probe.snapshot.revision > before.snapshot.revision
-    if command == "end_run_completed" and state.startswith("aborting"):
+    if command == "end_completed" and state.startswith("a_"):
         assert answer.result.status == snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED
 
 
@@ -598,7 +478,7 @@ async def test_operation_id_of_another_lanes_open_run_is_refused(lane_stub, stor
     # Operation ids identify operations; StartRun with an id already in use must not succeed
     # (it would share, and overwrite, the other lane's operation).
     owner = await build(lane_stub, "planned")
-    other = await build(lane_stub, "lane")
+    other = await build(lane_stub, "no_op")
     owner_before = await picture(lane_stub, store, owner.lane_id)
     other_before = await picture(lane_stub, store, other.lane_id)
     with pytest.raises(grpc.aio.AioRpcError) as refused_error:
@@ -731,7 +611,7 @@ LONG = "x" * 129
 
 OTHER_ID_CASES = {
     "start_run_operation_id": malformed(
-        "lane",
+        "no_op",
         "StartRun",
         lambda c: pb.StartRunRequest(lane_id=c.lane_id, operation_id=LONG, prompt=[user("p")]),
         "INVALID_ID",
@@ -757,7 +637,7 @@ OTHER_ID_CASES = {
         "INVALID_ID",
     ),
     "settle_without_turn_id": malformed(
-        "turn_open", "SettleAssistantMessage", lambda c: _settle(c, turn=" "), "INVALID_ID"
+        "turn", "SettleAssistantMessage", lambda c: _settle(c, turn=" "), "INVALID_ID"
     ),
     "start_tool_without_call_id": malformed(
         "planned",
@@ -768,10 +648,10 @@ OTHER_ID_CASES = {
         "MISSING_FIELD",
     ),
     "stage_call_id_too_long": malformed(
-        "effect_pending", "StageToolOutcome", lambda c: _stage(c, call_id=LONG), "INVALID_ID"
+        "pending", "StageToolOutcome", lambda c: _stage(c, call_id=LONG), "INVALID_ID"
     ),
     "record_usage_entry_id": malformed(
-        "lane",
+        "no_op",
         "RecordUsage",
         lambda c: pb.RecordUsageRequest(
             lane_id=c.lane_id, usage=messages_pb2.Usage(input=1), entry_id="e\x00"
@@ -779,7 +659,7 @@ OTHER_ID_CASES = {
         "INVALID_ID",
     ),
     "request_id_too_long": malformed(
-        "lane",
+        "no_op",
         "EnqueueMessage",
         lambda c: pb.EnqueueMessageRequest(
             lane_id=c.lane_id,
@@ -804,19 +684,19 @@ OTHER_ID_CASES = {
         "INVALID_ID",
     ),
     "tool_call_block_without_id": malformed(
-        "turn_open",
+        "turn",
         "SettleAssistantMessage",
         lambda c: _settle_blocks(c, tool_call("", "t", {})),
         "MISSING_FIELD",
     ),
     "tool_call_block_id_non_printable": malformed(
-        "turn_open",
+        "turn",
         "SettleAssistantMessage",
         lambda c: _settle_blocks(c, tool_call("a\nb", "t", {})),
         "INVALID_ID",
     ),
     "tool_call_block_without_name": malformed(
-        "turn_open",
+        "turn",
         "SettleAssistantMessage",
         lambda c: _settle_blocks(c, tool_call("c0", "", {})),
         "MISSING_FIELD",
@@ -898,25 +778,25 @@ JSON_FIELDS: dict[str, tuple[str, str, Callable[[Ctx, str], Message], bool]] = {
         True,
     ),
     "Settle.tool_call.arguments_json": (
-        "turn_open",
+        "turn",
         "SettleAssistantMessage",
         lambda c, j: _settle_blocks(c, tool_call("c0", "t", j)),
         True,
     ),
     "Settle.diagnostics_json": (
-        "turn_open",
+        "turn",
         "SettleAssistantMessage",
         lambda c, j: _settle_with(c, diagnostics_json=j),
         False,
     ),
     "Stage.executed.result.details_json": (
-        "effect_pending",
+        "pending",
         "StageToolOutcome",
         lambda c, j: _stage(c, executed=pb.ExecutedOutcome(result=result("r", details_json=j))),
         False,
     ),
     "UpdateToolCall.partial_result.details_json": (
-        "effect_pending",
+        "pending",
         "UpdateToolCall",
         lambda c, j: pb.UpdateToolCallRequest(
             lane_id=c.lane_id,
@@ -927,13 +807,13 @@ JSON_FIELDS: dict[str, tuple[str, str, Callable[[Ctx, str], Message], bool]] = {
         False,
     ),
     "Enqueue.write.custom.data_json": (
-        "lane",
+        "no_op",
         "EnqueueMessage",
         lambda c, j: _enqueue_write(c, j),
         False,
     ),
     "Enqueue.follow_up.custom_message.data_json": (
-        "lane",
+        "no_op",
         "EnqueueMessage",
         lambda c, j: pb.EnqueueMessageRequest(
             lane_id=c.lane_id, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=_custom(j)
@@ -941,7 +821,7 @@ JSON_FIELDS: dict[str, tuple[str, str, Callable[[Ctx, str], Message], bool]] = {
         False,
     ),
     "StartRun.prompt.custom.data_json": (
-        "lane",
+        "no_op",
         "StartRun",
         lambda c, j: pb.StartRunRequest(lane_id=c.lane_id, prompt=[user("p"), _custom(j)]),
         False,
@@ -1015,13 +895,13 @@ def _set(message: Message, path: str, value: int) -> Message:
 
 ENUM_CASES = {
     "enqueue_kind_99": malformed(
-        "lane",
+        "no_op",
         "EnqueueMessage",
         lambda c: _set(pb.EnqueueMessageRequest(lane_id=c.lane_id, message=user("m")), "kind", 99),
         "UNKNOWN_ENUM_VALUE",
     ),
     "enqueue_kind_negative": malformed(
-        "lane",
+        "no_op",
         "EnqueueMessage",
         lambda c: _set(pb.EnqueueMessageRequest(lane_id=c.lane_id, message=user("m")), "kind", -1),
         "UNKNOWN_ENUM_VALUE",
@@ -1033,19 +913,19 @@ ENUM_CASES = {
         "UNKNOWN_ENUM_VALUE",
     ),
     "start_run_tool_execution_9": malformed(
-        "lane",
+        "no_op",
         "StartRun",
         lambda c: _set(_start_run(c), "settings.tool_execution", 9),
         "UNKNOWN_ENUM_VALUE",
     ),
     "start_run_steering_mode_9": malformed(
-        "lane",
+        "no_op",
         "StartRun",
         lambda c: _set(_start_run(c), "settings.steering_mode", 9),
         "UNKNOWN_ENUM_VALUE",
     ),
     "start_run_follow_up_mode_9": malformed(
-        "lane",
+        "no_op",
         "StartRun",
         lambda c: _set(_start_run(c), "settings.follow_up_mode", 9),
         "UNKNOWN_ENUM_VALUE",
@@ -1058,7 +938,7 @@ ENUM_CASES = {
         "INVALID_STATUS",
     ),
     "settle_stop_reason_99": malformed(
-        "turn_open",
+        "turn",
         "SettleAssistantMessage",
         lambda c: _set(_settle(c), "message.stop_reason", 99),
         "UNKNOWN_ENUM_VALUE",
@@ -1071,7 +951,7 @@ ENUM_CASES = {
         "UNKNOWN_ENUM_VALUE",
     ),
     "update_config_thinking_level_99": malformed(
-        "lane",
+        "no_op",
         "UpdateLaneConfig",
         lambda c: _set(pb.UpdateLaneConfigRequest(lane_id=c.lane_id), "thinking_level", 99),
         "UNKNOWN_ENUM_VALUE",
@@ -1086,25 +966,25 @@ ENUM_CASES = {
 
 OTHER_MALFORMED = {
     "settle_duplicate_tool_call_ids": malformed(
-        "turn_open",
+        "turn",
         "SettleAssistantMessage",
         lambda c: _settle_blocks(c, tool_call("c0", "t", {}), tool_call("c0", "u", {})),
         "DUPLICATE_TOOL_CALL_ID",
     ),
     "settle_stop_reason_pending": malformed(
-        "turn_open",
+        "turn",
         "SettleAssistantMessage",
         lambda c: _set(_settle(c), "message.stop_reason", messages_pb2.STOP_REASON_PENDING),
         "INVALID_STOP_REASON",
     ),
     "settle_stop_reason_unspecified": malformed(
-        "turn_open",
+        "turn",
         "SettleAssistantMessage",
         lambda c: _set(_settle(c), "message.stop_reason", messages_pb2.STOP_REASON_UNSPECIFIED),
         "INVALID_STOP_REASON",
     ),
     "settle_without_message": malformed(
-        "turn_open",
+        "turn",
         "SettleAssistantMessage",
         lambda c: pb.SettleAssistantMessageRequest(
             lane_id=c.lane_id, operation_id=c.operation_id, turn_id=c.turn_id
@@ -1112,7 +992,7 @@ OTHER_MALFORMED = {
         "MISSING_FIELD",
     ),
     "start_run_assistant_prompt": malformed(
-        "lane",
+        "no_op",
         "StartRun",
         lambda c: pb.StartRunRequest(
             lane_id=c.lane_id,
@@ -1121,7 +1001,7 @@ OTHER_MALFORMED = {
         "INVALID_MESSAGE",
     ),
     "start_run_tool_result_prompt": malformed(
-        "lane",
+        "no_op",
         "StartRun",
         lambda c: pb.StartRunRequest(
             lane_id=c.lane_id,
@@ -1135,13 +1015,13 @@ OTHER_MALFORMED = {
         "INVALID_MESSAGE",
     ),
     "start_run_empty_message_prompt": malformed(
-        "lane",
+        "no_op",
         "StartRun",
         lambda c: pb.StartRunRequest(lane_id=c.lane_id, prompt=[messages_pb2.AgentMessage()]),
         "INVALID_MESSAGE",
     ),
     "start_run_no_prompt_empty_inbox": malformed(
-        "lane", "StartRun", lambda c: pb.StartRunRequest(lane_id=c.lane_id), "EMPTY_PROMPT"
+        "no_op", "StartRun", lambda c: pb.StartRunRequest(lane_id=c.lane_id), "EMPTY_PROMPT"
     ),
     "end_run_failed_without_error": malformed(
         "may_finish",
@@ -1188,7 +1068,7 @@ OTHER_MALFORMED = {
         "INVALID_STATUS",
     ),
     "stage_without_outcome": malformed(
-        "effect_pending",
+        "pending",
         "StageToolOutcome",
         lambda c: pb.StageToolOutcomeRequest(
             lane_id=c.lane_id, operation_id=c.operation_id, tool_call_id="c0"
@@ -1196,7 +1076,7 @@ OTHER_MALFORMED = {
         "MISSING_FIELD",
     ),
     "stage_executed_without_result": malformed(
-        "effect_pending",
+        "pending",
         "StageToolOutcome",
         lambda c: _stage(c, executed=pb.ExecutedOutcome(is_error=True)),
         "MISSING_FIELD",
@@ -1220,7 +1100,7 @@ OTHER_MALFORMED = {
         "MISSING_FIELD",
     ),
     "update_tool_without_partial_result": malformed(
-        "effect_pending",
+        "pending",
         "UpdateToolCall",
         lambda c: pb.UpdateToolCallRequest(
             lane_id=c.lane_id, operation_id=c.operation_id, tool_call_id="c0"
@@ -1228,22 +1108,22 @@ OTHER_MALFORMED = {
         "MISSING_FIELD",
     ),
     "record_usage_without_usage": malformed(
-        "lane", "RecordUsage", lambda c: pb.RecordUsageRequest(lane_id=c.lane_id), "MISSING_FIELD"
+        "no_op", "RecordUsage", lambda c: pb.RecordUsageRequest(lane_id=c.lane_id), "MISSING_FIELD"
     ),
     "enqueue_without_kind": malformed(
-        "lane",
+        "no_op",
         "EnqueueMessage",
         lambda c: pb.EnqueueMessageRequest(lane_id=c.lane_id, message=user("m")),
         "MISSING_FIELD",
     ),
     "enqueue_steer_without_message": malformed(
-        "lane",
+        "no_op",
         "EnqueueMessage",
         lambda c: pb.EnqueueMessageRequest(lane_id=c.lane_id, kind=snapshot_pb2.QUEUE_KIND_STEER),
         "INVALID_MESSAGE",
     ),
     "enqueue_steer_assistant_message": malformed(
-        "lane",
+        "no_op",
         "EnqueueMessage",
         lambda c: pb.EnqueueMessageRequest(
             lane_id=c.lane_id,
@@ -1253,7 +1133,7 @@ OTHER_MALFORMED = {
         "INVALID_MESSAGE",
     ),
     "enqueue_write_without_custom": malformed(
-        "lane",
+        "no_op",
         "EnqueueMessage",
         lambda c: pb.EnqueueMessageRequest(
             lane_id=c.lane_id, kind=snapshot_pb2.QUEUE_KIND_WRITE, message=user("m")
@@ -1261,7 +1141,7 @@ OTHER_MALFORMED = {
         "INVALID_MESSAGE",
     ),
     "enqueue_write_without_custom_type": malformed(
-        "lane", "EnqueueMessage", lambda c: _write_without_type(c), "MISSING_FIELD"
+        "no_op", "EnqueueMessage", lambda c: _write_without_type(c), "MISSING_FIELD"
     ),
 }
 
@@ -1287,17 +1167,17 @@ async def test_malformed_request(lane_stub, store, name: str) -> None:
 
 async def test_no_prompt_with_only_a_write_queued_is_empty(lane_stub, store) -> None:
     # A WRITE item is captured by StartRun but is not a conversational message.
-    ctx = await build(lane_stub, "lane")
+    ctx = await build(lane_stub, "no_op")
     await lane_stub.EnqueueMessage(_enqueue_write(ctx, "{}"))
     case = malformed(
-        "lane", "StartRun", lambda c: pb.StartRunRequest(lane_id=c.lane_id), "EMPTY_PROMPT"
+        "no_op", "StartRun", lambda c: pb.StartRunRequest(lane_id=c.lane_id), "EMPTY_PROMPT"
     )
     await assert_malformed(lane_stub, store, case, ctx)
 
 
 async def test_settle_for_length_may_carry_cut_arguments(lane_stub) -> None:
     # The control case: a response cut for length may end mid-arguments.
-    ctx = await build(lane_stub, "turn_open")
+    ctx = await build(lane_stub, "turn")
     answer = await lane_stub.SettleAssistantMessage(
         _settle_blocks(
             ctx, tool_call("c0", "t", '{"a": [1, 2'), stop=messages_pb2.STOP_REASON_LENGTH
@@ -1309,7 +1189,7 @@ async def test_settle_for_length_may_carry_cut_arguments(lane_stub) -> None:
 async def test_tool_name_with_nul_is_never_an_internal_error(lane_stub, store) -> None:
     # Tool names are free text; whether the service refuses a NUL or stores it, the answer is
     # INVALID_ARGUMENT or OK, never INTERNAL.
-    ctx = await build(lane_stub, "turn_open")
+    ctx = await build(lane_stub, "turn")
     before = await picture(lane_stub, store, ctx.lane_id)
     try:
         await lane_stub.SettleAssistantMessage(_settle_blocks(ctx, tool_call("c0", "a\x00b", {})))
@@ -1374,9 +1254,9 @@ REQUEST_TYPES: dict[str, type[Message]] = {
     "StageToolOutcome": pb.StageToolOutcomeRequest,
 }
 TARGET_STATES = {
-    "StartRun": "lane",
-    "SettleAssistantMessage": "turn_open",
-    "StageToolOutcome": "effect_pending",
+    "StartRun": "no_op",
+    "SettleAssistantMessage": "turn",
+    "StageToolOutcome": "pending",
 }
 
 

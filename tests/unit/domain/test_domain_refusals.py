@@ -1,8 +1,10 @@
-"""Every command in every state: accepted (and checked), or refused with the documented class
-and reason while the input state stays unchanged (docs/contract.md, invariant 5).
+"""Every command in every state, on the pure state machine: accepted (and checked), or
+refused with the documented class and reason while the input state stays unchanged
+(docs/contract.md, invariant 5).
 
-The table is written out by hand from the contract, one row per command and one column per
-state, so a change in what the state machine admits shows up as a failing cell.
+The expected outcomes are ``tests/support/refusal_matrix.py``'s, the table the integration
+test checks against the real service too; this module only builds the states in memory and
+poses the commands to the domain's functions.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from service.domain import lanes, placement, runs, tools
 from service.domain.errors import InvalidArgument
 from service.domain.state import LaneState, Operation
 from service.domain.transition import Transition
+from tests.support import refusal_matrix
+from tests.support.refusal_matrix import Expected, cells, params
 from tests.unit.domain.support import (
     ABORTED,
     COMPLETED,
@@ -44,33 +48,35 @@ from tests.unit.domain.support import (
     user,
 )
 
+#: The matrix's states this module builds in memory (no_lane, may_finish, blocked and ended
+#: only the integration test builds).
 STATES = (
     "no_op",
     "idle",
-    "turn_open",
+    "turn",
     "planned",
-    "effect_pending",
-    "outcome_ready",
+    "pending",
+    "ready",
     "completed",
-    "c_idle",
-    "c_turn_open",
-    "c_planned",
-    "c_effect_pending",
-    "c_outcome_ready",
+    "a_idle",
+    "a_turn",
+    "a_planned",
+    "a_pending",
+    "a_ready",
     "compaction",
-    "truncated",
-    "c_truncated",
+    "trunc",
+    "a_trunc",
     "no_calls",
 )
 # The call every tool command targets; in the tools states the batch is [X, Y] and X has the
-# status the state is named after (Y is planned, so the batch stays open). In ``truncated`` the
+# status the state is named after (Y is planned, so the batch stays open). In ``trunc`` the
 # batch's assistant message stopped for length (X and Y planned); in ``no_calls`` the run is
 # idle after a message that stopped for TOOL_USE without any tool call.
 X = "call-x"
 
 
 def build(name: str) -> Lane:
-    """A lane in state ``name`` (``c_`` = its run's abort was requested)."""
+    """A lane in state ``name`` (``a_`` = its run's abort was requested)."""
     lane = Lane()
     if name == "no_op":
         return lane
@@ -86,15 +92,15 @@ def build(name: str) -> Lane:
             ),
         )
         return lane
-    cancelled = name.startswith("c_")
-    base = name.removeprefix("c_")
-    if base in ("idle", "turn_open", "no_calls"):
+    cancelled = name.startswith("a_")
+    base = name.removeprefix("a_")
+    if base in ("idle", "turn", "no_calls"):
         lane.start_run(user("go"))
         if base != "idle":
             lane.start_turn("turn-1")
         if base == "no_calls":
             lane.settle("turn-1", assistant(text("let me look"), stop_reason=TOOL_USE))
-    elif base == "truncated":
+    elif base == "trunc":
         lane = lane_with_batch(
             (X, "read", '{"p":1}'), ("call-y", "bash", '{"p":'), stop_reason=LENGTH
         )
@@ -102,7 +108,7 @@ def build(name: str) -> Lane:
         lane = lane_with_batch((X, "read", '{"p":1}'), ("call-y", "bash", '{"p":2}'))
         if base != "planned":
             lane.start_tool(X)
-        if base in ("outcome_ready", "completed"):
+        if base in ("ready", "completed"):
             lane.stage(X, executed(result("x")))
         if base == "completed":
             lane.place()
@@ -127,7 +133,7 @@ def commands(lane: Lane, run_id: str = RUN) -> dict[str, Command]:
         "start_run": lambda s: runs.start_run(s, "run-2", prompt, run_settings(), now, ids),
         "abort": lambda s: runs.abort_operation(s, run_id, now),
         "start_turn": lambda s: runs.start_turn(s, run_id, "turn-9", now),
-        "settle_assistant": lambda s: runs.settle_assistant(s, run_id, "turn-1", message, now, ids),
+        "settle": lambda s: runs.settle_assistant(s, run_id, "turn-1", message, now, ids),
         "settle_wrong_turn": lambda s: runs.settle_assistant(
             s, run_id, "turn-0", message, now, ids
         ),
@@ -163,102 +169,49 @@ def commands(lane: Lane, run_id: str = RUN) -> dict[str, Command]:
     }
 
 
-OK = "ok"
-NOP = "OPERATION_NOT_OPEN"
-BUSY = "LANE_BUSY"
-NAR = "OPERATION_NOT_A_RUN"
-PH = "WRONG_RUN_PHASE"
-CAN = "OPERATION_CANCELLED"
-ST = "TOOL_CALL_WRONG_STATUS"
-NF = "TOOL_CALL_NOT_FOUND"
-TM = "TURN_MISMATCH"
-CAUSE = "INVALID_SYNTHETIC_CAUSE"
-NCX = "OPERATION_NOT_CANCELLED"
-RNA = "RUN_NEEDS_ASSISTANT"
-MT = "MESSAGE_TRUNCATED"
-MNT = "MESSAGE_NOT_TRUNCATED"
-
-# Columns, in STATES order: no_op idle turn_open planned effect_pending outcome_ready completed,
-# then the c_ (aborting) idle turn_open planned effect_pending outcome_ready, then compaction,
-# truncated, c_truncated, no_calls.
-# The calls of a message cut off for length take the TRUNCATED outcome and nothing else
-# (checked after the call's status and start order, before the cause's own rules).
-BEFORE_INTENT = (NOP, PH, PH, OK, ST, ST, ST, PH, PH, OK, ST, ST, NAR, MT, MT, PH)
-NEEDS_INTENT = (NOP, PH, PH, ST, OK, ST, ST, PH, PH, ST, OK, ST, NAR, MT, MT, PH)
-UNKNOWN_CALL = (NOP, PH, PH, NF, NF, NF, NF, PH, PH, NF, NF, NF, NAR, NF, NF, PH)
-NO_CAUSE = (NOP, PH, PH, CAUSE, CAUSE, ST, ST, PH, PH, CAUSE, CAUSE, ST, NAR, MT, MT, PH)
-TABLE: dict[str, tuple[str, ...]] = {
-    "start_run": (OK,) + (BUSY,) * (len(STATES) - 1),
-    "abort": (NOP,) + (OK,) * (len(STATES) - 1),
-    "start_turn": (NOP, OK, PH, PH, PH, PH, PH, CAN, PH, PH, PH, PH, NAR, PH, PH, OK),
-    "settle_assistant": (NOP, PH, OK, PH, PH, PH, PH, PH, OK, PH, PH, PH, NAR, PH, PH, PH),
-    "settle_wrong_turn": (NOP, PH, TM, PH, PH, PH, PH, PH, TM, PH, PH, PH, NAR, PH, PH, PH),
-    # A call of a message cut off for length never runs, not even before an abort.
-    "start_tool": (NOP, PH, PH, OK, ST, ST, ST, PH, PH, CAN, ST, ST, NAR, MT, MT, PH),
-    "start_unknown_call": UNKNOWN_CALL,
-    "update_tool": (NOP, PH, PH, ST, OK, ST, ST, PH, PH, ST, OK, ST, NAR, ST, ST, PH),
-    "update_unknown_call": UNKNOWN_CALL,
-    "stage_executed": NEEDS_INTENT,
-    "stage_unknown_call": UNKNOWN_CALL,
-    "stage_unknown_tool": BEFORE_INTENT,
-    "stage_invalid_arguments": BEFORE_INTENT,
-    "stage_denied": BEFORE_INTENT,
-    # TRUNCATED is the service's decision: only for calls of a message cut off for length.
-    "stage_truncated": (NOP, PH, PH, MNT, MNT, ST, ST, PH, PH, MNT, MNT, ST, NAR, OK, OK, PH),
-    # A cancelled outcome needs the abort to be durable first.
-    "stage_cancelled": (NOP, PH, PH, NCX, NCX, ST, ST, PH, PH, OK, OK, ST, NAR, MT, MT, PH),
-    "stage_interrupted": NEEDS_INTENT,
-    "stage_unspecified": NO_CAUSE,
-    "stage_no_outcome": NO_CAUSE,
-    # Just started, or after a TOOL_USE stop without tool calls, the run awaits an assistant
-    # response: it cannot complete (an aborting run always ends, as ABORTED).
-    "end_completed": (NOP, RNA, PH, PH, PH, PH, PH, OK, OK, OK, OK, OK, NAR, PH, OK, RNA),
-    "end_failed": (NOP,) + (OK,) * 11 + (NAR, OK, OK, OK),
-    "end_aborted": (NOP,) + (OK,) * 11 + (NAR, OK, OK, OK),
-    "place_ready": (OK,) * len(STATES),
-    "record_usage": (OK,) * len(STATES),
-    "update_config": (OK,) * len(STATES),
-    "enqueue": (OK,) * len(STATES),
+#: The matrix's commands of another operation id, each the command of this module it varies.
+WRONG_OPERATION = {
+    "abort_wrong_operation": "abort",
+    "end_wrong_operation": "end_failed",
+    "start_turn_wrong_operation": "start_turn",
+    "settle_wrong_operation": "settle",
+    "start_tool_wrong_operation": "start_tool",
+    "update_tool_wrong_operation": "update_tool",
+    "stage_wrong_operation": "stage_cancelled",
 }
 
-CASES = [
-    pytest.param(command, state, TABLE[command][column], id=f"{command}@{state}")
-    for command in TABLE
-    for column, state in enumerate(STATES)
-]
+
+def command(lane: Lane, name: str) -> Command:
+    """The matrix's command ``name``, aimed at ``lane``."""
+    if name in WRONG_OPERATION:
+        return commands(lane, "run-other")[WRONG_OPERATION[name]]
+    return commands(lane)[name]
 
 
-def test_the_table_covers_every_command() -> None:
-    assert set(TABLE) == set(commands(Lane()))
-    assert all(len(row) == len(STATES) for row in TABLE.values())
+COMMANDS = {*commands(Lane()), *WRONG_OPERATION}
 
 
-@pytest.mark.parametrize(("command", "state", "expected"), CASES)
-def test_command_in_state(command: str, state: str, expected: str) -> None:
+def test_the_matrix_has_every_command_and_state_built_here() -> None:
+    assert set(refusal_matrix.COMMANDS) >= COMMANDS
+    assert set(STATES) <= set(refusal_matrix.STATES)
+
+
+def test_every_cell_checked_here_is_exact() -> None:
+    # The state machine decides one reason: a cell naming alternatives would hide a change.
+    for name, state, expected in cells(COMMANDS, set(STATES)):
+        assert len(expected.refusals) <= 1, f"{name}@{state}"
+
+
+@pytest.mark.parametrize(("name", "state", "expected"), params(COMMANDS, set(STATES)))
+def test_command_in_state(name: str, state: str, expected: Expected) -> None:
     lane = build(state)
-    run = commands(lane)[command]
-    if expected == OK:
+    run = command(lane, name)
+    if expected.ok:
         lane.commit(run)  # checked: consecutive revisions, untouched input, fold == capture
-    else:
-        lane.refuse(run, expected, DOCUMENTED_REFUSALS[expected])
-
-
-RUN_COMMANDS = (
-    "abort",
-    "start_turn",
-    "settle_assistant",
-    "start_tool",
-    "update_tool",
-    "stage_cancelled",
-    "end_failed",
-)
-
-
-@pytest.mark.parametrize("state", [s for s in STATES if s != "no_op"])
-@pytest.mark.parametrize("command", RUN_COMMANDS)
-def test_a_stale_operation_id_is_refused_in_every_state(command: str, state: str) -> None:
-    lane = build(state)
-    lane.refuse(commands(lane, "run-other")[command], NOP, DOCUMENTED_REFUSALS[NOP])
+        return
+    code, reason = expected.exact()
+    error = lane.refuse(run, reason, DOCUMENTED_REFUSALS[reason])
+    assert error.code.value == code
 
 
 def test_a_run_needs_a_prompt_or_a_captured_message() -> None:

@@ -2,8 +2,8 @@
 calls): the calls of a message that stopped for length get the truncated outcome, whoever
 settles them; a message that stopped for TOOL_USE without a tool call is no answer to finish on.
 
-The refusals are in test_domain_refusals' table (columns truncated, c_truncated, no_calls);
-these are the accepted paths.
+The refusals are in the refusal matrix (tests/support/refusal_matrix.py: states trunc,
+a_trunc, no_calls); these are the accepted paths.
 """
 
 from __future__ import annotations
