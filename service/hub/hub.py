@@ -186,6 +186,9 @@ class Hub:
         self.poll_interval = poll_interval
         self._lanes: dict[LaneRef, LaneFeed] = {}
         self._watchers = 0
+        #: Reads of the event log the hub made for a lane's feed (of the store's
+        #: ``event_log_reads``, those not made by one watcher for itself).
+        self.shared_reads = 0
         #: What the feeds of all watched lanes hold together (bounded).
         self.feed_memory = FeedMemory()
         self._readers: set[asyncio.Task[None]] = set()
@@ -350,6 +353,7 @@ class Hub:
                 watched.read_wanted = False
                 assert feed.end is not None
                 try:
+                    self.shared_reads += 1
                     groups = await self.store.read_events(
                         lane, feed.end, SHARED_READ_BATCH, SHARED_READ_BYTES
                     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 from lane.v1 import entries_pb2, snapshot_pb2
@@ -147,6 +147,23 @@ def _reused_id(exc: psycopg.errors.UniqueViolation, transition: Transition) -> L
     )
 
 
+async def _to_its_end(transaction: Coroutine[Any, Any, A]) -> A:
+    """Run ``transaction`` to its commit or rollback whatever the caller does. When the caller
+    goes away first, its outcome is still read once it ends, so a failure is not reported
+    later as an exception nobody retrieved."""
+    task = asyncio.ensure_future(transaction)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_read_outcome)
+        raise
+
+
+def _read_outcome(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 def lane_not_found(lane: LaneRef) -> NotFound:
     """The refusal for a lane that does not exist (in the caller's namespace: a lane of
     another namespace gets exactly this answer)."""
@@ -254,7 +271,7 @@ class Store:
         A caller that goes away (deadline, cancellation) does not cut the command short: it
         runs to its commit or rollback, so a retry finds its outcome under the request id.
         """
-        return await asyncio.shield(self._command(lane, decide, request))
+        return await _to_its_end(self._command(lane, decide, request))
 
     async def _command(self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None) -> A:
         with traces.transaction("command", lane.namespace, lane.lane_id):
@@ -392,7 +409,7 @@ class Store:
         open, unless ``force``. The answer is recorded under the request's key and outlives the
         lane: a retry returns it, even once the lane id is in use again. Like :meth:`command`,
         it runs to its commit or rollback whatever the caller does."""
-        return await asyncio.shield(self._delete_lane(lane, force, answer, request))
+        return await _to_its_end(self._delete_lane(lane, force, answer, request))
 
     async def _delete_lane(
         self,

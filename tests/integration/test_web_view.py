@@ -554,7 +554,8 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
     retry = state["retry"]
     at = scheduled.next_attempt_time
     assert (retry["attempt"], retry["maxAttempts"]) == (2, 3)
-    assert retry["nextAttemptMs"] == at.seconds * 1000 + at.nanos // 1_000_000
+    # protobuf-es's timestampMs rounds the nanoseconds to the nearest millisecond.
+    assert retry["nextAttemptMs"] == at.seconds * 1000 + (at.nanos + 500_000) // 1_000_000
     left = re.fullmatch(
         r"model call failed · attempt 2 of 3 scheduled · in (\d+\.\d)s", retry["text"]
     )
