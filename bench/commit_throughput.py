@@ -874,6 +874,11 @@ async def run_service(
         # Let the ref's service write bytecode into its (temporary) tree: the proof that its
         # modules came from there (verify_ref_service).
         env.pop("PYTHONDONTWRITEBYTECODE", None)
+        # And its own generated code and client package (lane.v1, lane.limits), not the
+        # installed working tree's: the contract may have grown since (new methods).
+        env["PYTHONPATH"] = os.pathsep.join(
+            part for part in (str(root / "clients" / "python"), env.get("PYTHONPATH")) if part
+        )
     # LANE_WORKERS defaults to the number of CPUs where it is known: always pass it there.
     servers = workers if "LANE_WORKERS" in known else 1
     process = await asyncio.create_subprocess_exec(
