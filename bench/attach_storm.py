@@ -4,7 +4,7 @@ Run from the repository root (virtualenv active)::
 
     python -m bench.attach_storm [--bursts 1000,2000,4000,8000,12000] [--lanes 50] [--channels 20]
 
-One service process (``python -m service.app`` on an embedded PostgreSQL in a temp dir, or
+One service process (``python -m lane.server.app`` on an embedded PostgreSQL in a temp dir, or
 ``--database-url``) with its default watcher limits (``--max-watchers`` to change the
 process's; the lanes hold the per-lane limit far off). For each burst
 size B, this process opens B WatchLane streams in one go, spread over ``--lanes`` lanes and

@@ -14,7 +14,7 @@ other, on the same PostgreSQL:
    same statement in autocommit for S seconds. Measured before the service phase and again
    after it (``--single-baseline``: before only); the ratio uses their mean, since the load
    of a shared machine drifts.
-2. **Service.** The real service runs as a **subprocess** (``python -m service.app`` with
+2. **Service.** The real service runs as a **subprocess** (``python -m lane.server.app`` with
    ``LANE_DATABASE_URL``, ``LANE_LISTEN`` and ``LANE_WORKERS=K``, ``--workers``: with K > 1 a
    supervisor and K worker processes on one port), so the load generator does not share its
    event loop or GIL; the measured figure is the service's, not the service's minus the
@@ -53,11 +53,13 @@ than the rates when other work shares the machine. ``--py-spy FILE`` profiles th
 during the window.
 
 ``--compare REF`` measures the service of a git ref too, in the same run, before the working
-tree's: ``git archive REF`` into a temporary directory and ``python -m service.app`` started
-there (its own ``service`` package wins: ``-m`` puts the working directory first on
-``sys.path``; the ``lane`` client package is the working tree's), on a scratch database of its
-own on the same server, given only the ``LANE_*`` settings its code knows. Both phases are
-printed side by side with the ratio current / ref.
+tree's: ``git archive REF`` into a temporary directory and the ref's server started there,
+``python -m lane.server.app`` from its ``service/`` directory (or, for a ref from before the
+server package was renamed, ``python -m service.app`` from its root): its own server package
+wins, as ``-m`` puts the working directory first on ``sys.path``; the ``lane`` client packages
+are the working tree's. It runs on a scratch database of its own on the same server, given only
+the ``LANE_*`` settings its code knows. Both phases are printed side by side with the ratio
+current / ref.
 
 ``--watchers W`` (target: "with 1,000 watchers attached it drops by <= 10 %") adds a further
 service phase, on a fresh service process, with W WatchLane streams attached before the
@@ -110,7 +112,13 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from bench import replay
-from bench.entry import add_database_url, open_channels, run_benchmark, stop_process
+from bench.entry import (
+    add_database_url,
+    open_channels,
+    run_benchmark,
+    server_tree,
+    stop_process,
+)
 from bench.watchers import Fleet, FleetResult, start_fleet
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -334,7 +342,7 @@ async def provision_database(server_url: str | None) -> AsyncIterator[Database]:
         if server_url is None:
             # Imported here: the service's own helper for pgserver (unprivileged user as root,
             # quiet platformdirs warning). Only needed without a URL.
-            from service.app.embedded import start_embedded
+            from lane.server.app.embedded import start_embedded
 
             temp_dir = Path(tempfile.mkdtemp(prefix="lane-bench-pg-"))
             stack.callback(shutil.rmtree, temp_dir, ignore_errors=True)
@@ -679,7 +687,7 @@ async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> 
     if pgbench is None:
         return "no pgbench on PATH"
     # Imported here: only the replay needs the service's migrations in this process.
-    from service.store.migrations import migrate
+    from lane.server.store.migrations import migrate
 
     recorded = replay.record(f"bench-{uuid.uuid4().hex[:12]}", args.calls, args.turns)
     script = replay.replay_script(recorded, args.replay_commits_per_transaction)
@@ -834,7 +842,7 @@ _WORKER_TAG = re.compile(r"\[worker (\d+) pid (\d+)\]")
 def known_settings(root: Path) -> frozenset[str]:
     """The ``LANE_*`` names the service code under ``root`` mentions (the settings it knows)."""
     names: set[str] = set()
-    for path in (root / "service").rglob("*.py"):
+    for path in server_tree(root).directory.rglob("*.py"):
         names.update(_SETTING.findall(path.read_text(errors="replace")))
     return frozenset(names)
 
@@ -848,10 +856,11 @@ async def run_service(
     workers: int = 1,
     root: Path = REPO_ROOT,
 ) -> AsyncIterator[ServiceProcess]:
-    """``python -m service.app`` in ``root`` on a free port of 127.0.0.1; SIGTERM (then
-    SIGKILL) on exit. ``extra_env``: more ``LANE_*`` settings; ``workers``: ``LANE_WORKERS``.
-    Only the settings the code in ``root`` knows are passed (an older ref's service does not
-    know the newer ones); yields once every server process listens."""
+    """The server of the checkout at ``root`` (``python -m lane.server.app``, or an older
+    checkout's ``python -m service.app``: :func:`bench.entry.server_tree`) on a free port of
+    127.0.0.1; SIGTERM (then SIGKILL) on exit. ``extra_env``: more ``LANE_*`` settings; ``workers``:
+    ``LANE_WORKERS``. Only the settings the code in ``root`` knows are passed (an older ref's
+    service does not know the newer ones); yields once every server process listens."""
     settings = {
         "LANE_DATABASE_URL": database_url,
         "LANE_LISTEN": "127.0.0.1:0",
@@ -861,6 +870,7 @@ async def run_service(
         "LANE_WORKERS": str(workers),
         **(extra_env or {}),
     }
+    server = server_tree(root)
     known = known_settings(root)
     env = dict(os.environ)
     not_passed = []
@@ -884,8 +894,8 @@ async def run_service(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "service.app",
-        cwd=root,
+        server.app,
+        cwd=server.cwd,
         env=env,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
@@ -1006,26 +1016,32 @@ async def unpack_ref(ref: str, work_dir: Path) -> RefTree:
     _, err = await tar.communicate(archive)
     if tar.returncode != 0:
         raise RuntimeError(f"unpacking {ref}: {err.decode(errors='replace').strip()}")
-    if not (root / "service" / "app" / "__main__.py").is_file():
-        raise RuntimeError(f"{ref} ({commit[:7]}) has no service/app/__main__.py")
+    try:
+        server_tree(root)
+    except RuntimeError as error:
+        raise RuntimeError(f"{ref} ({commit[:7]}): {error}") from None
     return RefTree(ref, commit, subject, root)
 
 
 async def ref_package_path(tree: RefTree) -> str:
-    """Where ``import service`` resolves with the ref's tree as the working directory, as it
-    does for ``python -m service.app`` started there; it must be the ref's tree."""
+    """Where the ref's server package (``lane.server``, or ``service`` before the rename)
+    resolves from the directory its server is started in, as it does for ``python -m
+    {package}.app`` started there; it must be the ref's tree."""
+    server = server_tree(tree.root)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        "import service, sys; sys.stdout.write(service.__file__ or '')",
-        cwd=tree.root,
+        f"import sys, {server.package} as p; sys.stdout.write(p.__file__ or '')",
+        cwd=server.cwd,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
     )
     out, _ = await process.communicate()
     path = out.decode().strip()
     if not _inside(path, tree.root):
-        raise RuntimeError(f"{tree.label}: `import service` there finds {path!r}, not the ref's")
+        raise RuntimeError(
+            f"{tree.label}: `import {server.package}` there finds {path!r}, not the ref's"
+        )
     return path
 
 
@@ -1035,15 +1051,16 @@ def _inside(path: str, root: Path) -> bool:
 
 def verify_ref_service(tree: RefTree, service: ServiceProcess) -> str:
     """Check that the running ref service is the ref's code; describe it for the log."""
+    server = server_tree(tree.root)
     cwd = os.readlink(f"/proc/{service.pid}/cwd")
-    if Path(cwd).resolve() != tree.root.resolve():
-        raise RuntimeError(f"{tree.label}: the service runs in {cwd}, not in {tree.root}")
-    # Nothing but that process imports service.app.* from the ref's tree (run_service lets it
+    if Path(cwd).resolve() != server.cwd.resolve():
+        raise RuntimeError(f"{tree.label}: the service runs in {cwd}, not in {server.cwd}")
+    # Nothing but that process imports {package}.app.* from the ref's tree (run_service lets it
     # write bytecode): bytecode written there means its modules came from there.
-    compiled = list((tree.root / "service" / "app" / "__pycache__").glob("*.pyc"))
+    compiled = list((server.directory / "app" / "__pycache__").glob("*.pyc"))
     if not compiled:
         raise RuntimeError(f"{tree.label}: the service compiled nothing under {tree.root}")
-    modules = len(list((tree.root / "service").rglob("*.pyc")))
+    modules = len(list(server.directory.rglob("*.pyc")))
     return f"runs in {cwd}, on its own code: it imported {modules} modules from there"
 
 

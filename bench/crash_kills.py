@@ -7,7 +7,7 @@ Run from the repository root (virtualenv active)::
 
 Target (docs/contract.md): "Kill -9 of service or driver at random points: no staged result
 lost, no entry placed twice, no unsafe replay, every watcher converges (fold == capture)". This
-runs the harness of ``tests/crash/harness.py`` (real ``python -m service.app`` processes and
+runs the harness of ``tests/crash/harness.py`` (real ``python -m lane.server.app`` processes and
 real driver processes, SIGKILLed at random with a seeded RNG) for ``--kills`` kills, lets every
 run finish, checks every lane, and prints the counts: kills of services and of drivers,
 takeovers, safe replays, interruptions, reconciliations by the service, the violations of the
@@ -35,7 +35,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from service.app.embedded import start_embedded
+from lane.server.app.embedded import start_embedded
 from tests.crash.harness import HarnessConfig, run_harness
 
 

@@ -1,5 +1,6 @@
 """What every service benchmark shares: the database option, the entry point (parse, run,
-clean up on Ctrl-C or SIGTERM), and stopping the server processes it started."""
+clean up on Ctrl-C or SIGTERM), where a checkout keeps its server package, and stopping the
+server processes it started."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -21,6 +24,41 @@ def add_database_url(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("LANE_BENCH_DATABASE_URL") or None,
         help="PostgreSQL server URL, role with CREATEDB (default: $LANE_BENCH_DATABASE_URL,"
         " else an embedded pgserver in a temp dir)",
+    )
+
+
+@dataclass(frozen=True)
+class ServerTree:
+    """Where a checkout keeps its server package, and how to start that checkout's server:
+    ``python -m {package}.app`` with ``cwd`` as the working directory, which ``-m`` puts first
+    on ``sys.path``, so the checkout's own server package wins over the one installed in the
+    virtualenv. The ``lane`` client packages (``lane.v1``, ``lane.client``, ``lane.limits``)
+    still come from the virtualenv (this working tree)."""
+
+    package: str  # the import name: "lane.server", or "service" before the rename
+    directory: Path  # the package's directory
+    cwd: Path  # the directory holding the package's top-level name
+
+    @property
+    def app(self) -> str:
+        """The module ``python -m`` runs."""
+        return f"{self.package}.app"
+
+
+def server_tree(root: Path) -> ServerTree:
+    """The server package of the checkout at ``root``: ``lane.server`` in
+    ``service/lane/server`` (started from ``service/``, the directory holding that checkout's
+    ``lane`` portion), or, in a checkout from before the rename, the top-level package
+    ``service`` in ``service/`` (started from ``root``). Which one is decided by which
+    directory holds ``app/__main__.py``."""
+    current = root / "service" / "lane" / "server"
+    if (current / "app" / "__main__.py").is_file():
+        return ServerTree("lane.server", current, root / "service")
+    before = root / "service"
+    if (before / "app" / "__main__.py").is_file():
+        return ServerTree("service", before, root)
+    raise RuntimeError(
+        f"{root} has neither service/lane/server/app/__main__.py nor service/app/__main__.py"
     )
 
 

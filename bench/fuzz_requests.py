@@ -33,8 +33,8 @@ from pathlib import Path
 import grpc
 from lane.v1 import lane_service_pb2_grpc
 
-from service.app.config import Settings
-from service.app.server import start_server
+from lane.server.app.config import Settings
+from lane.server.app.server import start_server
 from tests.outage.fuzzing import Fuzzer, Stats, World, drive, populate
 
 

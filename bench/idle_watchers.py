@@ -12,7 +12,7 @@ run measures, one after the other on the same machine:
    method writes one small message and then just awaits. This process opens the same number
    of idle streams on it over the same number of channels, checks that each received its
    message, lets them settle, and reads the server's resident memory before and after.
-2. **Service.** The real service runs as a subprocess (``python -m service.app``, on an
+2. **Service.** The real service runs as a subprocess (``python -m lane.server.app``, on an
    embedded PostgreSQL in a temp dir or ``--database-url``; ``LANE_MAX_WATCHERS`` and
    ``LANE_MAX_WATCHERS_PER_LANE`` raised when the run needs more than the defaults). This
    process creates ``--lanes`` lanes (empty, or with ``--prompts`` transcript entries each:
@@ -79,7 +79,7 @@ _MINIMAL_READY = "minimal server listening on "
 async def _serve_minimal() -> None:
     """A ``grpc.aio`` server whose one server-streaming method writes one message and then
     waits forever: the least any server holding an idle stream keeps."""
-    from service.app.server import SERVER_OPTIONS  # the service's own keepalive and limits
+    from lane.server.app.server import SERVER_OPTIONS  # the service's own keepalive and limits
 
     async def idle(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> None:
         await context.write(b"ready")

@@ -5,7 +5,7 @@ Run from the repository root (virtualenv active)::
 
     python -m bench.load_mix [--drivers 200] [--watchers 500] [--seconds 20] [--workers K]
 
-One service subprocess (``python -m service.app``, ``LANE_WORKERS=K``: with K > 1 a supervisor
+One service subprocess (``python -m lane.server.app``, ``LANE_WORKERS=K``: with K > 1 a supervisor
 and K workers on one port) on a scratch database. Then, in order:
 
 1. **Baseline: the no-database floor.** As many callers as there are drivers call

@@ -3,7 +3,7 @@
 
 :func:`record` runs the domain functions in this process, as the commands do, on a lane
 state kept in memory, and turns each transition into its commit statement with the store's
-own :func:`~service.store.lane_writes.commit_statement` (the optimistic path: one statement per
+own :func:`~lane.server.store.lane_writes.commit_statement` (the optimistic path: one statement per
 commit, the version check of the lane row included). The run is the drivers' run: StartRun;
 per turn StartTurn, SettleAssistantMessage with C tool calls, and per call StartToolCall,
 UpdateToolCall, UpdateToolCall (checkpoint), StageToolOutcome (staging, then placement); a
@@ -36,12 +36,12 @@ from typing import Any, cast
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
-from service.domain import lanes, placement, runs, tools
-from service.domain.ids import new_id
-from service.domain.state import LaneState
-from service.domain.transition import Transition
-from service.store.lane_ref import LaneRef
-from service.store.lane_writes import CommitStatement, commit_statement, insert_lane
+from lane.server.domain import lanes, placement, runs, tools
+from lane.server.domain.ids import new_id
+from lane.server.domain.state import LaneState
+from lane.server.domain.transition import Transition
+from lane.server.store.lane_ref import LaneRef
+from lane.server.store.lane_writes import CommitStatement, commit_statement, insert_lane
 
 # -- the drivers' requests (bench.commit_throughput.Driver sends exactly these) ---------------
 

@@ -4,7 +4,7 @@ Run from the repository root (virtualenv active)::
 
     python -m bench.resume_memory [--events 600] [--event-kib 450] [--streams 3]
 
-One service process (``python -m service.app`` on an embedded PostgreSQL in a temp dir, or
+One service process (``python -m lane.server.app`` on an embedded PostgreSQL in a temp dir, or
 ``--database-url``). This process fills one lane with ``--events`` progress events of
 ``--event-kib`` KiB each (UpdateToolCall partial results of one running call) and leaves a
 second lane empty. Then, for each lane in turn, it opens ``--streams`` WatchLane streams

@@ -8,7 +8,7 @@ Run from the repository root (virtualenv active)::
 docs/contract.md: "Snapshot of a 10,000-entry transcript: <= 2 x the cost of selecting and encoding
 the same rows; server memory bounded by the chunk size". One run:
 
-1. **Build.** The real service runs as a subprocess (``python -m service.app``). One lane gets
+1. **Build.** The real service runs as a subprocess (``python -m lane.server.app``). One lane gets
    ``--entries`` transcript entries through the API, in runs of: StartRun with
    ``--prompts-per-run`` user messages, then ``--turns-per-run`` turns of StartTurn,
    SettleAssistantMessage (text and ``--calls`` tool calls) and, per call, StartToolCall and
@@ -82,7 +82,7 @@ from bench.commit_throughput import (
 )
 from bench.entry import add_database_url, run_benchmark
 from bench.memory import Memory, PeakSampler
-from service.api.watch import WatchSettings
+from lane.server.api.watch import WatchSettings
 
 TARGET_RATIO = 2.0  # docs/contract.md, Targets
 #: "Bounded by the chunk size" is read as: the peak growth while one snapshot streams stays

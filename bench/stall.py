@@ -9,8 +9,9 @@ caller waits for. The rule is that nothing a client can send holds the loop for 
 20 ms; this benchmark's target is that no other caller waits more than 50 ms for an answer
 (its own round trip included). One run:
 
-1. The real service runs as a subprocess (``python -m service.app``, from ``--service-root``,
-   default this checkout), on a scratch database.
+1. The real service runs as a subprocess (``python -m lane.server.app``, from
+   ``--service-root``, default this checkout; ``python -m service.app`` for a checkout from
+   before the server package was renamed), on a scratch database.
 2. A **probe** process (this module with ``--probe``, a client of its own, so the load
    client's Python work cannot delay it) calls two cheap RPCs in a loop, each on its own
    channel, and times every call: ``grpc.health.v1.Health/Check`` (no database) and
@@ -65,8 +66,8 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
 from bench.commit_throughput import provision_database
-from bench.entry import add_database_url, run_benchmark, stop_process
-from service.domain.limits import MAX_TOOL_CALLS
+from bench.entry import add_database_url, run_benchmark, server_tree, stop_process
+from lane.server.domain.limits import MAX_TOOL_CALLS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGET_WAIT_SECONDS = 0.050
@@ -85,16 +86,19 @@ _OPTIONS = [
 
 @contextlib.asynccontextmanager
 async def service(database_url: str, root: Path) -> AsyncIterator[str]:
-    """``python -m service.app`` run from ``root`` on a free port; its address."""
+    """The server of the checkout at ``root`` (``python -m lane.server.app``, or an older
+    checkout's ``python -m service.app``: :func:`bench.entry.server_tree`) on a free port; its
+    address."""
+    server = server_tree(root)
     env = dict(os.environ)
     env.update(
         LANE_DATABASE_URL=database_url,
         LANE_LISTEN="127.0.0.1:0",
         LANE_GRACE_SECONDS="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")])),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(server.cwd), env.get("PYTHONPATH", "")])),
     )
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "service.app", cwd=root, env=env,
+        sys.executable, "-m", server.app, cwd=server.cwd, env=env,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

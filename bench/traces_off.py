@@ -20,8 +20,8 @@ from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from service import logs, traces
-from service.api.instrument import method_metrics, observed
+from lane.server import logs, traces
+from lane.server.api.instrument import method_metrics, observed
 
 ROUNDS = 100_000
 

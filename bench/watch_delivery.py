@@ -13,7 +13,7 @@ lanes with 1,000 watchers on one process". One run measures, on the same Postgre
    in its own thread, LISTENs, and the latency is its receive time minus the payload's time.
    Every notification sent must arrive. Measured before the service phase and again after it
    (``--single-baseline``: before only), because the load of a shared machine drifts.
-2. **Service.** The real service runs as a **subprocess** (``python -m service.app``, see
+2. **Service.** The real service runs as a **subprocess** (``python -m lane.server.app``, see
    :func:`bench.commit_throughput.run_service`), ``--lanes`` lanes are created, and
    ``--watchers`` WatchLane streams (watcher ``i`` on lane ``i mod lanes``) are attached from a
    second subprocess (:mod:`bench.watchers`), spread over ``--channels`` channels. So the

@@ -34,7 +34,7 @@ from lane.v1 import events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 from tests.crash.recording import replay_of
 
 SAFE = lane_service_pb2.REPLAY_POLICY_SAFE
-#: The marker the service appends to an interruption result (service/domain/results.py).
+#: The marker the service appends to an interruption result (service/lane/server/domain/results.py).
 INTERRUPTED_MARKER = "[interrupted]"
 #: Failures a checker's read retries: a service being killed or restarted (its channel may
 #: still be backing off), and INTERNAL — a service bug, reported from the service's log.

@@ -1,6 +1,6 @@
 """kill -9 at random points, then check that nothing was lost, doubled or unsafely replayed.
 
-:func:`run_harness` starts real service processes (``python -m service.app``, one or more on
+:func:`run_harness` starts real service processes (``python -m lane.server.app``, one or more on
 one database, each restarted on its own port after a kill) and one driver process per lane
 (:mod:`tests.crash.driver`: the shipped ``lane.client`` Driver with a scripted model and tools
 that record their executions), follows every lane with an in-process watcher
@@ -46,7 +46,7 @@ from lane.client.watch import RetryPolicy, watch_lane
 from lane.v1 import events_pb2, lane_service_pb2_grpc, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service.app.server import LANE_SERVICE_NAME
+from lane.server.app.server import LANE_SERVICE_NAME
 from tests.crash.checks import (
     INTERRUPTED_MARKER,
     RETRIED,
@@ -107,7 +107,7 @@ async def reap(process: asyncio.subprocess.Process, *, polite: bool = False) -> 
 
 
 class ServiceProcess:
-    """One ``python -m service.app`` on a fixed port (kept across restarts)."""
+    """One ``python -m lane.server.app`` on a fixed port (kept across restarts)."""
 
     def __init__(
         self,
@@ -142,7 +142,8 @@ class ServiceProcess:
         deadline = time.monotonic() + within
         while True:
             self.starts += 1
-            self.process = await _spawn([sys.executable, "-m", "service.app"], self.env, self.log)
+            command = [sys.executable, "-m", "lane.server.app"]
+            self.process = await _spawn(command, self.env, self.log)
             if await self._serving(self.process, deadline):
                 return
             await reap(self.process)
@@ -758,7 +759,7 @@ class Harness:
         exits with status 1, which is a violation of its own)."""
         for service in self.services:
             text = service.log.read_text(errors="replace") if service.log.exists() else ""
-            marker = "ERROR service.api.errors: unexpected error"
+            marker = "ERROR lane.server.api.errors: unexpected error"
             if marker in text:
                 at = text.index(marker)
                 excerpt = text[at : at + 3000].splitlines()

@@ -2,7 +2,7 @@
 
 One randomized run of the harness (real service and driver processes, at least 20 kills), then
 focused deterministic cases of docs/recovery.md, each against a real
-``python -m service.app`` and real driver processes. A driver process is the shipped
+``python -m lane.server.app`` and real driver processes. A driver process is the shipped
 ``lane.client`` Driver (:mod:`tests.crash.driver`); a second one takes a killed one's run over
 with ``Driver.recover``:
 

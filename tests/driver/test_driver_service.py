@@ -19,7 +19,7 @@ from lane.client.tools import ToolContext, ToolResultLike
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 
-from service.app.server import start_server
+from lane.server.app.server import start_server
 from tests.driver.support import (
     open_operation_id,
     operation_state,

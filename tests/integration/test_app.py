@@ -1,7 +1,7 @@
 """The app layer: configuration, start-up, health, reflection, migrations, graceful shutdown.
 
 LaneService's own RPCs are tested elsewhere; here only what the process around them promises.
-Subprocess tests run ``python -m service.app`` exactly as an operator would.
+Subprocess tests run ``python -m lane.server.app`` exactly as an operator would.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from service.app.config import ConfigError, Settings, mask_password
-from service.app.server import LANE_SERVICE_NAME, RunningServer, StartupError, start_server
-from service.store import Store
+from lane.server.app.config import ConfigError, Settings, mask_password
+from lane.server.app.server import LANE_SERVICE_NAME, RunningServer, StartupError, start_server
+from lane.server.store import Store
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -128,7 +128,7 @@ async def test_migrations_are_idempotent(fresh_database_url: str, store: Store) 
 async def test_concurrent_migrations_apply_the_schema_once(fresh_database_url: str) -> None:
     # The migrator's advisory lock key (private to the store). Holding it makes both migrators
     # provably wait at the same time, instead of hoping that two tasks overlap.
-    from service.store.migrations import _MIGRATION_LOCK
+    from lane.server.store.migrations import _MIGRATION_LOCK
 
     stores = [await Store.open(fresh_database_url) for _ in range(2)]
     try:
@@ -169,7 +169,7 @@ async def _wait_until_advisory_waiters(
     pytest.fail(f"expected {expected} migrators waiting on the advisory lock")
 
 
-# --- the process: python -m service.app ----------------------------------------------------
+# --- the process: python -m lane.server.app ----------------------------------------------------
 
 
 async def test_process_serves_and_shuts_down_gracefully_on_sigterm(
@@ -378,14 +378,14 @@ def test_mask_password(dsn: str, masked: str) -> None:
 async def _service_process(
     env: dict[str, str], log: Path, cwd: Path
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    """Run ``python -m service.app`` with ``env`` over a LANE_-free copy of our environment."""
+    """Run ``python -m lane.server.app`` with ``env`` over a LANE_-free copy of our environment."""
     # The developer's own LANE_* settings must not leak into the child.
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("LANE_")} | env
     with log.open("wb") as out:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "service.app",
+            "lane.server.app",
             env=child_env,
             cwd=cwd,
             stdout=out,

@@ -32,9 +32,9 @@ from lane.client.session import LaneSession
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
-from service.api.auth import TokenError, parse_tokens
-from service.app.config import ConfigError, Settings
-from service.app.server import RunningServer, start_server
+from lane.server.api.auth import TokenError, parse_tokens
+from lane.server.app.config import ConfigError, Settings
+from lane.server.app.server import RunningServer, start_server
 from tests.integration.lanes import (
     Probe,
     assistant,
@@ -510,7 +510,7 @@ async def test_start_server_refuses_a_non_loopback_address_without_tokens(
 async def test_an_open_service_says_so_at_start_up(
     session_database_url: str, store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="service.app.server"):
+    with caplog.at_level(logging.INFO, logger="lane.server.app.server"):
         running = await start_server(session_database_url)
         await running.stop(grace=0)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -17,8 +17,8 @@ from lane.client.reach import Unreachable
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc
 
-from service.app.config import Settings
-from service.app.server import start_server
+from lane.server.app.config import Settings
+from lane.server.app.server import start_server
 from tests.integration.test_tls import Certificates, certificates
 
 __all__ = ["certificates"]  # the fixture, used by the tests below

@@ -37,8 +37,8 @@ from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 from pyqwest import Client as HttpClient
 from pyqwest import HTTPTransport, HTTPVersion
 
-from service.app.config import Settings
-from service.app.server import RunningServer, start_server
+from lane.server.app.config import Settings
+from lane.server.app.server import RunningServer, start_server
 from tests.integration.lanes import error_info, new_lane_id, user
 from tests.integration.test_tls import issue, pem, pem_key
 

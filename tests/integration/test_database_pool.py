@@ -1,6 +1,7 @@
 """The database pool as a setting: ``LANE_DB_POOL_SIZE``, ``LANE_DB_CHECKOUT_TIMEOUT_SECONDS``;
 and a pool that is merely busy answers RESOURCE_EXHAUSTED ``DATABASE_BUSY``, not UNAVAILABLE
-(service/store/pool.py). A database that cannot be reached: tests/outage/test_database_down.py.
+(service/lane/server/store/pool.py). A database that cannot be reached:
+tests/outage/test_database_down.py.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 from prometheus_client import CollectorRegistry
 
-from service.app.config import ConfigError, Settings
-from service.app.server import RunningServer, start_server
-from service.store.pool import LanePool
+from lane.server.app.config import ConfigError, Settings
+from lane.server.app.server import RunningServer, start_server
+from lane.server.store.pool import LanePool
 from tests.integration.lanes import new_lane_id, user
 
 Stub = Any  # lane_service_pb2_grpc.LaneServiceAsyncStub (exists only in the type stubs)

@@ -12,8 +12,8 @@ import pytest
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
-from service.store import DEFAULT_NAMESPACE, LaneRef, Store
-from service.store.lane_removal import LANE_TABLES
+from lane.server.store import DEFAULT_NAMESPACE, LaneRef, Store
+from lane.server.store.lane_removal import LANE_TABLES
 from tests.integration.lanes import (
     Probe,
     error_info,
@@ -126,7 +126,7 @@ def table_names_of_schema() -> set[str]:
     """Every table the migrations create, but the service's own bookkeeping."""
     import re
 
-    from service.store.migrations import available_migrations
+    from lane.server.store.migrations import available_migrations
 
     names = set()
     for _, _, sql in available_migrations():

@@ -37,8 +37,8 @@ from lane.client.session import LaneSession, SessionBroken
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service.api.drive import MAX_COMMANDS_IN_FLIGHT
-from service.app.server import RunningServer, start_server
+from lane.server.api.drive import MAX_COMMANDS_IN_FLIGHT
+from lane.server.app.server import RunningServer, start_server
 from tests.driver.support import returns, step, tool
 from tests.integration.lanes import (
     assistant,

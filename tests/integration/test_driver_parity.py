@@ -37,7 +37,7 @@ from lane.client.tools import Tool, ToolContext, ToolResultLike
 from lane.v1 import events_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service.app.server import RunningServer
+from lane.server.app.server import RunningServer
 from tests.crash.checks import load
 from tests.integration.lanes import new_lane_id
 from tests.integration.typescript_driver import start_node_driver

@@ -16,7 +16,7 @@ import pytest
 from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service.app.server import RunningServer
+from lane.server.app.server import RunningServer
 from tests.integration.lanes import (
     Probe,
     assistant,

@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
-from service.domain import placement
+from lane.server.domain import placement
 from tests.integration.lanes import (
     Probe,
     assistant,
@@ -409,7 +409,7 @@ async def test_stage_retry_without_request_id_is_refused_and_the_placement_finis
 ) -> None:
     # Without a request id a retry cannot be told from a second outcome for the call: the call
     # is staged already, so it is refused. What the first call left unplaced is placed all the
-    # same, in a placement commit of its own (service/commands/pending_placement.py).
+    # same, in a placement commit of its own (service/lane/server/commands/pending_placement.py).
     ctx = await build(lane_stub, "pending", prefix="idem")
     probe = Probe(lane_stub, ctx.lane_id)
     await probe.start()

@@ -12,8 +12,8 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2
 from prometheus_client import CollectorRegistry
 
-from service.app.server import RunningServer
-from service.store import LANE_SCAN
+from lane.server.app.server import RunningServer
+from lane.server.store import LANE_SCAN
 from tests.integration.lanes import (
     Probe,
     error_reason,
@@ -118,8 +118,8 @@ async def test_a_hand_edit_is_seen_by_the_next_command(lane_stub: Any, store: An
         await update(lane_stub, probe.lane_id, run, token, "c0", "too late")
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     # The hand-staged call is a ready prefix no command placed: refused on the stored lane, the
-    # command had the service place it first (service/commands/pending_placement.py), so it
-    # finds the batch complete.
+    # command had the service place it first (service/lane/server/commands/pending_placement.py), so
+    # it finds the batch complete.
     assert error_reason(refused.value) == "WRONG_RUN_PHASE"
     placed = (await probe.capture()).transcript[-1].message.message.tool_result
     assert (placed.tool_call_id, placed.content[0].text.text) == ("c0", "by hand")

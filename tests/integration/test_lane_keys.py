@@ -17,7 +17,7 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from service.store import LANE_SCAN
+from lane.server.store import LANE_SCAN
 from tests.integration.servers import extra_server
 from tests.integration.statements import Statement, recording
 from tests.outage.fuzzing import Fuzzer, World, drive, populate

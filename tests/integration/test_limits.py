@@ -34,10 +34,10 @@ from google.protobuf.message import Message
 from lane.v1 import entries_pb2, lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service.api import WatchSettings
-from service.app.config import ConfigError, Settings
-from service.app.server import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES, start_server
-from service.domain.limits import (
+from lane.server.api import WatchSettings
+from lane.server.app.config import ConfigError, Settings
+from lane.server.app.server import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_BYTES, start_server
+from lane.server.domain.limits import (
     MAX_CONTENT_BLOCKS,
     MAX_ERROR_BYTES,
     MAX_LIVE_STATE_BYTES,
@@ -47,7 +47,7 @@ from service.domain.limits import (
     MAX_TOOL_CALLS,
     MAX_TOOL_NAMES,
 )
-from service.store import DEFAULT_NAMESPACE, LaneRef
+from lane.server.store import DEFAULT_NAMESPACE, LaneRef
 from tests.integration.lanes import (
     Probe,
     assistant,

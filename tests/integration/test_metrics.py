@@ -21,10 +21,10 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from service import logs
-from service.app.config import ConfigError, Settings
-from service.app.server import RunningServer, StartupError, start_server
-from service.store import DEFAULT_NAMESPACE
+from lane.server import logs
+from lane.server.app.config import ConfigError, Settings
+from lane.server.app.server import RunningServer, StartupError, start_server
+from lane.server.store import DEFAULT_NAMESPACE
 from tests.integration.lanes import new_lane_id, user
 from tests.integration.servers import extra_server
 
@@ -229,7 +229,7 @@ def captured_json_logs(level: int = logging.DEBUG) -> Iterator[list[dict[str, ob
     handler.setFormatter(logs.json_formatter())
     handler.addFilter(logs.RequestFields())
     root = logging.getLogger()
-    instrument = logging.getLogger("service.api.instrument")
+    instrument = logging.getLogger("lane.server.api.instrument")
     old_level = instrument.level
     root.addHandler(handler)
     instrument.setLevel(level)
@@ -272,7 +272,7 @@ async def test_log_lines_of_an_rpc_carry_its_lane_and_operation(lane_stub) -> No
 
 def test_text_lines_append_the_request_fields() -> None:
     def record(**extra: str) -> logging.LogRecord:
-        made = logging.LogRecord("service.x", logging.INFO, __file__, 1, "hello", None, None)
+        made = logging.LogRecord("lane.server.x", logging.INFO, __file__, 1, "hello", None, None)
         made.__dict__.update(extra)
         return made
 
@@ -283,13 +283,13 @@ def test_text_lines_append_the_request_fields() -> None:
         request_fields.filter(served)
         request_fields.filter(own)
     line = formatter.format(served)
-    assert line.endswith("service.x: hello [rpc=StartRun lane_id=l-1 operation_id=op-1]")
+    assert line.endswith("lane.server.x: hello [rpc=StartRun lane_id=l-1 operation_id=op-1]")
     # A field the caller logged itself (extra=) is never overridden by the request's.
     assert formatter.format(own).endswith("hello [rpc=StartRun lane_id=mine operation_id=op-1]")
     # Outside a request: no fields, and none left over from the request before.
     plain = record()
     request_fields.filter(plain)
-    assert formatter.format(plain).endswith("service.x: hello")
+    assert formatter.format(plain).endswith("lane.server.x: hello")
 
 
 def test_settings_read_metrics_and_log_format() -> None:

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 import psycopg
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 
-from service.store import DEFAULT_NAMESPACE, LaneRef, Store
-from service.store.migrations import available_migrations
-from service.store.requests import RequestKey, replayed_answer
+from lane.server.store import DEFAULT_NAMESPACE, LaneRef, Store
+from lane.server.store.migrations import available_migrations
+from lane.server.store.requests import RequestKey, replayed_answer
 
 
 async def _write_pre_namespace_lane(conn: psycopg.AsyncConnection[object]) -> None:

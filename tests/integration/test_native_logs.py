@@ -16,7 +16,7 @@ import pytest
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc
 
-from service.app.native_logs import log_line
+from lane.server.app.native_logs import log_line
 from tests.integration.test_app import _free_port
 from tests.integration.test_tls import Certificates, certificates
 
@@ -39,7 +39,7 @@ async def test_grpc_core_handshake_errors_are_json_records(
     }
     with log.open("wb") as out:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "service.app", env=env, cwd=tmp_path, stdout=out, stderr=out
+            sys.executable, "-m", "lane.server.app", env=env, cwd=tmp_path, stdout=out, stderr=out
         )
     try:
         deadline = time.monotonic() + 30

@@ -18,8 +18,8 @@ import pytest_asyncio
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
-from service.app.server import RunningServer
-from service.domain import results
+from lane.server.app.server import RunningServer
+from lane.server.domain import results
 from tests.integration.lanes import (
     Probe,
     error_reason,

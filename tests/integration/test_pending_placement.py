@@ -1,5 +1,5 @@
 """A placement its own StageToolOutcome could not commit is finished by the service
-(service/commands/pending_placement.py): by the next command on the lane, or by the
+(service/lane/server/commands/pending_placement.py): by the next command on the lane, or by the
 reconciler once the lane stayed quiet. The fault is real: the placement's commit statement
 fails with a database error after the staging committed, and the caller is answered
 UNAVAILABLE."""
@@ -15,10 +15,10 @@ import pytest
 from lane.v1 import events_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service.app.maintenance import place_pending_pass
-from service.commands.pending_placement import place_quiet_pending
-from service.store import DEFAULT_NAMESPACE, LaneRef, lane_store, lane_writes
-from service.store.lane_writes import CommitStatement
+from lane.server.app.maintenance import place_pending_pass
+from lane.server.commands.pending_placement import place_quiet_pending
+from lane.server.store import DEFAULT_NAMESPACE, LaneRef, lane_store, lane_writes
+from lane.server.store.lane_writes import CommitStatement
 from tests.integration.lanes import Probe, error_reason, kinds, result
 from tests.integration.test_refusals import (
     UNKNOWN_TOOL,

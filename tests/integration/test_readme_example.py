@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.app.server import RunningServer
+from lane.server.app.server import RunningServer
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from service.app.reflection import REFLECTION_V1, REFLECTION_V1ALPHA
+from lane.server.app.reflection import REFLECTION_V1, REFLECTION_V1ALPHA
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -1,6 +1,6 @@
 """Stored answers are pruned after ``LANE_REQUEST_RETENTION_SECONDS``, never while the operation
-they belong to is open (service/store/retention.py), and a retry of a pruned request id is a
-new request. Ages are made by backdating rows directly."""
+they belong to is open (service/lane/server/store/retention.py), and a retry of a pruned request id
+is a new request. Ages are made by backdating rows directly."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest_asyncio
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import snapshot_pb2
 
-from service.app.maintenance import retention_pass
-from service.app.server import RunningServer
-from service.store.retention import prune_answers
+from lane.server.app.maintenance import retention_pass
+from lane.server.app.server import RunningServer
+from lane.server.store.retention import prune_answers
 from tests.integration.lanes import new_lane_id, user
 from tests.integration.servers import extra_server
 

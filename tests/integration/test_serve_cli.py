@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from service.app.config import SETTINGS, Settings
+from lane.server.app.config import SETTINGS, Settings
 from tests.integration.test_app import _free_port
 
 

@@ -17,8 +17,8 @@ from cryptography.x509.oid import NameOID
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc
 
-from service.app.config import ConfigError, Settings
-from service.app.server import start_server
+from lane.server.app.config import ConfigError, Settings
+from lane.server.app.server import start_server
 from tests.integration.test_app import _service_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

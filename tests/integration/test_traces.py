@@ -2,7 +2,7 @@
 PostgreSQL, a watcher's deliveries are spans of its stream, and with traces off there are none.
 
 A real service on a local port and a real PostgreSQL; the spans go to an in-memory exporter
-(the SDK's own), the service's tracer provider given to ``service.traces.enable`` as
+(the SDK's own), the service's tracer provider given to ``lane.server.traces.enable`` as
 ``LANE_OTEL=on`` does with the one it builds from the ``OTEL_*`` variables.
 """
 
@@ -24,8 +24,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from service import traces
-from service.app.server import RunningServer, start_server
+from lane.server import traces
+from lane.server.app.server import RunningServer, start_server
 from tests.integration.lanes import new_lane_id, user
 
 SERVICE = "lane.v1.LaneService"

@@ -15,8 +15,8 @@ import pytest
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc
 
-from service.app.config import ConfigError
-from service.app.tracing import exporter_names
+from lane.server.app.config import ConfigError
+from lane.server.app.tracing import exporter_names
 from tests.integration.lanes import new_lane_id
 from tests.integration.test_app import _free_port
 from tests.integration.test_serve_cli import lane_env, serving

@@ -33,7 +33,7 @@ import pytest
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import snapshot_pb2
 
-from service.app.server import RunningServer
+from lane.server.app.server import RunningServer
 from tests.crash.checks import INTERRUPTED_MARKER, LaneFindings, check_lane, load, traces
 from tests.crash.recording import ensure_executions_table
 from tests.integration.lanes import new_lane_id

@@ -37,7 +37,7 @@ from lane.limits import MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 
-from service.app.server import RunningServer, start_server
+from lane.server.app.server import RunningServer, start_server
 from tests.integration.lanes import events_between, kinds, new_lane_id, user
 from tests.integration.test_drive_lane import (
     METHOD_OF,
@@ -56,7 +56,8 @@ from tests.integration.typescript_driver import TYPESCRIPT_DIR
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 PROCESS = "test/session-process.ts"
-#: The service's bound (service/api/drive.py), which the session's default window equals.
+#: The service's bound (service/lane/server/api/drive.py), which the session's default window
+#: equals.
 BOUND = 64
 
 

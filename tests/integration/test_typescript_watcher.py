@@ -26,7 +26,7 @@ from google.protobuf import json_format
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
-from service.app.server import RunningServer
+from lane.server.app.server import RunningServer
 from tests.integration.lanes import (
     Probe,
     assistant,

@@ -33,8 +33,8 @@ from lane.client.watch import (
 from lane.v1 import events_pb2, lane_service_pb2_grpc, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service.api import WatchSettings
-from service.app.server import RunningServer, start_server
+from lane.server.api import WatchSettings
+from lane.server.app.server import RunningServer, start_server
 from tests.support.lanes import events_between, new_lane_id, user
 
 #: Quick resumes for tests; bounded so a broken resume fails instead of hanging.

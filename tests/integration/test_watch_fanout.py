@@ -13,9 +13,9 @@ import asyncio
 
 import pytest
 
-from service.api import WatchSettings
-from service.hub import feed
-from service.store import DEFAULT_NAMESPACE, LaneRef
+from lane.server.api import WatchSettings
+from lane.server.hub import feed
+from lane.server.store import DEFAULT_NAMESPACE, LaneRef
 from tests.integration.servers import extra_server
 from tests.integration.test_watch_stream import (
     Watcher,

@@ -27,8 +27,8 @@ from lane.client.reducer import fold
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
-from service.app.config import Settings
-from service.app.server import RunningServer, start_server
+from lane.server.app.config import Settings
+from lane.server.app.server import RunningServer, start_server
 from tests.integration.lanes import assistant, result, text, tool_call, user
 
 T = TypeVar("T")

@@ -13,7 +13,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from lane.v1 import lane_service_pb2 as pb
 
-from service.api import WatchSettings
+from lane.server.api import WatchSettings
 from tests.integration.lanes import new_lane_id
 from tests.integration.servers import extra_server
 

@@ -18,9 +18,9 @@ from lane.v1 import events_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 from prometheus_client import CollectorRegistry
 
-from service.api import WatchSettings
-from service.store import DEFAULT_NAMESPACE, LaneRef
-from service.store.retention import enforce_retention
+from lane.server.api import WatchSettings
+from lane.server.store import DEFAULT_NAMESPACE, LaneRef
+from lane.server.store.retention import enforce_retention
 from tests.integration.lanes import (
     assistant,
     error_info,

@@ -1,6 +1,6 @@
-"""The HTTP port serves the web view's committed build (service/web/static) at ``/`` beside the
-Connect app: the files byte for byte with their types and security headers, HEAD without a
-body, 404 for other paths and 405 for other methods, while the service's methods still answer
+"""The HTTP port serves the web view's committed build (service/lane/server/web/static) at ``/``
+beside the Connect app: the files byte for byte with their types and security headers, HEAD without
+a body, 404 for other paths and 405 for other methods, while the service's methods still answer
 under ``/lane.v1.LaneService/``."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from service.app.server import RunningServer, start_server
+from lane.server.app.server import RunningServer, start_server
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-STATIC = Path(__file__).resolve().parents[2] / "service" / "web" / "static"
+STATIC = Path(__file__).resolve().parents[2] / "service" / "lane" / "server" / "web" / "static"
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")

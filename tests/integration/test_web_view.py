@@ -40,8 +40,8 @@ import pytest_asyncio
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
-from service.app.config import Settings
-from service.app.server import RunningServer, start_server
+from lane.server.app.config import Settings
+from lane.server.app.server import RunningServer, start_server
 from tests.integration.lanes import assistant, new_lane_id, result, text, tool_call, user
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

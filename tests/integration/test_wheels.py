@@ -34,7 +34,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lane.client.cli_serve import SERVER_NOT_INSTALLED, SERVER_PACKAGE
 
-from service.app.server import RunningServer
+from lane.server.app.server import RunningServer
 
 pytestmark = [
     pytest.mark.slow,

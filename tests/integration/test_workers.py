@@ -28,9 +28,9 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.app.config import ConfigError, Settings
-from service.app.server import LANE_SERVICE_NAME
-from service.app.supervisor import describe_exit, worker_metrics_listen
+from lane.server.app.config import ConfigError, Settings
+from lane.server.app.server import LANE_SERVICE_NAME
+from lane.server.app.supervisor import describe_exit, worker_metrics_listen
 from tests.integration.lanes import user
 from tests.integration.test_watch_stream import Watcher, new_lane, snapshot_of
 
@@ -89,7 +89,7 @@ def test_exit_descriptions() -> None:
 
 
 @pytest.mark.parametrize(
-    "command", [["service.app"], ["lane.client", "serve"]], ids=["env", "lane-serve"]
+    "command", [["lane.server.app"], ["lane.client", "serve"]], ids=["env", "lane-serve"]
 )
 @pytest.mark.parametrize(("variable", "value"), [("LANE_WORKERS", "0"), ("LANE_WORKERS", "x")])
 async def test_a_bad_worker_count_stops_start_up_with_status_2(
@@ -238,7 +238,7 @@ async def test_kill_9_of_a_worker_loses_nothing_acknowledged_and_it_is_replaced(
         assert acked <= stored, f"{len(acked - stored)} acknowledged commands lost"
         log = service.output()
         assert re.search(
-            rf"WARNING service\.app\.supervisor: worker \d \(pid {victim}\) died "
+            rf"WARNING lane\.server\.app\.supervisor: worker \d \(pid {victim}\) died "
             r"unexpectedly \(killed by SIGKILL\); starting a replacement",
             log,
         ), log
@@ -288,7 +288,7 @@ async def test_workers_that_keep_failing_to_start_make_it_give_up_with_status_1(
     assert status == 1, log
     assert "cannot serve metrics on" in log
     assert re.search(
-        r"WARNING service\.app\.supervisor: worker \d \(pid \d+\) failed to start", log
+        r"WARNING lane\.server\.app\.supervisor: worker \d \(pid \d+\) failed to start", log
     )
     assert "start-up failures in a row, giving up" in log
 
@@ -331,7 +331,7 @@ def _env(database_url: str, **extra: str) -> dict[str, str]:
 
 @dataclass
 class _Service:
-    """A supervisor process (``python -m service.app`` or ``lane serve``) and its log."""
+    """A supervisor process (``python -m lane.server.app`` or ``lane serve``) and its log."""
 
     process: asyncio.subprocess.Process
     log: Path
@@ -348,7 +348,7 @@ class _Service:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                *(command or ["service.app"]),
+                *(command or ["lane.server.app"]),
                 env=child_env,
                 cwd=cwd,
                 stdout=out,

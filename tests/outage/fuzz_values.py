@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 from hypothesis import strategies as st
 from lane.v1 import lane_service_pb2 as pb
 
-from service.app.server import MAX_RECEIVE_MESSAGE_BYTES
+from lane.server.app.server import MAX_RECEIVE_MESSAGE_BYTES
 from tests.outage.fuzz_world import LaneRef, World
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """A database that cannot be reached answers UNAVAILABLE, never the busy pool's
-RESOURCE_EXHAUSTED ``DATABASE_BUSY`` (service/store/pool.py), and does so without waiting for
-the checkout timeout: here 120 s, longer than every call's deadline, so a command that waited
-for it would end DEADLINE_EXCEEDED instead.
+RESOURCE_EXHAUSTED ``DATABASE_BUSY`` (service/lane/server/store/pool.py), and does so without
+waiting for the checkout timeout: here 120 s, longer than every call's deadline, so a command that
+waited for it would end DEADLINE_EXCEEDED instead.
 
 A dedicated PostgreSQL (tests/outage/restartable_postgres.py) is stopped while the service's
 pool has a single connection, lent out, and a command is waiting for it. The command is
@@ -24,9 +24,9 @@ from lane.client.errors import lane_error
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 
-from service.app.config import Settings
-from service.app.server import RunningServer, start_server
-from service.store.pool import LanePool
+from lane.server.app.config import Settings
+from lane.server.app.server import RunningServer, start_server
+from lane.server.store.pool import LanePool
 from tests.integration.lanes import new_lane_id, user
 from tests.outage.restartable_postgres import RestartablePostgres
 

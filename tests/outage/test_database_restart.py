@@ -7,7 +7,7 @@ One scenario, run once for the module (:func:`scenario`), observed by the tests 
   this one gets stopped), see :mod:`tests.outage.restartable_postgres`;
 * service **A** in this process (``start_server``; its hub polls only every 30 s, so a commit
   made elsewhere reaches A's watchers promptly only through NOTIFY and A's LISTEN connection)
-  and service **B**, a separate ``python -m service.app`` process on the same database;
+  and service **B**, a separate ``python -m lane.server.app`` process on the same database;
 * drivers committing continuously on lanes through A and through B: EnqueueMessage, then a
   small run (StartRun, StartTurn, SettleAssistantMessage, EndRun), every command with a
   request_id and retried with the same id after UNAVAILABLE; a reader taking snapshots; while
@@ -50,9 +50,9 @@ from lane.client.watch import RetryPolicy, watch_lane
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
-from service.app.config import Settings
-from service.app.server import LANE_SERVICE_NAME, RunningServer, start_server
-from service.store.pool import DEFAULT_CHECKOUT_TIMEOUT_SECONDS
+from lane.server.app.config import Settings
+from lane.server.app.server import LANE_SERVICE_NAME, RunningServer, start_server
+from lane.server.store.pool import DEFAULT_CHECKOUT_TIMEOUT_SECONDS
 from tests.integration.lanes import assistant, events_between, text, user
 from tests.outage.restartable_postgres import RestartablePostgres
 
@@ -408,7 +408,7 @@ async def _service_process(
 def _spawn_service(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "service.app"],
+            [sys.executable, "-m", "lane.server.app"],
             cwd=REPO_ROOT,
             env=env,
             stdin=subprocess.DEVNULL,

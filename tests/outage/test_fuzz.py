@@ -80,8 +80,8 @@ async def test_random_and_mutated_requests_get_only_documented_answers(
 
 async def test_usage_totals_beyond_int64_are_not_an_internal_error(lane_stub) -> None:
     # Found by the fuzzer: RecordUsage adds the row to the lane's totals (int64 fields); a sum
-    # beyond int64 raised ValueError in service/domain/usage.py add_usage and was answered
-    # INTERNAL. Each request is valid on its own; the refusal must be a documented one.
+    # beyond int64 raised ValueError in service/lane/server/domain/usage.py add_usage and was
+    # answered INTERNAL. Each request is valid on its own; the refusal must be a documented one.
     lane = new_lane_id("usage-overflow")
     await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane))
     await lane_stub.RecordUsage(

@@ -14,9 +14,9 @@ Fixtures:
   databases, not to hold tables.
 - ``fresh_database_url`` (per test): URL of a brand-new empty database, dropped after the test.
 - ``session_database_url`` (session): URL of one migrated database shared by the session.
-- ``store`` (session): a :class:`~service.store.Store` on that database.
+- ``store`` (session): a :class:`~lane.server.store.Store` on that database.
 - ``lane_server`` (session): the whole service started on it, listening on 127.0.0.1, a free
-  port (:class:`~service.app.server.RunningServer`).
+  port (:class:`~lane.server.app.server.RunningServer`).
 - ``lane_channel`` / ``lane_stub`` (session): a ``grpc.aio`` channel to it and a LaneService stub.
 """
 
@@ -41,10 +41,10 @@ from lane.v1 import lane_service_pb2_grpc
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from service.app.config import mask_password
-from service.app.embedded import start_embedded
-from service.app.server import RunningServer, start_server
-from service.store import Store
+from lane.server.app.config import mask_password
+from lane.server.app.embedded import start_embedded
+from lane.server.app.server import RunningServer, start_server
+from lane.server.store import Store
 
 _ENV_URL = "LANE_TEST_DATABASE_URL"
 _POSTGRES_IMAGE = "postgres:16-alpine"

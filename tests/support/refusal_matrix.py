@@ -2,8 +2,8 @@
 and ErrorInfo reason (docs/contract.md, invariant 5; docs/errors.md). One table, one
 vocabulary, checked twice:
 
-- ``tests/unit/domain/test_domain_refusals.py``: the pure state machine (``service/domain``),
-  each state built in memory;
+- ``tests/unit/domain/test_domain_refusals.py``: the pure state machine
+  (``service/lane/server/domain``), each state built in memory;
 - ``tests/integration/test_refusals.py``: the real service over gRPC, each state built by
   commands, the lane's snapshot, rows and event log unchanged after every refusal.
 

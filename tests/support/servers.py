@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 import grpc
 from lane.v1 import lane_service_pb2_grpc
 
-from service.api import WatchSettings
-from service.app.config import Settings
-from service.app.server import RunningServer, start_server
-from service.store import Clock, system_clock
+from lane.server.api import WatchSettings
+from lane.server.app.config import Settings
+from lane.server.app.server import RunningServer, start_server
+from lane.server.store import Clock, system_clock
 
 
 @asynccontextmanager

@@ -14,8 +14,8 @@ from lane.client.cli import build_parser
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import snapshot_pb2
 
-from service.app.config import Settings
-from service.app.server import start_server
+from lane.server.app.config import Settings
+from lane.server.app.server import start_server
 from tests.driver.support import snapshot, tool_results
 from tests.integration.lanes import new_lane_id, user
 from tests.terminal.conftest import child_env, lane_command

@@ -13,7 +13,7 @@ from grpc import aio
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 
-from service.app.server import start_server
+from lane.server.app.server import start_server
 from tests.driver.support import rows, snapshot, text_of, tool_results, until
 from tests.integration.lanes import new_lane_id, user
 from tests.terminal.conftest import Processes, Tmux, lane_command, lines_matching

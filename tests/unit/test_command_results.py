@@ -1,6 +1,6 @@
 """A command's typed result and its proto form (the response message an answer is recorded in
 and sent as) map one to the other exactly: a retry decodes the first answer and sends the same
-bytes (service/commands/base.py)."""
+bytes (service/lane/server/commands/base.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from google.protobuf.message import Message
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
-from service.commands import harness, lanes, ownership, runs, tools
-from service.commands.base import Result
+from lane.server.commands import harness, lanes, ownership, runs, tools
+from lane.server.commands.base import Result
 
 RESULTS = sorted(
     {

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.hub import feed
-from service.hub.feed import Feed
-from service.store import EventGroup
+from lane.server.hub import feed
+from lane.server.hub.feed import Feed
+from lane.server.store import EventGroup
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from service.hub import interest
-from service.store import LaneRef
+from lane.server.hub import interest
+from lane.server.store import LaneRef
 
 
 def test_announcements_carry_every_lane_within_the_payload_limit() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SERVICE = Path(__file__).resolve().parents[2] / "service"
+SERVICE = Path(__file__).resolve().parents[2] / "service" / "lane" / "server"
 LAYERS = ("domain", "store", "hub", "commands", "api", "app")
 SHARED = ("metrics", "logs", "log_repeats", "traces")
 #: Third-party packages a layer must not use, and the layers that must not.
@@ -22,7 +22,8 @@ FORBIDDEN = {
 
 
 def imported(path: Path) -> set[str]:
-    """Every module ``path`` imports (``from service import metrics``: ``service.metrics``)."""
+    """Every module ``path`` imports (``from lane.server import metrics``:
+    ``lane.server.metrics``)."""
     modules: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -41,8 +42,9 @@ def violations(layer: str, root: Path = SERVICE) -> list[str]:
     for path in sorted((root / layer).rglob("*.py")):
         for module in sorted(imported(path)):
             parts = module.split(".")
-            layered = parts[0] == "service" and len(parts) > 1 and parts[1] in (*LAYERS, *SHARED)
-            if layered and parts[1] not in allowed:
+            inner = parts[2:] if parts[:2] == ["lane", "server"] else []
+            layered = bool(inner) and inner[0] in (*LAYERS, *SHARED)
+            if layered and inner[0] not in allowed:
                 found.append(f"{path.relative_to(root)} imports {module}")
             if layer in FORBIDDEN.get(parts[0], ()):
                 found.append(f"{path.relative_to(root)} imports {module}")
@@ -57,11 +59,11 @@ def test_a_layer_imports_only_earlier_layers(layer: str) -> None:
 def test_the_check_catches_a_layer_reaching_up(tmp_path: Path) -> None:
     (tmp_path / "commands").mkdir()
     (tmp_path / "commands" / "bad.py").write_text(
-        "import grpc\nfrom service.api import base\nfrom service import metrics\n"
-        "from service.store import Store\n"
+        "import grpc\nfrom lane.server.api import base\nfrom lane.server import metrics\n"
+        "from lane.server.store import Store\n"
     )
     assert violations("commands", tmp_path) == [
         "commands/bad.py imports grpc",
-        "commands/bad.py imports service.api",
-        "commands/bad.py imports service.api.base",
+        "commands/bad.py imports lane.server.api",
+        "commands/bad.py imports lane.server.api.base",
     ]

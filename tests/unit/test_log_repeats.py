@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 from psycopg import OperationalError
 
-from service.api import errors
-from service.log_repeats import RepeatLimiter
+from lane.server.api import errors
+from lane.server.log_repeats import RepeatLimiter
 
 NAME = "lane.test.repeats"
 

@@ -1,4 +1,4 @@
-"""Importing the service registers no metric; the app's :func:`service.metrics.install` makes
+"""Importing the service registers no metric; the app's :func:`lane.server.metrics.install` makes
 the process's one registry, which every later metric update lands in.
 
 Run in a fresh interpreter: in the test process a server may have installed it already.
@@ -16,15 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import importlib, json, pkgutil
 import prometheus_client
-import service
+import lane.server
 
-for module in pkgutil.walk_packages(service.__path__, "service."):
+for module in pkgutil.walk_packages(lane.server.__path__, "lane.server."):
     if module.name.endswith("__main__"):
         continue  # runs the service when imported
     importlib.import_module(module.name)
 
-from service import metrics
-from service.api.instrument import method_metrics
+from lane.server import metrics
+from lane.server.api.instrument import method_metrics
 
 def lane_metrics(registry):
     return sorted(family.name for family in registry.collect() if family.name.startswith("lane_"))

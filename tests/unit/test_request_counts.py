@@ -1,4 +1,4 @@
-"""Request counting and walking (service/api/validation.py).
+"""Request counting and walking (service/lane/server/api/validation.py).
 
 :func:`check_counts` runs on every decoded request before anything walks it: it reads the
 lengths of repeated fields and visits messages only, so a request over a count is refused
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from lane.v1 import entries_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service.api import validation as v
-from service.domain.errors import InvalidArgument
-from service.domain.limits import (
+from lane.server.api import validation as v
+from lane.server.domain.errors import InvalidArgument
+from lane.server.domain.limits import (
     MAX_CONTENT_BLOCKS,
     MAX_PAYLOAD_BYTES,
     MAX_REQUEST_MESSAGES,

@@ -1,10 +1,10 @@
 """The contract's numbers: the limits and defaults the service enforces and clients plan by.
 
 Defined once, here, beside the generated contract (``lane.v1``) and like it imported by both
-sides: the service (``service/domain/limits.py``, ``service/api/validation.py``,
-``service/app``) and the clients (``lane.client``), which must not depend on the server.
-Plain constants, no imports: importing this module costs nothing. README "Limits" says what
-each one refuses and why it is what it is.
+sides: the service (``service/lane/server/domain/limits.py``,
+``service/lane/server/api/validation.py``, ``service/lane/server/app``) and the clients
+(``lane.client``), which must not depend on the server. Plain constants, no imports: importing this
+module costs nothing. README "Limits" says what each one refuses and why it is what it is.
 """
 
 from __future__ import annotations

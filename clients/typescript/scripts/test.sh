@@ -3,7 +3,8 @@
 #   1. npm ci, when node_modules is missing or was installed from another package-lock.json
 #   2. the generated code in src/gen is in sync with protos/ (scripts/check-generated.sh)
 #   3. the package builds to dist/ (ESM and type declarations, what `exports` points at)
-#   4. the web view committed in service/web/static is the build of web/ (scripts/check-web.sh)
+#   4. the web view committed in service/lane/server/web/static is the build of web/
+#      (scripts/check-web.sh)
 #   5. npm test: tsc --noEmit (package and web view), then every test/*.test.ts under node --test
 #      (via tsx)
 set -euo pipefail

@@ -29,9 +29,9 @@ from google.protobuf import text_format
 from lane.client.reducer import fold
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 
-from service.domain import lanes, placement, runs, tools
-from service.domain.capture import capture
-from service.domain.errors import (
+from lane.server.domain import lanes, placement, runs, tools
+from lane.server.domain.capture import capture
+from lane.server.domain.errors import (
     Code,
     Corruption,
     FailedPrecondition,
@@ -39,8 +39,8 @@ from service.domain.errors import (
     LaneError,
     NotFound,
 )
-from service.domain.state import LaneState, ToolBatch, ToolCall
-from service.domain.transition import Transition
+from lane.server.domain.state import LaneState, ToolBatch, ToolCall
+from lane.server.domain.transition import Transition
 
 LANE = "lane-1"
 RUN = "run-1"

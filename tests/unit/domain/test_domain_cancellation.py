@@ -5,9 +5,9 @@ from __future__ import annotations
 from lane.v1 import messages_pb2, snapshot_pb2
 from lane.v1.lane_service_pb2 import REPLAY_POLICY_NEVER as NEVER
 
-from service.domain import results, runs, tools
-from service.domain.errors import FailedPrecondition
-from service.domain.state import CallStatus, Continuation
+from lane.server.domain import results, runs, tools
+from lane.server.domain.errors import FailedPrecondition
+from lane.server.domain.state import CallStatus, Continuation
 from tests.unit.domain.support import (
     ABORTED,
     COMPLETED,

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 from lane.v1 import entries_pb2, messages_pb2, snapshot_pb2
 
-from service.domain.capture import capture
-from service.domain.results import UNKNOWN_TOOL_TEXT
-from service.domain.state import (
+from lane.server.domain.capture import capture
+from lane.server.domain.results import UNKNOWN_TOOL_TEXT
+from lane.server.domain.state import (
     CallStatus,
     LaneState,
     Operation,

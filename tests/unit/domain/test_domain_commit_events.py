@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from lane.v1 import lane_service_pb2, messages_pb2, snapshot_pb2
 
-from service.domain import lanes, results, runs, tools
-from service.domain.state import CallStatus, Continuation, Phase
+from lane.server.domain import lanes, results, runs, tools
+from lane.server.domain.state import CallStatus, Continuation, Phase
 from tests.unit.domain.support import (
     LANE,
     LENGTH,

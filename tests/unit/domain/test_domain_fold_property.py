@@ -31,10 +31,10 @@ from hypothesis import strategies as st
 from lane.client.reducer import apply, fold
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 
-from service.domain import lanes, placement, runs, tools
-from service.domain.errors import FailedPrecondition, InvalidArgument, LaneError, NotFound
-from service.domain.state import CallStatus, LaneState, Phase
-from service.domain.transition import Transition
+from lane.server.domain import lanes, placement, runs, tools
+from lane.server.domain.errors import FailedPrecondition, InvalidArgument, LaneError, NotFound
+from lane.server.domain.state import CallStatus, LaneState, Phase
+from lane.server.domain.transition import Transition
 from tests.unit.domain.support import (
     ABORTED,
     COMPLETED,

@@ -1,4 +1,4 @@
-"""The closed-form bounds of service/domain/future_commits.py against real encodings.
+"""The closed-form bounds of service/lane/server/domain/future_commits.py against real encodings.
 
 The rule never builds the commits the service may later have to make; it bounds them from each
 call's and item's own sizes. Here randomized lanes are built through the domain's commands and
@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lane.v1 import entries_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 
-from service.domain import lanes, placement, runs, tools
-from service.domain.errors import LaneError
-from service.domain.future_commits import run_end_bytes, run_start_bytes
-from service.domain.limits import (
+from lane.server.domain import lanes, placement, runs, tools
+from lane.server.domain.errors import LaneError
+from lane.server.domain.future_commits import run_end_bytes, run_start_bytes
+from lane.server.domain.limits import (
     FUTURE_MARGIN_BYTES,
     MAX_MESSAGE_BYTES,
     MAX_TOOL_CALLS,
@@ -33,8 +33,8 @@ from service.domain.limits import (
     group_frame_bytes,
     live_state_bytes,
 )
-from service.domain.state import LaneState, ToolCall
-from service.domain.wire import MAX_TIMESTAMP
+from lane.server.domain.state import LaneState, ToolCall
+from lane.server.domain.wire import MAX_TIMESTAMP
 from tests.unit.domain.support import NEVER, Ids, assistant, text, tool_call, user
 
 NOW = datetime(2025, 6, 1, 8, 30, 0, 250000, tzinfo=UTC)

@@ -1,12 +1,12 @@
-"""The commit rule (service/domain/limits.py) at its byte-exact boundaries.
+"""The commit rule (service/lane/server/domain/limits.py) at its byte-exact boundaries.
 
 With a fixed clock every size is deterministic, so each limit is tested at the last accepted
 size and the first refused one: RESOURCE_EXHAUSTED ``COMMIT_TOO_LARGE`` naming the part, the
 size and the limit. The sizes the rule computes are checked against the real encodings (the
-wire frames of service/api/framing.py and watch.py), and the closed-form bounds of the future
-commits (service/domain/future_commits.py) against the real ones: they are upper bounds
-(randomized in test_domain_limit_bounds.py). :func:`content_bound`, the rule's shortcut for the
-live state and the run's durable state, bounds both.
+wire frames of service/lane/server/api/framing.py and watch.py), and the closed-form bounds of the
+future commits (service/lane/server/domain/future_commits.py) against the real ones: they are upper
+bounds (randomized in test_domain_limit_bounds.py). :func:`content_bound`, the rule's shortcut for
+the live state and the run's durable state, bounds both.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import pytest
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from service.api.framing import event_group_frame, snapshot_head_frame
-from service.api.snapshot_stream import snapshot_frames
-from service.commands.operation_state import operation_state
-from service.domain import lane_values, lanes, leases, runs, tools
-from service.domain.capture import capture
-from service.domain.errors import Code, ResourceExhausted
-from service.domain.future_commits import run_end_bytes, run_start_bytes
-from service.domain.limits import (
+from lane.server.api.framing import event_group_frame, snapshot_head_frame
+from lane.server.api.snapshot_stream import snapshot_frames
+from lane.server.commands.operation_state import operation_state
+from lane.server.domain import lane_values, lanes, leases, runs, tools
+from lane.server.domain.capture import capture
+from lane.server.domain.errors import Code, ResourceExhausted
+from lane.server.domain.future_commits import run_end_bytes, run_start_bytes
+from lane.server.domain.limits import (
     FUTURE_MARGIN_BYTES,
     MAX_LIVE_STATE_BYTES,
     MAX_MESSAGE_BYTES,
@@ -38,10 +38,10 @@ from service.domain.limits import (
     live_state_bytes,
     operation_state_bytes,
 )
-from service.domain.state import CallStatus, LaneState
-from service.domain.transition import Transition
-from service.domain.wire import MAX_TIMESTAMP
-from service.store import SnapshotOutline
+from lane.server.domain.state import CallStatus, LaneState
+from lane.server.domain.transition import Transition
+from lane.server.domain.wire import MAX_TIMESTAMP
+from lane.server.store import SnapshotOutline
 from tests.unit.domain.support import (
     Ids,
     assistant,

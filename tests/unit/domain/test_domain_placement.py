@@ -7,10 +7,10 @@ from collections.abc import Callable
 from lane.client.reducer import apply
 from lane.v1 import events_pb2, snapshot_pb2
 
-from service.domain import tools
-from service.domain.errors import FailedPrecondition
-from service.domain.state import CallStatus, Phase
-from service.domain.transition import Transition
+from lane.server.domain import tools
+from lane.server.domain.errors import FailedPrecondition
+from lane.server.domain.state import CallStatus, Phase
+from lane.server.domain.transition import Transition
 from tests.unit.domain.support import (
     NEVER,
     RUN,

@@ -15,10 +15,10 @@ from dataclasses import replace
 import pytest
 from lane.v1 import lane_service_pb2, snapshot_pb2
 
-from service.domain import lanes, placement, runs, tools
-from service.domain.errors import InvalidArgument
-from service.domain.state import LaneState, Operation
-from service.domain.transition import Transition
+from lane.server.domain import lanes, placement, runs, tools
+from lane.server.domain.errors import InvalidArgument
+from lane.server.domain.state import LaneState, Operation
+from lane.server.domain.transition import Transition
 from tests.support import refusal_matrix
 from tests.support.refusal_matrix import Expected, cells, params
 from tests.unit.domain.support import (

@@ -13,10 +13,10 @@ from typing import TypeAlias
 import pytest
 from lane.v1 import messages_pb2, snapshot_pb2
 
-from service.domain import results, runs
-from service.domain.future_commits import run_end_bytes
-from service.domain.limits import group_frame_bytes
-from service.domain.state import Continuation
+from lane.server.domain import results, runs
+from lane.server.domain.future_commits import run_end_bytes
+from lane.server.domain.limits import group_frame_bytes
+from lane.server.domain.state import Continuation
 from tests.unit.domain.support import (
     ABORTED,
     COMPLETED,

@@ -1,7 +1,7 @@
 """``lane serve``: the service's settings as command-line flags.
 
-Every setting of ``service/app/config.py`` (its ``SETTINGS`` table) is a flag named after its
-variable (``LANE_DB_POOL_SIZE`` is ``--db-pool-size``), except secrets, which only the
+Every setting of ``service/lane/server/app/config.py`` (its ``SETTINGS`` table) is a flag named
+after its variable (``LANE_DB_POOL_SIZE`` is ``--db-pool-size``), except secrets, which only the
 environment may hold. A flag beats the variable, which beats the default: a given flag is put
 into the process's environment before the settings are read, so worker processes, which read
 the same environment, see it too.
@@ -18,13 +18,13 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from service.app.config import Setting
+    from lane.server.app.config import Setting
 
 __all__ = ["SERVER_DISTRIBUTION", "SERVER_NOT_INSTALLED", "SERVER_PACKAGE", "add_serve"]
 
 #: The server's distribution and its import package (imported only by ``lane serve``, below).
 SERVER_DISTRIBUTION = "lane-service"
-SERVER_PACKAGE = "service"
+SERVER_PACKAGE = "lane.server"
 
 SERVER_NOT_INSTALLED = (
     f"lane serve needs the server, which is not installed here (lane-client is the client "
@@ -41,11 +41,11 @@ _DESCRIPTION = (
 
 
 def _server_settings() -> tuple[Setting, ...] | None:
-    """The server's settings table; None when the server package is not installed (or another
-    ``service`` package stands in its place). A module missing inside an installed server (a
-    broken install) still raises."""
+    """The server's settings table; None when the server package (``lane.server``, a portion of
+    the ``lane`` namespace from another distribution) is not installed. A module missing inside
+    an installed server (a broken install) still raises."""
     try:
-        from service.app.config import SETTINGS
+        from lane.server.app.config import SETTINGS
     except ModuleNotFoundError as err:
         missing = err.name or ""
         if missing == SERVER_PACKAGE or missing.startswith(SERVER_PACKAGE + "."):
@@ -103,10 +103,11 @@ def _serve(args: argparse.Namespace) -> int:
         if value is not None:
             os.environ[setting.variable] = value
             given_as[setting.variable] = setting.flag
-    # As in service/app/__main__.py: no gRPC fork handlers for the pg_ctl the server may run.
+    # As in service/lane/server/app/__main__.py: no gRPC fork handlers for the pg_ctl the server
+    # may run.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
     # Imported here: the server pulls in grpc servers, psycopg pools and pgserver, which
     # client-only subcommands should not pay for.
-    from service.app.main import main as serve_main
+    from lane.server.app.main import main as serve_main
 
     return serve_main(given_as=given_as)

@@ -1,6 +1,0 @@
-"""The gRPC face: proto ↔ domain, request validation, the one error table."""
-
-from service.api.servicer import SERVICE_NAME, LaneServicer, add_lane_service
-from service.api.watch import WatchSettings
-
-__all__ = ["SERVICE_NAME", "LaneServicer", "WatchSettings", "add_lane_service"]

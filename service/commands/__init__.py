@@ -1,4 +1,0 @@
-"""The application layer: one coroutine per command, each running the command's domain step as
-one transaction through the store and returning a typed result (see base.py and
-docs/architecture.md). It uses the domain, the store and the hub; the gRPC layer (service.api)
-uses it. No gRPC here."""

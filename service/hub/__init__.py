@@ -1,7 +1,0 @@
-"""Fan-out: each watched lane's recent groups shared by its watchers (handed over by local
-commits, read once per lane after NOTIFY or polling)."""
-
-from service.hub.feed import FEED_MAX_BYTES, FEED_MAX_GROUPS, SharedGroup
-from service.hub.hub import Hub, Subscription
-
-__all__ = ["FEED_MAX_BYTES", "FEED_MAX_GROUPS", "Hub", "SharedGroup", "Subscription"]

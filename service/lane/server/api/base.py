@@ -1,0 +1,47 @@
+"""What every RPC group shares: the store and hub, and a request's lane and request key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lane.server.api import validation as v
+from lane.server.api.auth import Authenticator, caller_namespace
+from lane.server.api.call import Call
+from lane.server.api.watch import WatchSettings
+from lane.server.api.watcher_reads import WatcherReads
+from lane.server.hub import Hub
+from lane.server.store import LaneRef, Store
+from lane.server.store.requests import RequestKey
+
+
+class ServicerBase:
+    """The servicer's state; the RPC groups are mixins over it. Each RPC is one method named
+    as in the service descriptor, taking the decoded request and its :class:`Call`."""
+
+    def __init__(
+        self,
+        store: Store,
+        hub: Hub,
+        watch_settings: WatchSettings,
+        authenticator: Authenticator,
+    ) -> None:
+        self.store = store
+        self.hub = hub
+        self.watch_settings = watch_settings
+        self.watcher_reads = WatcherReads(store, watch_settings.max_concurrent_reads)
+        self.authenticator = authenticator
+
+    @staticmethod
+    def lane(lane_id: str) -> LaneRef:
+        """The caller's lane ``lane_id`` (validated), in the namespace its token admits it to."""
+        v.require_id(lane_id, "lane_id")
+        return LaneRef(caller_namespace(), lane_id)
+
+    @classmethod
+    def addressed(cls, call: Call, request: Any) -> tuple[LaneRef, RequestKey | None]:
+        """A command request's lane and request key (None without a request id), its lane id
+        then its request id validated; the key names the call's method."""
+        lane = cls.lane(request.lane_id)
+        request_id = getattr(request, "request_id", "")  # lease renewal/release have none
+        v.require_id(request_id, "request_id", optional=True)
+        return lane, RequestKey.of(call.method, request, request_id)

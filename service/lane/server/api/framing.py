@@ -1,0 +1,76 @@
+"""Wire framing of pre-encoded events and transcript entries.
+
+Events and entries are encoded once, at commit, and stored as bytes. WatchLane sends an event
+group by wrapping those bytes in the WatchLaneResponse.event_group / EventGroup.events field
+headers, and a snapshot's transcript by wrapping stored entries in the SnapshotHead /
+TranscriptChunk headers, so the stream never decodes and re-encodes an event or an entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from google.protobuf.message import Message
+
+# The frames' field numbers, from the generated descriptors: the commit rule computes these
+# frames' sizes from the same ones.
+from lane.server.domain.wire import (
+    CHUNK_ENTRIES_FIELD,
+    EVENT_GROUP_FIELD,
+    EVENTS_FIELD,
+    HEAD_FOLLOWING_CHUNKS_FIELD,
+    HEAD_SNAPSHOT_FIELD,
+    SNAPSHOT_HEAD_FIELD,
+    TRANSCRIPT_CHUNK_FIELD,
+    TRANSCRIPT_FIELD,
+)
+
+_LENGTH_DELIMITED = 2
+
+
+def varint(value: int) -> bytes:
+    """``value`` as a protobuf varint."""
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """Field ``number`` holding ``payload`` (an encoded message, bytes or text)."""
+    return varint(number << 3 | _LENGTH_DELIMITED) + varint(len(payload)) + payload
+
+
+def event_group_frame(bodies: Sequence[bytes]) -> bytes:
+    """An encoded WatchLaneResponse whose event_group holds the encoded events ``bodies``."""
+    return length_delimited(
+        EVENT_GROUP_FIELD, b"".join(length_delimited(EVENTS_FIELD, body) for body in bodies)
+    )
+
+
+def serialize(response: Message | bytes) -> bytes:
+    """Response serializer that passes pre-encoded frames through."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
+def snapshot_head_frame(snapshot: Message, bodies: Sequence[bytes], following_chunks: int) -> bytes:
+    """An encoded WatchLaneResponse whose SnapshotHead holds ``snapshot`` (its transcript
+    empty) with the encoded entries ``bodies`` as its first transcript entries."""
+    transcript = b"".join(length_delimited(TRANSCRIPT_FIELD, body) for body in bodies)
+    head = length_delimited(HEAD_SNAPSHOT_FIELD, snapshot.SerializeToString() + transcript)
+    if following_chunks:
+        head += varint(HEAD_FOLLOWING_CHUNKS_FIELD << 3) + varint(following_chunks)
+    return length_delimited(SNAPSHOT_HEAD_FIELD, head)
+
+
+def transcript_chunk_frame(bodies: Sequence[bytes]) -> bytes:
+    """An encoded WatchLaneResponse whose TranscriptChunk holds the encoded entries ``bodies``."""
+    return length_delimited(
+        TRANSCRIPT_CHUNK_FIELD,
+        b"".join(length_delimited(CHUNK_ENTRIES_FIELD, body) for body in bodies),
+    )

@@ -1,0 +1,146 @@
+"""RPCs about lanes themselves: create, read, list, configure, enqueue, delete."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import snapshot_pb2
+
+from lane.server.api import validation as v
+from lane.server.api.auth import caller_namespace
+from lane.server.api.base import ServicerBase
+from lane.server.api.call import Call
+from lane.server.api.errors import unary
+from lane.server.commands import lanes
+from lane.server.domain import limits
+from lane.server.domain.errors import InvalidArgument
+from lane.server.store.lane_store import LaneRow
+
+
+def lane_summary(row: LaneRow) -> pb.LaneSummary:
+    """A ListLanes row as the contract shows it."""
+    status = (
+        snapshot_pb2.OPERATION_STATUS_UNSPECIFIED
+        if not row.operation_id
+        else snapshot_pb2.OPERATION_STATUS_ABORTING
+        if row.cancel_requested
+        else snapshot_pb2.OPERATION_STATUS_OPEN
+    )
+    return pb.LaneSummary(
+        lane_id=row.lane_id,
+        revision=row.revision,
+        tip_id=row.tip_id,
+        operation_id=row.operation_id,
+        operation_status=status,
+    )
+
+
+class LaneRpcs(ServicerBase):
+    """RPCs about lanes themselves: create, read, list, configure, enqueue, delete."""
+
+    @unary
+    async def CreateLane(self, request: pb.CreateLaneRequest, call: Call) -> pb.CreateLaneResponse:
+        lane, key = self.addressed(call, request)
+        v.check_message(request.configuration, "configuration")
+        command = lanes.CreateLane(lane, key, configuration=request.configuration)
+        return (await lanes.create_lane(self.store, command)).to_proto()
+
+    @unary
+    async def GetLaneSnapshot(
+        self, request: pb.GetLaneSnapshotRequest, call: Call
+    ) -> pb.GetLaneSnapshotResponse:
+        lane = self.lane(request.lane_id)
+        outline = await self.store.snapshot_outline(lane)
+        # Refused before the transcript is read: its size is known from the outline.
+        transcript = sum(limits.transcript_entry_bytes(size) for _, size in outline.transcript)
+        answer_bytes = limits.snapshot_answer_bytes(outline.snapshot.ByteSize() + transcript)
+        limits.check_snapshot_message(lane.lane_id, answer_bytes)
+        snapshot = await self.store.complete_snapshot(lane, outline)
+        return pb.GetLaneSnapshotResponse(snapshot=snapshot)
+
+    @unary
+    async def ListLanes(self, request: pb.ListLanesRequest, call: Call) -> pb.ListLanesResponse:
+        v.require(
+            0 <= request.page_size <= v.MAX_PAGE_SIZE,
+            "INVALID_PAGE_SIZE",
+            f"page_size must be between 0 and {v.MAX_PAGE_SIZE}",
+            "page_size",
+        )
+        after = ""
+        if request.page_token:
+            try:
+                after = base64.urlsafe_b64decode(request.page_token.encode()).decode()
+                if not after.isprintable():
+                    raise ValueError(after)
+            except (binascii.Error, UnicodeDecodeError, ValueError):
+                raise InvalidArgument(
+                    "INVALID_PAGE_TOKEN",
+                    "page_token is not a token ListLanes gave",
+                    field="page_token",
+                ) from None
+        rows, last = await self.store.list_lanes(
+            caller_namespace(), request.page_size or v.DEFAULT_PAGE_SIZE, after
+        )
+        token = base64.urlsafe_b64encode(last.encode()).decode() if last else ""
+        return pb.ListLanesResponse(
+            lanes=[lane_summary(row) for row in rows], next_page_token=token
+        )
+
+    @unary
+    async def UpdateLaneConfig(
+        self, request: pb.UpdateLaneConfigRequest, call: Call
+    ) -> pb.UpdateLaneConfigResponse:
+        v.check_message(request, "")
+        names = request.active_tool_names.names if request.HasField("active_tool_names") else None
+        lane, key = self.addressed(call, request)
+        command = lanes.UpdateLaneConfig(
+            lane,
+            key,
+            model=request.model if request.HasField("model") else None,
+            thinking_level=request.thinking_level or None,
+            active_tool_names=tuple(names) if names is not None else None,
+        )
+        return (await lanes.update_lane_config(self.store, command)).to_proto()
+
+    @unary
+    async def EnqueueMessage(
+        self, request: pb.EnqueueMessageRequest, call: Call
+    ) -> pb.EnqueueMessageResponse:
+        v.check_message(request, "")
+        v.require(
+            request.kind != snapshot_pb2.QUEUE_KIND_UNSPECIFIED,
+            "MISSING_FIELD",
+            "kind is required",
+            "kind",
+        )
+        if request.kind == snapshot_pb2.QUEUE_KIND_WRITE:
+            v.require(
+                request.HasField("custom"), "INVALID_MESSAGE", "a WRITE item needs custom", "custom"
+            )
+            v.require(
+                bool(request.custom.custom_type),
+                "MISSING_FIELD",
+                "custom.custom_type is required",
+                "custom.custom_type",
+            )
+            item: lanes.QueuedContent = request.custom
+        else:
+            v.require(
+                request.HasField("message"),
+                "INVALID_MESSAGE",
+                "a queued message needs message",
+                "message",
+            )
+            v.require_kind(request.message, "message", "user", "custom")
+            item = request.message
+        lane, key = self.addressed(call, request)
+        command = lanes.EnqueueMessage(lane, key, kind=request.kind, item=item)
+        return (await lanes.enqueue_message(self.store, command)).to_proto()
+
+    @unary
+    async def DeleteLane(self, request: pb.DeleteLaneRequest, call: Call) -> pb.DeleteLaneResponse:
+        lane, key = self.addressed(call, request)
+        command = lanes.DeleteLane(lane, key, force=request.force)
+        return (await lanes.delete_lane(self.store, command)).to_proto()

@@ -1,0 +1,154 @@
+"""The LaneService servicer: the RPC groups together, WatchLane, and registration."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError, Message
+from lane.v1 import lane_service_pb2 as pb
+
+from lane.server.api.auth import Authenticator
+from lane.server.api.call import Call, Context
+from lane.server.api.drive import DriveRpcs
+from lane.server.api.errors import lane_error_status, unary
+from lane.server.api.framing import serialize
+from lane.server.api.harness_rpcs import HarnessRpcs
+from lane.server.api.instrument import binding_ids, observed
+from lane.server.api.lane_rpcs import LaneRpcs
+from lane.server.api.ownership_rpcs import OwnershipRpcs
+from lane.server.api.run_rpcs import RunRpcs
+from lane.server.api.tool_rpcs import ToolRpcs
+from lane.server.api.transfer_rpcs import TransferRpcs
+from lane.server.api.validation import check_counts
+from lane.server.api.watch import WatchSettings, watch_lane
+from lane.server.domain.errors import InvalidArgument
+from lane.server.hub import Hub
+from lane.server.store import Store
+
+
+class LaneServicer(
+    LaneRpcs, RunRpcs, ToolRpcs, OwnershipRpcs, HarnessRpcs, TransferRpcs, DriveRpcs
+):
+    """Implements lane.v1.LaneService on a :class:`Store` and a :class:`Hub`."""
+
+    @unary
+    def WatchLane(self, request: pb.WatchLaneRequest, call: Call) -> Awaitable[None]:
+        lane = self.lane(request.lane_id)
+        return watch_lane(
+            self.watcher_reads, self.hub, lane, request, call.context, self.watch_settings
+        )
+
+
+def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    """Handlers for every LaneService method, built from the service descriptor: the
+    servicer's method of the same name serves it, with a :class:`Call` naming it (so the
+    method's name is spelled once, in its ``def``; a method the servicer lacks fails here).
+
+    Built here rather than by the generated ``add_LaneServiceServicer_to_server`` so WatchLane
+    can send pre-encoded event frames (see framing.py) through a pass-through serializer.
+    """
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in pb.DESCRIPTOR.services_by_name["LaneService"].methods:
+        if method.client_streaming and not method.server_streaming:
+            # ImportLane: the file in pieces; the handler authenticates and decodes them itself.
+            handlers[method.name] = grpc.stream_unary_rpc_method_handler(
+                observed(method.name, False, getattr(servicer, method.name)),
+                response_serializer=serialize,
+            )
+            continue
+        if method.client_streaming:
+            # DriveLane: many commands on one stream, each served by its unary handler
+            # (drive.py), which authenticates the stream and decodes each message itself.
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                observed(method.name, True, getattr(servicer, method.name)),
+                response_serializer=serialize,
+            )
+            continue
+        # observed: log scope, metrics; binding_ids: the decoded request's ids into the scope.
+        implementation = observed(
+            method.name,
+            method.server_streaming,
+            _decoding(
+                binding_ids(
+                    _serving(method.name, getattr(servicer, method.name)),
+                    streaming=method.server_streaming,
+                ),
+                message_factory.GetMessageClass(method.input_type),
+                servicer.authenticator,
+            ),
+        )
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        # Requests arrive as bytes and are authenticated and decoded by _decoding, so
+        # undecodable bytes get INVALID_ARGUMENT rather than the UNKNOWN a failing
+        # deserializer would produce.
+        handlers[method.name] = make(implementation, response_serializer=serialize)
+    return handlers
+
+
+# The wrappers below between the outermost (observed) and the servicer's method return the
+# next one's awaitable instead of awaiting it: no coroutine frame of their own stays alive for
+# the life of a stream. An idle WatchLane stream is mostly its chain of frames, and a process
+# holds thousands of them.
+
+
+def _serving(
+    method: str, handler: Callable[[Any, Call], Awaitable[Any]]
+) -> Callable[[Any, Context], Awaitable[Any]]:
+    def serve(request: Any, context: Context) -> Awaitable[Any]:
+        return handler(request, Call(method, context))
+
+    return serve
+
+
+def _decoding(
+    implementation: Callable[[Any, Context], Awaitable[Any]],
+    request_type: type[Message],
+    authenticator: Authenticator,
+) -> Callable[[bytes, Context], Awaitable[Any]]:
+    def handler(data: bytes, context: Context) -> Awaitable[Any]:
+        refusal = authenticator.admit(context.invocation_metadata())
+        if refusal is not None:
+            return context.abort_with_status(refusal)
+        try:
+            request = request_type.FromString(data)
+        except DecodeError:
+            error = InvalidArgument(
+                "MALFORMED_REQUEST", f"the request is not a valid {request_type.DESCRIPTOR.name}"
+            )
+            return context.abort_with_status(lane_error_status(error))
+        try:
+            # Counted before any handler walks it: an over-numerous request is refused in
+            # time bounded by the count limits (validation.check_counts).
+            check_counts(request)
+        except InvalidArgument as error:
+            return context.abort_with_status(lane_error_status(error))
+        return implementation(request, context)
+
+    return handler
+
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LaneService"].full_name
+
+
+def add_lane_service(
+    server: grpc.aio.Server,
+    store: Store,
+    hub: Hub,
+    watch_settings: WatchSettings | None = None,
+    authenticator: Authenticator | None = None,
+) -> LaneServicer:
+    """Register the LaneService on ``server`` (without an ``authenticator``, auth is off)."""
+    servicer = LaneServicer(
+        store, hub, watch_settings or WatchSettings(), authenticator or Authenticator({})
+    )
+    handlers = _method_handlers(servicer)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    return servicer

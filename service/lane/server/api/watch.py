@@ -1,0 +1,362 @@
+"""WatchLane: one snapshot, then every event group committed after it, then heartbeats.
+
+The watcher subscribes to the hub *before* capturing, so no commit after its snapshot can pass
+unseen. It then sends the groups after its revision from its lane's feed in the hub
+(``service/lane/server/hub/feed.py``): the groups of the lane's latest commits, the bytes the store
+wrote, framed once for all the lane's watchers (framing.py) — no read per watcher. A watcher the
+feed cannot serve (it resumed, or fell behind the feed's start) reads the log itself, a batch at a
+time — whole groups within half its byte budget — until it has caught up, then takes from the
+feed again. It takes the next group only after its previous write went out, so commits never
+wait for it, and one message in flight is all it holds. A watcher whose client takes nothing
+for the write deadline is cut off with RESOURCE_EXHAUSTED naming its last delivered revision,
+its slot freed at once (:func:`_let_go`). Its database reads go through
+:class:`~lane.server.api.watcher_reads.WatcherReads`, a few at a time per process, so a reconnect
+storm queues instead of taking the pool from commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.rpc import code_pb2
+from lane.limits import DEFAULT_MAX_WATCHERS, DEFAULT_MAX_WATCHERS_PER_LANE, HEARTBEAT_SECONDS
+from lane.v1 import lane_service_pb2 as pb
+from psycopg import OperationalError
+from psycopg_pool import PoolTimeout
+
+from lane.server import metrics, traces
+from lane.server.api.errors import status_of
+from lane.server.api.framing import event_group_frame
+from lane.server.api.instrument import error_reason, status_code_name
+from lane.server.api.snapshot_stream import snapshot_frames
+from lane.server.api.watcher_reads import WatcherReads
+from lane.server.domain.errors import LaneError, OutOfRange, ResourceExhausted
+from lane.server.hub import Hub, Subscription
+from lane.server.store import LaneRef, read_was_full
+from lane.server.store.pool import DatabaseBusy
+
+DEFAULT_WRITE_DEADLINE_SECONDS = 30.0
+DEFAULT_STREAM_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """Published watch limits."""
+
+    heartbeat_seconds: float = HEARTBEAT_SECONDS
+    #: A write the client has not taken within this long ends the stream WATCHER_TOO_SLOW.
+    write_deadline_seconds: float = DEFAULT_WRITE_DEADLINE_SECONDS
+    #: Events read per catch-up batch (whole commit groups, so a batch may run over by one).
+    read_batch: int = 500
+    #: The byte budget of one stream: a catch-up batch holds whole groups within half of it
+    #: (at least one group), the other half covers the frame in flight and gRPC's copy of it.
+    stream_bytes: int = DEFAULT_STREAM_BYTES
+    #: Transcript bytes per snapshot message.
+    chunk_bytes: int = 1 << 20
+    #: Concurrent WatchLane streams of one lane, and of all lanes, in this process; a stream
+    #: over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
+    max_watchers_per_lane: int = DEFAULT_MAX_WATCHERS_PER_LANE
+    max_watchers_per_process: int = DEFAULT_MAX_WATCHERS
+    #: Database reads watchers make at once in this process (snapshots, resumes, catch-up):
+    #: a reconnect storm of thousands queues here, leaving the rest of the pool to commands.
+    max_concurrent_reads: int = 4
+    #: The retry delay a TOO_MANY_WATCHERS refusal asks for (google.rpc.RetryInfo).
+    full_retry_seconds: float = 2.0
+
+    @property
+    def read_bytes(self) -> int:
+        """Bytes of events one catch-up batch reads at most (beyond its first group)."""
+        return self.stream_bytes // 2
+
+
+def admit(hub: Hub, lane: LaneRef, settings: WatchSettings) -> None:
+    """Refuse a new watcher of ``lane`` over either watcher limit (RESOURCE_EXHAUSTED
+    ``TOO_MANY_WATCHERS``). Called right before it subscribes, with no await between."""
+    refusal = _over_limits(hub, lane, settings)
+    if refusal is not None:
+        refusal.retry_after_seconds = settings.full_retry_seconds
+        raise refusal
+
+
+def _over_limits(hub: Hub, lane: LaneRef, settings: WatchSettings) -> ResourceExhausted | None:
+    count = hub.watcher_count(lane)
+    if count >= settings.max_watchers_per_lane:
+        return ResourceExhausted(
+            "TOO_MANY_WATCHERS",
+            f"lane {lane.lane_id} has {count} watchers on this server, its limit; retry later",
+            laneId=lane.lane_id,
+            scope="lane",
+            watchers=count,
+            limit=settings.max_watchers_per_lane,
+        )
+    count = hub.watcher_count()
+    if count >= settings.max_watchers_per_process:
+        return ResourceExhausted(
+            "TOO_MANY_WATCHERS",
+            f"this server has {count} watchers, its limit; retry later or on another server",
+            laneId=lane.lane_id,
+            scope="process",
+            watchers=count,
+            limit=settings.max_watchers_per_process,
+        )
+    return None
+
+
+#: How long a stream let go waits for its status to go out (see _let_go).
+_STATUS_SEND_SECONDS = 1.0
+
+
+class WatcherGone(Exception):
+    """The client cancelled or the connection dropped: stop quietly."""
+
+
+class WatcherTooSlow(Exception):
+    """The client did not take a write within the deadline; it had ``revision``."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(revision)
+        self.revision = revision
+
+
+async def _write(
+    context: grpc.aio.ServicerContext[Any, Any],
+    message: pb.WatchLaneResponse | bytes,
+    settings: WatchSettings,
+    revision: int,
+) -> None:
+    try:
+        # A timeout scope rather than wait_for: no task per write (one per watcher per commit).
+        async with asyncio.timeout(settings.write_deadline_seconds):
+            await context.write(message)
+    except TimeoutError:
+        # HTTP/2 flow control: the client's window and the sockets are full, it is not reading.
+        raise WatcherTooSlow(revision) from None
+    except Exception as exc:
+        # grpcio raises an internal error type when the peer is already gone.
+        raise WatcherGone from exc
+
+
+async def _let_go(
+    context: grpc.aio.ServicerContext[Any, Any], settings: WatchSettings, revision: int
+) -> None:
+    """End a stream whose client stopped reading (its slot is free already)."""
+    status = status_of(
+        code_pb2.RESOURCE_EXHAUSTED,
+        "WATCHER_TOO_SLOW",
+        f"the watcher did not read for {settings.write_deadline_seconds:g}s; resume after the "
+        f"last revision received (the stream had delivered at least revision {revision})",
+        {"lastRevision": str(revision)},
+    )
+    try:
+        # The status queues behind the writes the client has not taken: it reads it when it
+        # reads again. Waiting for that would keep this handler for as long as the client
+        # sleeps, so wait briefly; gRPC sends the status either way.
+        async with asyncio.timeout(_STATUS_SEND_SECONDS):
+            await _end(context, status)
+    except TimeoutError:
+        return
+
+
+async def _end(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
+    """End the stream with ``status`` (raises grpc's AbortError, as an abort does)."""
+    try:
+        await context.abort_with_status(status)
+    except grpc.aio.AbortError:
+        raise
+    except Exception as exc:
+        # The status cannot be sent: the peer is gone or a write is still stuck.
+        raise WatcherGone from exc
+
+
+async def watch_lane(
+    store: WatcherReads,
+    hub: Hub,
+    lane: LaneRef,
+    request: pb.WatchLaneRequest,
+    context: grpc.aio.ServicerContext[Any, Any],
+    settings: WatchSettings,
+) -> None:
+    """Serve one WatchLane stream of ``lane`` until the client leaves or the server stops."""
+    metrics.current.watchers_active.inc()
+    ended = "error"
+    subscription: Subscription | None = None
+    try:
+        admit(hub, lane, settings)
+        with hub.subscribe(lane) as subscription:
+            await _serve(store, subscription, request, context, settings)
+    except WatcherGone:
+        ended = "client_left"
+        return
+    except WatcherTooSlow as slow:
+        # Out of the subscription: the slot is free now, whenever the client reads again.
+        ended = "too_slow"
+        await _let_go(context, settings, slow.revision)
+        return
+    except asyncio.CancelledError:
+        # The client cancelled, or shutdown's grace period ran out during a write.
+        ended = "shutdown" if subscription is not None and subscription.closed else "client_left"
+        raise
+    except grpc.aio.AbortError:
+        ended = _ended_by(context)
+        raise
+    except LaneError as exc:
+        ended = exc.code.name.lower()  # out_of_range, not_found, ...
+        raise
+    except (OperationalError, PoolTimeout, DatabaseBusy):
+        ended = "database"  # an outage or a full pool, not a fault of the service
+        raise
+    finally:
+        metrics.current.watchers_active.dec()
+        metrics.current.watchers_ended.labels(ended).inc()
+
+
+def _ended_by(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The ``lane_watchers_ended_total`` reason of a stream ended with a status (see _end)."""
+    reasons = {
+        "WATCHER_TOO_SLOW": "too_slow",
+        "SERVER_SHUTTING_DOWN": "shutdown",
+        "LANE_DELETED": "lane_deleted",
+    }
+    return reasons.get(error_reason(context)) or status_code_name(context).lower()
+
+
+async def _serve(
+    store: WatcherReads,
+    subscription: Subscription,
+    request: pb.WatchLaneRequest,
+    context: grpc.aio.ServicerContext[Any, Any],
+    settings: WatchSettings,
+) -> None:
+    lane = subscription.lane
+    lane_id = lane.lane_id
+    if request.HasField("after_revision"):
+        revision = request.after_revision
+        head, floor, inside_group = await store.resume_point(lane, revision)
+        if not floor <= revision <= head:
+            raise _out_of_range(lane_id, revision, floor, head)
+        if inside_group is not None:
+            # Sending the rest of the group would hand the client part of a commit, which no
+            # fold can apply: a client only ever holds whole groups, so this revision was not
+            # one it reached by folding the stream. Refuse; it resumes at a boundary instead.
+            first, last = inside_group
+            raise OutOfRange(
+                "REVISION_INSIDE_GROUP",
+                f"cannot resume lane {lane_id} after revision {revision}: it is inside the "
+                f"event group of revisions {first}-{last}, which is sent whole; resume after "
+                f"revision {first - 1} or {last}",
+                laneId=lane_id,
+                afterRevision=revision,
+                groupFirst=first,
+                groupLast=last,
+            )
+        subscription.delivered(revision)
+        if revision == head:
+            subscription.caught_up()
+    else:
+        with traces.span("lane.watch.snapshot"):
+            revision = await _send_snapshot(store, lane, context, settings)
+            traces.annotate("lane.revision", revision)
+        subscription.delivered(revision)
+        subscription.caught_up()
+    while not subscription.closed and not subscription.deleted:
+        shared = subscription.take()
+        if shared is None:
+            # Behind the lane's feed (just resumed, or slow), or the feed has no position yet:
+            # read the log from this watcher's revision, a batch at a time.
+            groups = await store.read_events(
+                lane, revision, settings.read_batch, settings.read_bytes
+            )
+            full = read_was_full(groups, settings.read_batch, settings.read_bytes)
+            got_any = bool(groups)
+            groups.reverse()
+            while groups:
+                # Popped, so each group's bodies are freed once framed and written.
+                first, bodies, commit_time = groups.pop()
+                if first != revision + 1:
+                    # Retention removed events this watcher had not read yet.
+                    head, floor = await store.lane_head(lane)
+                    raise _out_of_range(lane_id, revision, floor, head)
+                last = first + len(bodies) - 1
+                frame = event_group_frame(bodies)
+                del bodies  # the frame holds them now
+                with traces.delivery(first, last, "log"):
+                    await _write(context, frame, settings, revision)
+                metrics.current.delivery_seconds.observe(
+                    max(0.0, time.time() - commit_time.timestamp())
+                )
+                revision = last
+                subscription.delivered(revision)
+            if full:
+                continue  # more may be waiting
+            # A short batch: this watcher read to the head. The feed serves it from here on.
+            subscription.caught_up()
+            if got_any:
+                continue
+        elif shared:
+            for group in shared:
+                with traces.delivery(group.first, group.last, "feed"):
+                    await _write(context, group.frame(event_group_frame), settings, revision)
+                metrics.current.delivery_seconds.observe(max(0.0, time.time() - group.committed_at))
+                revision = group.last
+                subscription.delivered(revision)
+            continue
+        # Nothing new. Wait until rung: a commit here, a shared read after a doorbell or the
+        # poll, or shutdown (a ring while this watcher wrote ends the wait at once). A
+        # heartbeat needs no read: nothing rang, nothing is new.
+        while not await subscription.wait(settings.heartbeat_seconds) and not (
+            subscription.closed or subscription.deleted
+        ):
+            heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
+            await _write(context, heartbeat, settings, revision)
+    if subscription.deleted and not subscription.closed:
+        await _end(
+            context,
+            status_of(
+                code_pb2.NOT_FOUND,
+                "LANE_DELETED",
+                f"lane {lane_id} was deleted (after revision {revision})",
+                {"laneId": lane_id, "lastRevision": str(revision)},
+            ),
+        )
+    await _end(
+        context,
+        status_of(
+            code_pb2.UNAVAILABLE,
+            "SERVER_SHUTTING_DOWN",
+            f"the server is shutting down; resume after revision {revision}",
+            {"lastRevision": str(revision)},
+        ),
+    )
+
+
+async def _send_snapshot(
+    store: WatcherReads,
+    lane: LaneRef,
+    context: grpc.aio.ServicerContext[Any, Any],
+    settings: WatchSettings,
+) -> int:
+    """Send the lane's snapshot (head, then transcript chunks); return its revision. Its own
+    function so that nothing of the snapshot outlives it: an idle watcher keeps no transcript."""
+    outline = await store.snapshot_outline(lane)
+    revision = outline.snapshot.revision
+    read_entries = functools.partial(store.entry_bodies, lane)
+    async for frame in snapshot_frames(outline, read_entries, settings.chunk_bytes):
+        await _write(context, frame, settings, revision)
+    return revision
+
+
+def _out_of_range(lane_id: str, revision: int, floor: int, head: int) -> OutOfRange:
+    return OutOfRange(
+        "REVISION_OUT_OF_RANGE",
+        f"cannot resume lane {lane_id} after revision {revision}: events are kept after "
+        f"revision {floor} up to the head {head}",
+        laneId=lane_id,
+        afterRevision=revision,
+        floor=floor,
+        head=head,
+    )

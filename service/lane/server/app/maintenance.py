@@ -1,0 +1,103 @@
+"""Background upkeep of a service process: retention (of the event log and of stored answers)
+and reconciling runs that no driver holds any more (with the tool results a StageToolOutcome
+staged but could not place). Every process runs both; each step is an idempotent transaction.
+With the metrics endpoint on, also the NOTIFY queue gauge."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+
+import psycopg
+
+from lane.server import metrics
+from lane.server.commands.pending_placement import place_quiet_pending
+from lane.server.store import Store
+from lane.server.store.retention import KEEP_ANSWERS, enforce_retention, prune_answers
+
+log = logging.getLogger(__name__)
+
+RETENTION_INTERVAL_SECONDS = 600.0
+
+
+async def retention_forever(
+    store: Store,
+    interval: float = RETENTION_INTERVAL_SECONDS,
+    keep_answers: timedelta = KEEP_ANSWERS,
+) -> None:
+    """Enforce retention every ``interval`` seconds (every process may: it is idempotent)."""
+    while True:
+        await retention_pass(store, keep_answers)
+        await asyncio.sleep(interval)
+
+
+async def retention_pass(store: Store, keep_answers: timedelta = KEEP_ANSWERS) -> None:
+    """One pass: event-log retention, then answers older than ``keep_answers`` (each step
+    logged and survived when it fails)."""
+    try:
+        floors = await enforce_retention(store.pool)
+        if floors:
+            log.info("retention advanced the floor of %d lanes", len(floors))
+    except (psycopg.Error, OSError) as exc:
+        log.warning("retention failed: %s", exc)
+    try:
+        pruned = await prune_answers(store.pool, keep_answers)
+        if pruned:
+            log.info("retention deleted %d stored answers", pruned)
+    except (psycopg.Error, OSError) as exc:
+        log.warning("pruning stored answers failed: %s", exc)
+
+
+RECONCILE_INTERVAL_SECONDS = 1.0
+
+
+async def reconcile_forever(
+    store: Store, orphan_after: timedelta, interval: float = RECONCILE_INTERVAL_SECONDS
+) -> None:
+    """End leased runs whose lease lapsed (aborted ones at once, orphans after
+    ``orphan_after``), every ``interval`` seconds."""
+    while True:
+        try:
+            ended = await store.reconcile_orphans(orphan_after)
+            if ended:
+                log.info("reconciled %d runs no driver holds: %s", len(ended), ", ".join(ended))
+        except (psycopg.Error, OSError) as exc:
+            log.warning("reconciliation failed: %s", exc)
+        except Exception:
+            # A bug must not end reconciliation for the life of the process: log, go on.
+            log.exception("reconciliation failed")
+        await place_pending_pass(store)
+        await asyncio.sleep(interval)
+
+
+async def place_pending_pass(store: Store) -> None:
+    """Place the ready calls a StageToolOutcome staged but could not place, on lanes quiet
+    since (service/lane/server/commands/pending_placement.py); logged and survived when it fails."""
+    try:
+        for lane, ids in await place_quiet_pending(store):
+            log.info("placed %s on lane %s/%s", ", ".join(ids), lane.namespace, lane.lane_id)
+    except (psycopg.Error, OSError) as exc:
+        log.warning("placing pending tool results failed: %s", exc)
+    except Exception:
+        log.exception("placing pending tool results failed")
+
+
+NOTIFICATION_QUEUE_INTERVAL_SECONDS = 5.0
+
+
+async def notification_queue_forever(
+    store: Store, interval: float = NOTIFICATION_QUEUE_INTERVAL_SECONDS
+) -> None:
+    """Refresh ``lane_notification_queue_usage_ratio`` every ``interval`` seconds (the queue
+    is the cluster's: every process reads the same figure)."""
+    while True:
+        try:
+            async with store.pool.connection() as conn:
+                cur = await conn.execute("SELECT pg_notification_queue_usage()")
+                row = await cur.fetchone()
+            if row is not None:
+                metrics.current.notification_queue_usage.set(row[0])
+        except (psycopg.Error, OSError) as exc:
+            log.warning("reading the NOTIFY queue usage failed: %s", exc)
+        await asyncio.sleep(interval)

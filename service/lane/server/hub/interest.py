@@ -1,0 +1,91 @@
+"""Which lanes other processes watch: so doorbells go only where a watcher waits for them.
+
+Every hub tells the others which lanes its watchers follow, on the doorbell channel itself:
+
+- a lane's first local watcher is announced at once (payload ``+ns/lane``, several lanes per
+  payload on separate lines), and every watched lane again every :data:`REFRESH_SECONDS`;
+- a hub that starts listening says hello (an empty payload), and every hub that hears it
+  announces all its lanes at once, so a new process learns what the others watch;
+- an announcement holds for :data:`TTL_SECONDS`, then lapses unless refreshed.
+
+A hub sends a doorbell for a commit only when some other process announced the lane. A lane
+announced a moment after a commit there misses that doorbell; the announcing hub rings its own
+watchers again shortly after announcing (and polling covers anything else), so the only cost of
+the race is latency. Namespace names never contain ``+`` or ``/`` and never start with ``-``
+(a deletion notice's prefix), so the payloads cannot be mistaken for one another.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from lane.server.store import LaneRef
+
+#: How often a hub announces every lane it watches.
+REFRESH_SECONDS = 30.0
+#: How long an announcement holds: a refresh may be late or lost once.
+TTL_SECONDS = 3 * REFRESH_SECONDS
+#: The largest NOTIFY payload sent (PostgreSQL's limit is 8,000 bytes).
+MAX_PAYLOAD_BYTES = 7_000
+ANNOUNCE = "+"
+#: The prefix of a deletion notice (``-ns/lane``): the lane was deleted; its watchers end.
+DELETED = "-"
+
+
+def doorbell(lane: LaneRef) -> str:
+    """The payload ringing ``lane``."""
+    return f"{lane.namespace}/{lane.lane_id}"
+
+
+def deletion(lane: LaneRef) -> str:
+    """The payload saying ``lane`` was deleted."""
+    return DELETED + doorbell(lane)
+
+
+def rung_lane(payload: str) -> LaneRef:
+    """The lane a doorbell payload rings."""
+    namespace, _, lane_id = payload.partition("/")
+    return LaneRef(namespace, lane_id)
+
+
+def announcements(lanes: Iterable[LaneRef]) -> list[str]:
+    """Payloads announcing ``lanes``, each within :data:`MAX_PAYLOAD_BYTES`."""
+    payloads: list[str] = []
+    lines: list[str] = []
+    size = 0
+    for lane in lanes:
+        line = doorbell(lane)
+        line_bytes = len(line.encode()) + 1
+        if lines and size + line_bytes > MAX_PAYLOAD_BYTES:
+            payloads.append(ANNOUNCE + "\n".join(lines))
+            lines, size = [], 0
+        lines.append(line)
+        size += line_bytes
+    if lines:
+        payloads.append(ANNOUNCE + "\n".join(lines))
+    return payloads
+
+
+class RemoteInterest:
+    """The lanes other processes announced, until their announcements lapse."""
+
+    def __init__(self) -> None:
+        self._until: dict[LaneRef, float] = {}
+
+    def heard(self, payload: str) -> None:
+        """Record an announcement payload (``+ns/lane`` lines)."""
+        until = time.monotonic() + TTL_SECONDS
+        for line in payload[len(ANNOUNCE) :].split("\n"):
+            if line:
+                self._until[rung_lane(line)] = until
+
+    def watched(self, lane: LaneRef) -> bool:
+        """Whether another process watches ``lane``."""
+        until = self._until.get(lane)
+        if until is None:
+            return False
+        if until < time.monotonic():
+            del self._until[lane]
+            return False
+        return True

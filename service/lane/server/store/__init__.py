@@ -1,0 +1,24 @@
+"""PostgreSQL persistence: schema, migrations, commands as transactions, snapshot capture."""
+
+from lane.server.store.clock import Clock, system_clock
+from lane.server.store.event_log import EventGroup, read_was_full
+from lane.server.store.lane_ref import DEFAULT_NAMESPACE, LANE_SCAN, LaneRef
+from lane.server.store.lane_store import ResumePoint, SnapshotOutline, Store
+from lane.server.store.notify import ChannelError, Listener, Notification, Notifier
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "LANE_SCAN",
+    "ChannelError",
+    "Clock",
+    "EventGroup",
+    "LaneRef",
+    "Listener",
+    "Notification",
+    "Notifier",
+    "ResumePoint",
+    "SnapshotOutline",
+    "Store",
+    "read_was_full",
+    "system_clock",
+]

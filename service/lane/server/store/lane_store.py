@@ -1,0 +1,648 @@
+"""The PostgreSQL store: one transaction per command under the lane row lock."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple, TypeVar
+
+import psycopg
+from lane.v1 import entries_pb2, snapshot_pb2
+from psycopg_pool import AsyncConnectionPool
+
+from lane.server import metrics, traces
+from lane.server.domain.capture import capture
+from lane.server.domain.errors import AlreadyExists, LaneError, NotFound
+from lane.server.domain.export_format import LaneExport
+from lane.server.domain.guards import require_no_operation
+from lane.server.domain.ids import new_id
+from lane.server.domain.limits import check_commit
+from lane.server.domain.reconcile import reconcile
+from lane.server.domain.state import LaneState, Operation
+from lane.server.domain.transition import Transition
+from lane.server.store import notify
+from lane.server.store.clock import Clock, system_clock
+from lane.server.store.codec import decode
+from lane.server.store.event_log import EventGroup
+from lane.server.store.lane_cache import LaneCache
+from lane.server.store.lane_reads import (
+    VersionedLane,
+    load_entry_bodies,
+    load_events,
+    load_lane,
+    load_transcript_index,
+    load_versioned,
+)
+from lane.server.store.lane_ref import LANE_SCAN, LaneRef
+from lane.server.store.lane_removal import delete_lane_rows, record_answer
+from lane.server.store.lane_transfer import read_export, write_import
+from lane.server.store.lane_writes import (
+    CommitStatement,
+    RecordedAnswer,
+    commit_statement,
+    insert_lane,
+    run_commit,
+)
+from lane.server.store.pool import migrate_pool, open_pool
+from lane.server.store.requests import Recording, replayed_answer
+
+A = TypeVar("A")
+
+log = logging.getLogger(__name__)
+
+#: ``decide(state, now) -> (transition, answer)``: a pure domain step plus the command's answer.
+Decide = Callable[[LaneState, datetime], tuple[Transition, A]]
+#: Called after every commit that appended events, with the lane and its events as written
+#: (the hub hands them to the lane's watchers from memory). Called in commit order per lane, in
+#: the lane's turn (``LaneCache.turn``): must not block, and must not keep the list it is given
+#: for anything but reading.
+CommitListener = Callable[[LaneRef, EventGroup], None]
+#: Called after a lane was deleted in this process (the hub ends its watchers). Must not block.
+DeleteListener = Callable[[LaneRef], None]
+
+
+class SnapshotOutline(NamedTuple):
+    """A lane's snapshot with an empty transcript, and its transcript as (entry id, encoded
+    size) pairs, oldest first."""
+
+    snapshot: snapshot_pb2.LaneSnapshot
+    transcript: list[tuple[str, int]]
+
+
+class LaneRow(NamedTuple):
+    """A lane as ListLanes shows it: its head and its open operation, if any."""
+
+    lane_id: str
+    revision: int
+    tip_id: str
+    #: The open operation's id ('' when none is open).
+    operation_id: str
+    #: Whether the open operation was asked to abort.
+    cancel_requested: bool
+
+
+class ResumePoint(NamedTuple):
+    """Where a watch resuming after a revision stands (:meth:`Store.resume_point`)."""
+
+    head: int
+    floor: int
+    #: (first, last) revisions of the event group the revision is inside of; None when it is a
+    #: group boundary (the end of a group, the floor, or the head).
+    inside_group: tuple[int, int] | None
+
+
+_VERSION = "SELECT version FROM lanes WHERE namespace = %(ns)s AND lane_id = %(lane)s"
+# The lane's head and floor; and, when the event at %(after)s is not its group's last, its
+# group's end and the revision before the group (the previous group's last event, found by
+# scanning back at most one group's events).
+_RESUME_POINT = (
+    "SELECT l.revision, l.retention_floor, e.group_end,"
+    " (SELECT coalesce(max(p.revision), l.retention_floor) FROM events p"
+    "   WHERE p.namespace = l.namespace AND p.lane_id = l.lane_id"
+    "   AND p.revision <= %(after)s AND p.group_end < e.group_end)"
+    " FROM lanes l LEFT JOIN events e"
+    "   ON e.namespace = l.namespace AND e.lane_id = l.lane_id AND e.revision = %(after)s"
+    " WHERE l.namespace = %(ns)s AND l.lane_id = %(lane)s"
+)
+# The runs the domain's leases.reconcilable would end at the given time (the store's clock, as the
+# domain decides with, not the database's): leased, no live lease, and aborted or orphaned for
+# the given interval; a page after (lease_expires, operation_id).
+_RECONCILABLE = (
+    LANE_SCAN + "SELECT namespace, lane_id, operation_id, coalesce(lease_expires, 'epoch')"
+    " FROM operations"
+    " WHERE lease_token > 0 AND phase <> 'ended'"
+    " AND (lease_holder IS NULL OR lease_expires <= %(now)s)"
+    " AND (cancel_requested OR lease_expires IS NULL OR lease_expires <= %(now)s - %(orphan)s)"
+    " AND (coalesce(lease_expires, 'epoch'), operation_id) > (%(after)s, %(after_id)s)"
+    " ORDER BY coalesce(lease_expires, 'epoch'), operation_id LIMIT %(limit)s"
+)
+
+
+def _recorded(request: Recording[A] | None, answer: A) -> list[RecordedAnswer]:
+    """The answer a command records under its request's key (none without a request id)."""
+    if request is None:
+        return []
+    key = request.key
+    return [RecordedAnswer(key.request_id, key.method, key.digest, request.encode(answer))]
+
+
+def _reused_id(exc: psycopg.errors.UniqueViolation, transition: Transition) -> LaneError:
+    """The refusal for a commit that failed on a primary key under the lane lock: only an
+    operation id used before (by any lane of the namespace) can do that."""
+    if exc.diag.constraint_name != "operations_pkey":
+        raise exc
+    state = transition.state
+    operation_id = (
+        state.operation.operation_id
+        if state.operation is not None
+        else state.last_operation_id or ""
+    )
+    return AlreadyExists(
+        "OPERATION_ID_EXISTS",
+        f"operation id {operation_id} was used before",
+        operationId=operation_id,
+    )
+
+
+async def _to_its_end(transaction: Coroutine[Any, Any, A]) -> A:
+    """Run ``transaction`` to its commit or rollback whatever the caller does. When the caller
+    goes away first, its outcome is still read once it ends, so a failure is not reported
+    later as an exception nobody retrieved."""
+    task = asyncio.ensure_future(transaction)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_read_outcome)
+        raise
+
+
+def _read_outcome(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def lane_not_found(lane: LaneRef) -> NotFound:
+    """The refusal for a lane that does not exist (in the caller's namespace: a lane of
+    another namespace gets exactly this answer)."""
+    return NotFound("LANE_NOT_FOUND", f"lane {lane.lane_id} does not exist", laneId=lane.lane_id)
+
+
+class Store:
+    """Durable lanes in PostgreSQL. Create with :meth:`open`."""
+
+    def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock) -> None:
+        self.pool = pool
+        #: The time every command decides with (service/lane/server/store/clock.py).
+        self.clock = clock
+        self._commit_listeners: list[CommitListener] = []
+        self._delete_listeners: list[DeleteListener] = []
+        #: The lanes this process commanded lately (see lane_cache.py).
+        self.cache = LaneCache()
+        #: Reads of the event log by this store (:meth:`read_events`); also counted, for all
+        #: stores of the process, by ``lane_event_log_reads_total``.
+        self.event_log_reads = 0
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 2,
+        max_size: int = 10,
+        checkout_timeout: float | None = None,
+        clock: Clock = system_clock,
+    ) -> Store:
+        """Connect a pool to ``dsn``. Does not migrate; call :meth:`migrate`.
+        ``checkout_timeout``: see :func:`~lane.server.store.pool.open_pool` (None: its default);
+        ``clock``: the time commands decide with (the real one unless a test moves its own)."""
+        pool = await open_pool(
+            dsn, min_size=min_size, max_size=max_size, checkout_timeout=checkout_timeout
+        )
+        return cls(pool, clock=clock)
+
+    async def migrate(self) -> list[str]:
+        """Apply pending schema migrations; return their names."""
+        return await migrate_pool(self.pool)
+
+    async def close(self) -> None:
+        """Close every connection."""
+        await self.pool.close()
+
+    # -- commit listeners and doorbells ------------------------------------------------------
+
+    def add_commit_listener(self, listener: CommitListener) -> None:
+        """Call ``listener`` after every commit that appends events (see :data:`CommitListener`)."""
+        self._commit_listeners.append(listener)
+
+    def remove_commit_listener(self, listener: CommitListener) -> None:
+        """Stop calling ``listener`` (added with :meth:`add_commit_listener`)."""
+        with contextlib.suppress(ValueError):
+            self._commit_listeners.remove(listener)
+
+    def add_delete_listener(self, listener: DeleteListener) -> None:
+        """Call ``listener`` after every lane deletion in this process."""
+        self._delete_listeners.append(listener)
+
+    def remove_delete_listener(self, listener: DeleteListener) -> None:
+        """Stop calling ``listener`` (added with :meth:`add_delete_listener`)."""
+        with contextlib.suppress(ValueError):
+            self._delete_listeners.remove(listener)
+
+    def listen(
+        self, channel: str, *, hello: str | None = None, application_name: str = ""
+    ) -> contextlib.AbstractAsyncContextManager[notify.Listener]:
+        """A session of its own LISTENing on ``channel`` for the block, after sending
+        ``hello`` there (see :func:`lane.server.store.notify.listen`)."""
+        return notify.listen(
+            str(self.pool.conninfo), channel, hello=hello, application_name=application_name
+        )
+
+    def notifier(self) -> notify.Notifier:
+        """A session of its own for sending NOTIFYs; close it when done."""
+        return notify.Notifier(str(self.pool.conninfo))
+
+    def _committed(self, lane: LaneRef, statement: CommitStatement | None) -> None:
+        """Hand a commit's events, as written, to the commit listeners."""
+        if statement is None or statement.events is None:
+            return
+        metrics.current.events_appended.inc(len(statement.events.bodies))
+        for listener in self._commit_listeners:
+            listener(lane, statement.events)
+
+    async def command(
+        self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None = None
+    ) -> A:
+        """Run one command as one transaction on the lane.
+
+        ``decide`` computes the transition from the lane's state (a refusal raises: nothing is
+        written); the transition is written with its events at the next revisions, and the
+        answer is recorded under the request's key in its recorded form. A retried request
+        returns the stored answer (read back through ``request.decode``).
+
+        A lane this process commanded before is not loaded again: the command decides on the
+        state it left and commits with one statement that checks the lane's version; when the
+        lane moved on meanwhile (another process, a hand edit), the statement writes nothing and
+        the command runs again on the lane loaded under its row lock. Refusals, replayed request
+        ids and reused operation ids are always decided under the lock.
+
+        A caller that goes away (deadline, cancellation) does not cut the command short: it
+        runs to its commit or rollback, so a retry finds its outcome under the request id.
+        """
+        return await _to_its_end(self._command(lane, decide, request))
+
+    async def _command(self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None) -> A:
+        with traces.transaction("command", lane.namespace, lane.lane_id):
+            async with self.cache.turn(lane):
+                cached = self.cache.get(lane)
+                if cached is not None:
+                    done = await self._optimistic(lane, cached, decide, request)
+                    if done is not None:
+                        return done[0]
+                    self.cache.forget(lane)
+                # Under the row lock: a retry, a refusal, or the lane moved on elsewhere.
+                traces.annotate("lane.transaction.locked", True)
+                return await self._locked(lane, decide, request)
+
+    async def _optimistic(
+        self,
+        lane: LaneRef,
+        cached: VersionedLane,
+        decide: Decide[A],
+        request: Recording[A] | None,
+    ) -> tuple[A] | None:
+        """The command on the cached state, committed only if the lane is still at its
+        version: its answer (in a 1-tuple: an answer may be anything), or None when it must run
+        under the lock instead."""
+        try:
+            transition, answer = decide(cached.state, self.clock())
+            check_commit(cached.state, transition)
+        except LaneError:
+            return None  # the state may be stale: refuse only what the lock confirms
+        statement = commit_statement(
+            lane, cached.state, transition, cached.version, _recorded(request, answer)
+        )
+        async with self.pool.connection() as conn:
+            if statement is None:
+                # Nothing to write: the answer holds if the state it came from is current.
+                cur = await conn.execute(_VERSION, lane.params)
+                row = await cur.fetchone()
+                return (answer,) if row is not None and row[0] == cached.version else None
+            try:
+                written = await run_commit(conn, statement)
+            except psycopg.errors.UniqueViolation:
+                return None  # a request id or operation id used before: see under the lock
+        if not written:
+            return None
+        metrics.current.optimistic_commits.inc()
+        self.cache.put(lane, VersionedLane(transition.state, cached.version + 1))
+        self._committed(lane, statement)
+        return (answer,)
+
+    async def _locked(self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None) -> A:
+        """The command on the lane loaded under its row lock, in one transaction."""
+        try:
+            # One pipeline: BEGIN and the load go out together, then the write and COMMIT.
+            async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
+                loaded = await load_versioned(conn, lane, lock=True)
+                if loaded is None:
+                    raise lane_not_found(lane)
+                metrics.current.locked_commits.inc()
+                self.cache.put(lane, loaded)
+                if request is not None:
+                    replay = await replayed_answer(conn, lane, request.key, request.form)
+                    if replay is not None:
+                        return request.decode(replay)
+                transition, answer = decide(loaded.state, self.clock())
+                check_commit(loaded.state, transition)  # refuses what could never be delivered
+                statement = commit_statement(
+                    lane, loaded.state, transition, loaded.version, _recorded(request, answer)
+                )
+                if statement is not None and not await run_commit(conn, statement):
+                    raise RuntimeError(f"lane {lane} changed under its row lock")
+        except psycopg.errors.UniqueViolation as exc:
+            raise _reused_id(exc, transition) from exc
+        if statement is not None:
+            self.cache.put(lane, VersionedLane(transition.state, loaded.version + 1))
+            self._committed(lane, statement)
+        return answer
+
+    async def create_lane(
+        self,
+        lane: LaneRef,
+        created: Transition,
+        answer: Callable[[bool, LaneState], A],
+        request: Recording[A] | None = None,
+    ) -> A:
+        """Get-or-create: ``created`` (the new lane's first commit, lane_created) is committed
+        when the lane does not exist yet; an existing lane is left as is. The answer is
+        ``answer(whether this created the lane, the lane's state now)``."""
+        check_commit(None, created)
+        transition = created
+        with traces.transaction("create", lane.namespace, lane.lane_id):
+            return await self._create_lane(lane, transition, answer, request)
+
+    async def _create_lane(
+        self,
+        lane: LaneRef,
+        transition: Transition,
+        answer: Callable[[bool, LaneState], A],
+        request: Recording[A] | None,
+    ) -> A:
+        async with self.cache.turn(lane):
+            async with self.pool.connection() as conn, conn.transaction():
+                inserted = await insert_lane(conn, lane, transition.state)
+                loaded = await load_versioned(conn, lane, lock=True)
+                assert loaded is not None
+                if request is not None:
+                    replay = await replayed_answer(conn, lane, request.key, request.form)
+                    if replay is not None:
+                        return request.decode(replay)
+                if not inserted:
+                    transition = Transition(loaded.state)
+                result = answer(inserted, transition.state)
+                statement = commit_statement(
+                    lane,
+                    loaded.state,
+                    transition,
+                    loaded.version,
+                    _recorded(request, result),
+                )
+                if statement is not None:
+                    await run_commit(conn, statement)
+            version = loaded.version + (statement is not None)
+            self.cache.put(lane, VersionedLane(transition.state, version))
+            self._committed(lane, statement)
+        return result
+
+    async def delete_lane(
+        self,
+        lane: LaneRef,
+        force: bool,
+        answer: Callable[[LaneState], A],
+        request: Recording[A] | None = None,
+    ) -> A:
+        """Delete the lane and all its rows in one transaction under its row lock; the answer is
+        ``answer(the lane's state when deleted)``. Refused (LANE_BUSY) while an operation is
+        open, unless ``force``. The answer is recorded under the request's key and outlives the
+        lane: a retry returns it, even once the lane id is in use again. Like :meth:`command`,
+        it runs to its commit or rollback whatever the caller does."""
+        return await _to_its_end(self._delete_lane(lane, force, answer, request))
+
+    async def _delete_lane(
+        self,
+        lane: LaneRef,
+        force: bool,
+        answer: Callable[[LaneState], A],
+        request: Recording[A] | None,
+    ) -> A:
+        with traces.transaction("delete", lane.namespace, lane.lane_id):
+            return await self._delete_rows(lane, force, answer, request)
+
+    async def _delete_rows(
+        self,
+        lane: LaneRef,
+        force: bool,
+        answer: Callable[[LaneState], A],
+        request: Recording[A] | None,
+    ) -> A:
+        async with self.cache.turn(lane):
+            async with self.pool.connection() as conn, conn.transaction():
+                if request is not None:
+                    replay = await replayed_answer(conn, lane, request.key, request.form)
+                    if replay is not None:
+                        return request.decode(replay)
+                loaded = await load_versioned(conn, lane, lock=True)
+                if loaded is None:
+                    raise lane_not_found(lane)
+                if not force:
+                    require_no_operation(loaded.state)
+                result = answer(loaded.state)
+                await delete_lane_rows(conn, lane)
+                for recorded in _recorded(request, result):
+                    await record_answer(conn, lane, recorded)
+            self.cache.forget(lane)
+        for listener in self._delete_listeners:
+            listener(lane)
+        return result
+
+    async def export_lane(self, lane: LaneRef) -> LaneExport:
+        """Every row of the idle lane, read in one REPEATABLE READ transaction (LANE_BUSY while
+        an operation is open)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            export = await read_export(conn, lane)
+        if export is None:
+            raise lane_not_found(lane)
+        return export
+
+    async def import_lane(self, lane: LaneRef, export: LaneExport) -> None:
+        """Create ``lane`` from a checked export, in one transaction (ALREADY_EXISTS
+        ``LANE_EXISTS`` when the id is in use)."""
+        with traces.transaction("import", lane.namespace, lane.lane_id):
+            async with self.cache.turn(lane):
+                async with self.pool.connection() as conn, conn.transaction():
+                    await write_import(conn, lane, export)
+                self.cache.forget(lane)
+
+    async def snapshot_outline(self, lane: LaneRef) -> SnapshotOutline:
+        """Capture the lane without its transcript's bodies, in one REPEATABLE READ
+        transaction: the snapshot, and the transcript's entry ids with their encoded sizes.
+        Entries never change once written, so :meth:`entry_bodies` may read them later, a page
+        at a time, and still complete exactly this snapshot."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            state = await load_lane(conn, lane, lock=False, with_last_result=True)
+            if state is None:
+                raise lane_not_found(lane)
+            transcript = await load_transcript_index(conn, lane, state.tip_id)
+        return SnapshotOutline(capture(state, []), transcript)
+
+    async def entry_bodies(self, lane: LaneRef, entry_ids: Sequence[str]) -> list[bytes]:
+        """The encoded entries ``entry_ids`` of the lane, in that order."""
+        async with self.pool.connection() as conn:
+            return await load_entry_bodies(conn, lane, entry_ids)
+
+    async def snapshot(self, lane: LaneRef) -> snapshot_pb2.LaneSnapshot:
+        """Capture the lane, transcript included."""
+        return await self.complete_snapshot(lane, await self.snapshot_outline(lane))
+
+    async def complete_snapshot(
+        self, lane: LaneRef, outline: SnapshotOutline
+    ) -> snapshot_pb2.LaneSnapshot:
+        """``outline``'s snapshot with its transcript read in (the outline is used up)."""
+        bodies = await self.entry_bodies(lane, [entry_id for entry_id, _ in outline.transcript])
+        snapshot = outline.snapshot
+        snapshot.transcript.extend(decode(entries_pb2.Entry, body) for body in bodies)
+        return snapshot
+
+    async def list_lanes(
+        self, namespace: str, page_size: int, after_lane_id: str
+    ) -> tuple[list[LaneRow], str]:
+        """The namespace's lanes in id order after ``after_lane_id`` (at most ``page_size``);
+        the last one's id when more follow ('' at the end)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                LANE_SCAN + "SELECT l.lane_id, l.revision, l.tip_id, l.current_operation_id,"
+                " o.cancel_requested FROM lanes l"
+                " LEFT JOIN operations o ON o.namespace = l.namespace AND o.lane_id = l.lane_id"
+                "  AND o.operation_id = l.current_operation_id"
+                # Code-point order whatever the database's collation, so pages are stable.
+                ' WHERE l.namespace = %s AND l.lane_id > %s COLLATE "C"'
+                ' ORDER BY l.lane_id COLLATE "C" LIMIT %s',
+                (namespace, after_lane_id, page_size + 1),
+            )
+            rows = await cur.fetchall()
+        found = [
+            LaneRow(lane_id, revision, tip_id or "", operation_id or "", bool(cancelled))
+            for lane_id, revision, tip_id, operation_id, cancelled in rows[:page_size]
+        ]
+        return found, found[-1].lane_id if len(rows) > page_size else ""
+
+    async def lane_head(self, lane: LaneRef) -> tuple[int, int]:
+        """The lane's (head revision, retention floor)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT revision, retention_floor FROM lanes"
+                " WHERE namespace = %(ns)s AND lane_id = %(lane)s",
+                lane.params,
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise lane_not_found(lane)
+        return row[0], row[1]
+
+    async def resume_point(self, lane: LaneRef, after_revision: int) -> ResumePoint:
+        """Where a watch resuming after ``after_revision`` stands: the lane's head and
+        retention floor, and the group ``after_revision`` is inside of, if it is inside one."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_RESUME_POINT, {**lane.params, "after": after_revision})
+            row = await cur.fetchone()
+        if row is None:
+            raise lane_not_found(lane)
+        head, floor, group_end, before_group = row
+        inside = group_end is not None and group_end != after_revision
+        return ResumePoint(head, floor, (before_group + 1, group_end) if inside else None)
+
+    async def lane_heads(self, lanes: Iterable[LaneRef]) -> dict[LaneRef, int]:
+        """The head revisions of ``lanes``, in one statement (lanes that do not exist are left
+        out)."""
+        lanes = list(lanes)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                LANE_SCAN + "SELECT l.namespace, l.lane_id, l.revision"
+                " FROM unnest(%s::text[], %s::text[]) AS w(namespace, lane_id)"
+                " JOIN lanes l USING (namespace, lane_id)",
+                ([lane.namespace for lane in lanes], [lane.lane_id for lane in lanes]),
+            )
+            rows = await cur.fetchall()
+        return {LaneRef(namespace, lane_id): revision for namespace, lane_id, revision in rows}
+
+    async def read_events(
+        self, lane: LaneRef, after_revision: int, limit: int, max_bytes: int
+    ) -> list[EventGroup]:
+        """Whole event groups after ``after_revision``: at least one group when any exists,
+        then more while they start within ``limit`` events and ``max_bytes`` bytes (so the read
+        holds at most ``max_bytes`` plus one group). Counted in :attr:`event_log_reads`."""
+        self.event_log_reads += 1
+        metrics.current.event_log_reads.inc()
+        async with self.pool.connection() as conn:
+            rows = await load_events(conn, lane, after_revision, limit, max_bytes)
+        groups: list[EventGroup] = []
+        group_end = None
+        for revision, end, body, commit_time in rows:
+            if end != group_end:
+                groups.append(EventGroup(revision, [], commit_time))
+                group_end = end
+            groups[-1].bodies.append(body)
+        return groups
+
+    async def reconcile_orphans(self, orphan_after: timedelta, limit: int = 100) -> list[str]:
+        """End the leased runs no driver holds any more (aborted, or orphaned for
+        ``orphan_after``); return their operation ids. Safe to run from every process: each
+        candidate is decided again by the domain (``reconcile``) in its own command.
+
+        Candidates are exactly the runs the domain would end now, read ``limit`` at a time in
+        lease-expiry order until none is left: runs that cannot be ended (corrupt state) stay
+        candidates, but never keep the others from their turn."""
+        ended: list[str] = []
+        after: tuple[datetime, str] = (datetime.min.replace(tzinfo=UTC), "")
+        while True:
+            params = {
+                "now": self.clock(),
+                "orphan": orphan_after,
+                "after": after[0],
+                "after_id": after[1],
+                "limit": limit,
+            }
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(_RECONCILABLE, params)
+                candidates = await cur.fetchall()
+            for namespace, lane_id, operation_id, _ in candidates:
+                if await self._reconcile(LaneRef(namespace, lane_id), operation_id, orphan_after):
+                    ended.append(operation_id)
+            if len(candidates) < limit:
+                return ended
+            after = (candidates[-1][3], candidates[-1][2])
+
+    async def _reconcile(self, lane: LaneRef, operation_id: str, orphan_after: timedelta) -> bool:
+        """End the run if it is still reconcilable; whether it was ended."""
+
+        def decide(state: LaneState, now: datetime) -> tuple[Transition, bool]:
+            t = reconcile(state, operation_id, now, orphan_after, new_id)
+            return (Transition(state), False) if t is None else (t, True)
+
+        try:
+            return await self.command(lane, decide)
+        except LaneError as exc:
+            # One lane that cannot be ended (corrupt state) must not hold up the others;
+            # it stays a candidate, and its reason is logged on every pass.
+            log.warning(
+                "cannot reconcile operation %s of lane %s/%s: %s %s",
+                operation_id,
+                lane.namespace,
+                lane.lane_id,
+                exc.reason,
+                exc.message,
+            )
+            return False
+
+    async def open_operation(self, lane: LaneRef) -> Operation | None:
+        """The lane's open operation as stored (no lock)."""
+        async with self.pool.connection() as conn:
+            state = await load_lane(conn, lane, lock=False)
+        if state is None:
+            raise lane_not_found(lane)
+        return state.operation
+
+    async def entry_exists(self, lane: LaneRef, entry_id: str) -> bool:
+        """Whether the lane has the entry (entries are immutable and never deleted)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT 1 FROM entries"
+                " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND entry_id = %(entry)s",
+                {**lane.params, "entry": entry_id},
+            )
+            return await cur.fetchone() is not None
