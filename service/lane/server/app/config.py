@@ -416,7 +416,9 @@ class Settings:
             watch_stream_bytes=(
                 defaults.watch_stream_bytes
                 if stream_bytes is None
-                else _bytes("LANE_WATCH_STREAM_BYTES", stream_bytes, minimum=_MIN_STREAM_BYTES)
+                else _count(
+                    "LANE_WATCH_STREAM_BYTES", stream_bytes, minimum=_MIN_STREAM_BYTES, of="bytes"
+                )
             ),
             db_pool_size=(
                 defaults.db_pool_size
@@ -593,23 +595,15 @@ def _file(variable: str, value: str | None) -> Path | None:
     return path
 
 
-def _bytes(variable: str, value: str, *, minimum: int) -> int:
-    try:
-        size = int(value)
-    except ValueError:
-        raise ConfigError(variable, value, "expected a whole number of bytes") from None
-    if size < minimum:
-        raise ConfigError(variable, value, f"the number of bytes must be >= {minimum}")
-    return size
-
-
-def _count(variable: str, value: str) -> int:
+def _count(variable: str, value: str, *, minimum: int = 1, of: str = "") -> int:
+    """A whole number >= ``minimum`` (``of``: what it counts, for the message, e.g. "bytes")."""
+    what = f"number of {of}" if of else "number"
     try:
         count = int(value)
     except ValueError:
-        raise ConfigError(variable, value, "expected a whole number") from None
-    if count < 1:
-        raise ConfigError(variable, value, "the number must be >= 1")
+        raise ConfigError(variable, value, f"expected a whole {what}") from None
+    if count < minimum:
+        raise ConfigError(variable, value, f"the {what} must be >= {minimum}")
     return count
 
 
