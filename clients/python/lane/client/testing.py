@@ -14,6 +14,12 @@ Each step is one unary RPC on the stub given (so a refusal raises ``grpc.aio.Aio
 as the plain call would) and returns the response; nothing is retried and no request id is
 sent. It lives in the client package, not among the tests, so benchmarks use it without
 depending on the test suite.
+
+A request a test sends itself (to a lane in a given state, with a wrong id, or mutated by a
+fuzzer) is built by an :class:`Aim`, which holds the ids it names::
+
+    request = run.aim.request(pb.EndRunRequest, status=COMPLETED)
+    wrong = replace(run.aim, operation_id="op-wrong").request(pb.StartTurnRequest)
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
+from google.protobuf.message import Message
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
@@ -31,6 +38,7 @@ if TYPE_CHECKING:
     from lane.v1.lane_service_pb2_grpc import LaneServiceAsyncStub
 
 __all__ = [
+    "Aim",
     "CallScript",
     "LaneScript",
     "RunScript",
@@ -95,6 +103,40 @@ def _block(spec: ToolCallSpec) -> messages_pb2.ContentBlock:
     if isinstance(spec, str):
         return tool_call(spec, "t", {})
     return tool_call(*spec)
+
+
+RequestT = TypeVar("RequestT", bound=Message)
+
+#: Id fields that name a new id the caller chooses rather than one it aims at: never filled
+#: from an :class:`Aim` (a run's own operation id would make StartRun collide with it).
+_CHOSEN_IDS: dict[str, frozenset[str]] = {
+    "StartRunRequest": frozenset({"operation_id"}),
+    "StartCompactionRequest": frozenset({"operation_id"}),
+    "StartTurnRequest": frozenset({"turn_id"}),
+}
+
+
+@dataclass(frozen=True)
+class Aim:
+    """The ids a command names, to build its request without sending it. Empty ids are
+    proto3's unset; ``dataclasses.replace`` aims it elsewhere (a wrong operation, a call)."""
+
+    lane_id: str
+    operation_id: str = ""
+    #: 0 for a run no driver leased.
+    lease_token: int = 0
+    turn_id: str = ""
+    tool_call_id: str = ""
+    request_id: str = ""
+
+    def request(self, request_type: type[RequestT], **fields: Any) -> RequestT:
+        """A ``request_type`` carrying the ids it has fields for (but those it chooses, see
+        ``_CHOSEN_IDS``), then ``fields``, which win (``operation_id=""`` leaves it out)."""
+        declared = request_type.DESCRIPTOR.fields_by_name
+        chosen = _CHOSEN_IDS.get(request_type.DESCRIPTOR.name, frozenset())
+        ids = {k: v for k, v in asdict(self).items() if k in declared and k not in chosen}
+        # The protobuf stubs type Message() without keyword arguments; each message takes them.
+        return cast(RequestT, cast(Any, request_type)(**(ids | fields)))
 
 
 @dataclass
@@ -162,6 +204,11 @@ class RunScript:
         """The stub every step is sent on."""
         return self.lane.stub
 
+    @property
+    def aim(self) -> Aim:
+        """The run's ids (lane, operation, lease token), for requests sent by hand."""
+        return Aim(self.lane.lane_id, self.operation_id, self.lease_token)
+
     async def turn(
         self,
         text_value: str = "",
@@ -171,15 +218,29 @@ class RunScript:
         usage: messages_pb2.Usage | None = None,
         message: messages_pb2.AssistantMessage | None = None,
     ) -> TurnScript:
-        """StartTurn, then SettleAssistantMessage: ``text_value`` and ``tool_calls`` (stop
-        reason TOOL_USE when there are calls, else STOP), or ``message`` as it is."""
-        started = await self.stub.StartTurn(
-            pb.StartTurnRequest(
-                lane_id=self.lane.lane_id,
-                operation_id=self.operation_id,
-                lease_token=self.lease_token,
-            )
+        """StartTurn, then SettleAssistantMessage (see :meth:`settle`)."""
+        turn_id = await self.start_turn()
+        return await self.settle(
+            turn_id, text_value, tool_calls=tool_calls, stop=stop, usage=usage, message=message
         )
+
+    async def start_turn(self) -> str:
+        """StartTurn alone (the turn stays open, awaiting its message); returns its id."""
+        started = await self.stub.StartTurn(self.aim.request(pb.StartTurnRequest))
+        return started.turn_id
+
+    async def settle(
+        self,
+        turn_id: str,
+        text_value: str = "",
+        *,
+        tool_calls: Sequence[ToolCallSpec] = (),
+        stop: messages_pb2.StopReason.ValueType | None = None,
+        usage: messages_pb2.Usage | None = None,
+        message: messages_pb2.AssistantMessage | None = None,
+    ) -> TurnScript:
+        """SettleAssistantMessage for ``turn_id``: ``text_value`` and ``tool_calls`` (stop
+        reason TOOL_USE when there are calls, else STOP), or ``message`` as it is."""
         if message is None:
             blocks = ([text(text_value)] if text_value else []) + [_block(c) for c in tool_calls]
             if stop is None:
@@ -190,15 +251,11 @@ class RunScript:
                 )
             message = assistant(*blocks, stop=stop, usage=usage)
         settled = await self.stub.SettleAssistantMessage(
-            pb.SettleAssistantMessageRequest(
-                lane_id=self.lane.lane_id,
-                operation_id=self.operation_id,
-                turn_id=started.turn_id,
-                message=message,
-                lease_token=self.lease_token,
+            replace(self.aim, turn_id=turn_id).request(
+                pb.SettleAssistantMessageRequest, message=message
             )
         )
-        return TurnScript(self, started.turn_id, settled)
+        return TurnScript(self, turn_id, settled)
 
     def call(self, call_id: str) -> CallScript:
         """The steps of one call of the run's open batch (run them with ``await``)."""
@@ -213,30 +270,16 @@ class RunScript:
     ) -> pb.EndRunResponse:
         """EndRun with ``status`` (and ``error``, for a failed run)."""
         return await self.stub.EndRun(
-            pb.EndRunRequest(
-                lane_id=self.lane.lane_id,
-                operation_id=self.operation_id,
-                status=status,
-                error=error,
-                lease_token=self.lease_token,
-            )
+            self.aim.request(pb.EndRunRequest, status=status, error=error)
         )
 
     async def abort(self) -> pb.AbortOperationResponse:
-        """AbortOperation (as a watcher would: no lease needed)."""
-        return await self.stub.AbortOperation(
-            pb.AbortOperationRequest(lane_id=self.lane.lane_id, operation_id=self.operation_id)
-        )
+        """AbortOperation (as a watcher would: the request has no lease token)."""
+        return await self.stub.AbortOperation(self.aim.request(pb.AbortOperationRequest))
 
     async def release(self) -> pb.ReleaseLeaseResponse:
         """ReleaseLease: the run stays open for another driver."""
-        return await self.stub.ReleaseLease(
-            pb.ReleaseLeaseRequest(
-                lane_id=self.lane.lane_id,
-                operation_id=self.operation_id,
-                lease_token=self.lease_token,
-            )
-        )
+        return await self.stub.ReleaseLease(self.aim.request(pb.ReleaseLeaseRequest))
 
 
 @dataclass
@@ -268,14 +311,10 @@ class CallScript:
     staged: pb.StageToolOutcomeResponse | None = None
     _queued: list[Any] = field(default_factory=list, init=False, repr=False)
 
-    def _ids(self) -> dict[str, Any]:
-        run = self.run
-        return {
-            "lane_id": run.lane.lane_id,
-            "operation_id": run.operation_id,
-            "tool_call_id": self.call_id,
-            "lease_token": run.lease_token,
-        }
+    @property
+    def aim(self) -> Aim:
+        """The call's ids (the run's, and the call id)."""
+        return replace(self.run.aim, tool_call_id=self.call_id)
 
     def start(
         self,
@@ -285,16 +324,18 @@ class CallScript:
     ) -> Self:
         """StartToolCall: the intent, with the effective ``arguments``."""
         arguments_json = arguments if isinstance(arguments, str) else json.dumps(arguments)
-        request = pb.StartToolCallRequest(
-            arguments_json=arguments_json, replay=replay, **self._ids()
+        request = self.aim.request(
+            pb.StartToolCallRequest, arguments_json=arguments_json, replay=replay
         )
         self._queued.append(request)
         return self
 
     def progress(self, text_value: str, *, checkpoint: bool = False, **fields: Any) -> Self:
         """UpdateToolCall: a partial result (``fields``: more of the ToolResult's)."""
-        request = pb.UpdateToolCallRequest(
-            partial_result=result(text_value, **fields), checkpoint=checkpoint, **self._ids()
+        request = self.aim.request(
+            pb.UpdateToolCallRequest,
+            partial_result=result(text_value, **fields),
+            checkpoint=checkpoint,
         )
         self._queued.append(request)
         return self
@@ -302,13 +343,13 @@ class CallScript:
     def stage(self, text_value: str, *, is_error: bool = False, **fields: Any) -> Self:
         """StageToolOutcome: the executed result (placed when the batch's order allows)."""
         outcome = pb.ExecutedOutcome(result=result(text_value, **fields), is_error=is_error)
-        self._queued.append(pb.StageToolOutcomeRequest(executed=outcome, **self._ids()))
+        self._queued.append(self.aim.request(pb.StageToolOutcomeRequest, executed=outcome))
         return self
 
     def synthetic(self, cause: pb.SyntheticCause.ValueType) -> Self:
         """StageToolOutcome: a result the service writes for ``cause`` (unknown tool, ...)."""
         outcome = pb.SyntheticOutcome(cause=cause)
-        self._queued.append(pb.StageToolOutcomeRequest(synthetic=outcome, **self._ids()))
+        self._queued.append(self.aim.request(pb.StageToolOutcomeRequest, synthetic=outcome))
         return self
 
     async def _send(self) -> Self:
