@@ -9,6 +9,7 @@ from lane.server.api.auth import Authenticator, caller_namespace
 from lane.server.api.call import Call
 from lane.server.api.watch import WatchSettings
 from lane.server.api.watcher_reads import WatcherReads
+from lane.server.api.write_deadline import WriteDeadline
 from lane.server.hub import Hub
 from lane.server.store import LaneRef, Store
 from lane.server.store.requests import RequestKey
@@ -29,6 +30,7 @@ class ServicerBase:
         self.hub = hub
         self.watch_settings = watch_settings
         self.watcher_reads = WatcherReads(store, watch_settings.max_concurrent_reads)
+        self.write_deadline = WriteDeadline(watch_settings.write_deadline_seconds)
         self.authenticator = authenticator
 
     @staticmethod

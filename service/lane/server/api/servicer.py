@@ -38,7 +38,13 @@ class LaneServicer(
     def WatchLane(self, request: pb.WatchLaneRequest, call: Call) -> Awaitable[None]:
         lane = self.lane(request.lane_id)
         return watch_lane(
-            self.watcher_reads, self.hub, lane, request, call.context, self.watch_settings
+            self.watcher_reads,
+            self.hub,
+            lane,
+            request,
+            call.context,
+            self.watch_settings,
+            self.write_deadline,
         )
 
 

@@ -35,6 +35,7 @@ from lane.server.api.framing import event_group_frame
 from lane.server.api.instrument import error_reason, status_code_name
 from lane.server.api.snapshot_stream import snapshot_frames
 from lane.server.api.watcher_reads import WatcherReads
+from lane.server.api.write_deadline import WriteDeadline
 from lane.server.domain.errors import LaneError, OutOfRange, ResourceExhausted
 from lane.server.hub import Hub, Subscription
 from lane.server.store import LaneRef, read_was_full
@@ -126,19 +127,26 @@ class WatcherTooSlow(Exception):
 async def _write(
     context: grpc.aio.ServicerContext[Any, Any],
     message: pb.WatchLaneResponse | bytes,
-    settings: WatchSettings,
+    deadline: WriteDeadline,
     revision: int,
 ) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    deadline.begin(task)
     try:
-        # A timeout scope rather than wait_for: no task per write (one per watcher per commit).
-        async with asyncio.timeout(settings.write_deadline_seconds):
-            await context.write(message)
-    except TimeoutError:
-        # HTTP/2 flow control: the client's window and the sockets are full, it is not reading.
-        raise WatcherTooSlow(revision) from None
+        await context.write(message)
+    except asyncio.CancelledError:
+        if deadline.end(task):
+            # HTTP/2 flow control: the client's window and the sockets are full, it is not
+            # reading.
+            raise WatcherTooSlow(revision) from None
+        raise
     except Exception as exc:
+        deadline.end(task)
         # grpcio raises an internal error type when the peer is already gone.
         raise WatcherGone from exc
+    else:
+        deadline.end(task)
 
 
 async def _let_go(
@@ -180,6 +188,7 @@ async def watch_lane(
     request: pb.WatchLaneRequest,
     context: grpc.aio.ServicerContext[Any, Any],
     settings: WatchSettings,
+    deadline: WriteDeadline,
 ) -> None:
     """Serve one WatchLane stream of ``lane`` until the client leaves or the server stops."""
     metrics.current.watchers_active.inc()
@@ -188,7 +197,7 @@ async def watch_lane(
     try:
         admit(hub, lane, settings)
         with hub.subscribe(lane) as subscription:
-            await _serve(store, subscription, request, context, settings)
+            await _serve(store, subscription, request, context, settings, deadline)
     except WatcherGone:
         ended = "client_left"
         return
@@ -231,6 +240,7 @@ async def _serve(
     request: pb.WatchLaneRequest,
     context: grpc.aio.ServicerContext[Any, Any],
     settings: WatchSettings,
+    deadline: WriteDeadline,
 ) -> None:
     lane = subscription.lane
     lane_id = lane.lane_id
@@ -259,7 +269,7 @@ async def _serve(
             subscription.caught_up()
     else:
         with traces.span("lane.watch.snapshot"):
-            revision = await _send_snapshot(store, lane, context, settings)
+            revision = await _send_snapshot(store, lane, context, settings.chunk_bytes, deadline)
             traces.annotate("lane.revision", revision)
         subscription.delivered(revision)
         subscription.caught_up()
@@ -285,7 +295,7 @@ async def _serve(
                 frame = event_group_frame(bodies)
                 del bodies  # the frame holds them now
                 with traces.delivery(first, last, "log"):
-                    await _write(context, frame, settings, revision)
+                    await _write(context, frame, deadline, revision)
                 metrics.current.delivery_seconds.observe(
                     max(0.0, time.time() - commit_time.timestamp())
                 )
@@ -300,7 +310,7 @@ async def _serve(
         elif shared:
             for group in shared:
                 with traces.delivery(group.first, group.last, "feed"):
-                    await _write(context, group.frame(event_group_frame), settings, revision)
+                    await _write(context, group.frame(event_group_frame), deadline, revision)
                 metrics.current.delivery_seconds.observe(max(0.0, time.time() - group.committed_at))
                 revision = group.last
                 subscription.delivered(revision)
@@ -312,7 +322,7 @@ async def _serve(
             subscription.closed or subscription.deleted
         ):
             heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
-            await _write(context, heartbeat, settings, revision)
+            await _write(context, heartbeat, deadline, revision)
     if subscription.deleted and not subscription.closed:
         await _end(
             context,
@@ -338,15 +348,16 @@ async def _send_snapshot(
     store: WatcherReads,
     lane: LaneRef,
     context: grpc.aio.ServicerContext[Any, Any],
-    settings: WatchSettings,
+    chunk_bytes: int,
+    deadline: WriteDeadline,
 ) -> int:
     """Send the lane's snapshot (head, then transcript chunks); return its revision. Its own
     function so that nothing of the snapshot outlives it: an idle watcher keeps no transcript."""
     outline = await store.snapshot_outline(lane)
     revision = outline.snapshot.revision
     read_entries = functools.partial(store.entry_bodies, lane)
-    async for frame in snapshot_frames(outline, read_entries, settings.chunk_bytes):
-        await _write(context, frame, settings, revision)
+    async for frame in snapshot_frames(outline, read_entries, chunk_bytes):
+        await _write(context, frame, deadline, revision)
     return revision
 
 

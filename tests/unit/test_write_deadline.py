@@ -1,0 +1,63 @@
+"""The watch write deadline's sweep: it cuts off only writes older than the deadline, and a
+cancel from elsewhere stays a cancel."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lane.server.api.write_deadline import WriteDeadline
+
+
+async def _write(deadline: WriteDeadline, stuck: asyncio.Future[None]) -> str:
+    """What watch.py's write does around ``context.write``, with ``stuck`` as the write."""
+    task = asyncio.current_task()
+    assert task is not None
+    deadline.begin(task)
+    try:
+        await stuck
+    except asyncio.CancelledError:
+        if deadline.end(task):
+            return "cut off"
+        raise
+    deadline.end(task)
+    return "written"
+
+
+async def test_a_write_the_client_never_takes_is_cut_off() -> None:
+    deadline = WriteDeadline(0.2)
+    stuck: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    assert await asyncio.wait_for(_write(deadline, stuck), 5) == "cut off"
+
+
+async def test_writes_that_finish_are_never_cut_off() -> None:
+    deadline = WriteDeadline(0.2)
+    loop = asyncio.get_running_loop()
+    # Many short writes over several deadlines: each finishes well inside its own.
+    for _ in range(20):
+        done: asyncio.Future[None] = loop.create_future()
+        loop.call_later(0.03, done.set_result, None)
+        assert await _write(deadline, done) == "written"
+
+
+async def test_a_cancel_from_elsewhere_is_not_taken_for_the_deadline() -> None:
+    deadline = WriteDeadline(10.0)
+    stuck: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    writer = asyncio.create_task(_write(deadline, stuck))
+    await asyncio.sleep(0.05)
+    writer.cancel()  # the client left
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+
+
+async def test_a_cancel_that_comes_with_the_deadline_still_cancels() -> None:
+    deadline = WriteDeadline(0.2)
+    stuck: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    writers: list[asyncio.Task[str]] = []
+    # Registered before the writer awaits ``stuck``, so it runs first when the sweep cuts the
+    # write off: a cancel as shutdown would send it, landing before the writer runs again.
+    stuck.add_done_callback(lambda _: writers[0].cancel())
+    writers.append(asyncio.create_task(_write(deadline, stuck)))
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(writers[0], 5)
