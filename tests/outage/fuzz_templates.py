@@ -3,15 +3,19 @@
 A template uses the lane's ids and mostly valid content, so that it meets the lane's state
 machine (and is often accepted); the fuzzer then often overwrites a few of its fields with
 random values. Enum fields take plain numbers here: the proto's enum types are only hints.
+
+The ids are drawn once per request into an :class:`~lane.client.testing.Aim`, which puts each
+into every request type that has a field for it; a template sets only its content (and an id
+it overrides, e.g. a fresh lane for CreateLane).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from google.protobuf.message import Message
 from hypothesis import strategies as st
+from lane.client.testing import Aim
 from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
@@ -33,27 +37,17 @@ LENGTH = messages_pb2.STOP_REASON_LENGTH
 _USAGE_FIELDS = messages_pb2.Usage.DESCRIPTOR.fields_by_name
 
 
-@dataclass
-class Aim:
-    """The ids one request is aimed at (drawn for every template, used by most)."""
-
-    lane: str
-    request_id: str
-    operation: str
-    token: int
-    call: str
-    turn: str
-
-
 def template(draw: Draw, ctx: Ctx, method: str) -> Message:
     """A plausible ``method`` request for ``ctx.lane``."""
+    # Drawn in this order (keyword arguments are evaluated as written) for every template, used
+    # or not, so that a seed draws the same requests.
     aim = Aim(
-        lane=ctx.lane.lane_id,
+        lane_id=ctx.lane.lane_id,
         request_id=ctx.request_id(draw),
-        operation=ctx.op(draw),
-        token=ctx.token(draw),
-        call=ctx.call(draw),
-        turn=ctx.turn(draw),
+        operation_id=ctx.op(draw),
+        lease_token=ctx.token(draw),
+        tool_call_id=ctx.call(draw),
+        turn_id=ctx.turn(draw),
     )
     return TEMPLATES[method](draw, ctx, aim)
 
@@ -123,11 +117,13 @@ def _error(draw: Draw) -> snapshot_pb2.OperationError:
 
 
 # -- one template per RPC ---------------------------------------------------------------------
+# Each takes the ids from ``aim`` (Aim.request puts in those its request type has), then draws
+# its content in a fixed order.
 
 
 def _create_lane(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    lane = ctx.world.fresh("new-lane") if one_in(draw, 5) else aim.lane
-    request = pb.CreateLaneRequest(lane_id=lane, request_id=aim.request_id)
+    lane = ctx.world.fresh("new-lane") if one_in(draw, 5) else aim.lane_id
+    request = aim.request(pb.CreateLaneRequest, lane_id=lane)
     if draw(st.booleans()):
         request.configuration.thinking_level = draw(st.integers(0, 6))
         request.configuration.model.provider = "p"
@@ -135,8 +131,9 @@ def _create_lane(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
     return request
 
 
-def _get_lane_snapshot(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.GetLaneSnapshotRequest(lane_id=aim.lane)
+def _ids_only(request_type: type[Message]) -> Template:
+    """The template of an RPC whose request holds nothing but ids."""
+    return lambda draw, ctx, aim: aim.request(request_type)
 
 
 def _list_lanes(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
@@ -147,7 +144,7 @@ def _list_lanes(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
 
 
 def _update_lane_config(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.UpdateLaneConfigRequest(lane_id=aim.lane, request_id=aim.request_id)
+    request = aim.request(pb.UpdateLaneConfigRequest)
     if draw(st.booleans()):
         request.model.provider, request.model.model_id = "p", "m2"
     if draw(st.booleans()):
@@ -158,7 +155,7 @@ def _update_lane_config(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
 
 
 def _enqueue_message(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.EnqueueMessageRequest(lane_id=aim.lane, request_id=aim.request_id)
+    request = aim.request(pb.EnqueueMessageRequest)
     request.kind = draw(st.integers(0, 4))
     if request.kind == snapshot_pb2.QUEUE_KIND_WRITE:
         request.custom.custom_type = "note"
@@ -169,58 +166,34 @@ def _enqueue_message(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
 
 
 def _start_run(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.StartRunRequest(
-        lane_id=aim.lane,
-        prompt=[_prompt(draw) for _ in range(draw(st.integers(0, 2)))],
-        request_id=aim.request_id,
+    request = aim.request(
+        pb.StartRunRequest, prompt=[_prompt(draw) for _ in range(draw(st.integers(0, 2)))]
     )
     request.settings.tool_execution = draw(st.integers(0, 2))
     if one_in(draw, 3):
         request.driver_id = ctx.driver(draw)
         request.lease_seconds = draw(st.sampled_from((0, 1, 600, 3600)))
     if one_in(draw, 5):
-        request.operation_id = aim.operation if draw(st.booleans()) else ctx.world.fresh("op")
+        # StartRun chooses its operation id (Aim leaves it out): the aimed one, or a fresh one.
+        request.operation_id = aim.operation_id if draw(st.booleans()) else ctx.world.fresh("op")
     return request
 
 
-def _abort_operation(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.AbortOperationRequest(
-        lane_id=aim.lane, operation_id=aim.operation, request_id=aim.request_id
-    )
-
-
 def _end_run(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.EndRunRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        request_id=aim.request_id,
-        lease_token=aim.token,
-    )
-    request.status = draw(st.sampled_from((1, 1, 1, 3, 4, 2, 0)))
+    request = aim.request(pb.EndRunRequest, status=draw(st.sampled_from((1, 1, 1, 3, 4, 2, 0))))
     if request.status == snapshot_pb2.OPERATION_RESULT_STATUS_FAILED or one_in(draw, 6):
         request.error.CopyFrom(_error(draw))
     return request
 
 
 def _start_turn(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.StartTurnRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        turn_id=ctx.world.fresh("turn") if one_in(draw, 4) else "",
-        request_id=aim.request_id,
-        lease_token=aim.token,
-    )
+    # StartTurn chooses its turn id (Aim leaves it out): mostly the service's, sometimes ours.
+    turn_id = ctx.world.fresh("turn") if one_in(draw, 4) else ""
+    return aim.request(pb.StartTurnRequest, turn_id=turn_id)
 
 
 def _settle_assistant_message(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.SettleAssistantMessageRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        turn_id=aim.turn,
-        message=_assistant(draw, ctx),
-        request_id=aim.request_id,
-        lease_token=aim.token,
-    )
+    return aim.request(pb.SettleAssistantMessageRequest, message=_assistant(draw, ctx))
 
 
 def _record_usage(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
@@ -229,48 +202,29 @@ def _record_usage(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
         total_tokens=draw(int_values(_USAGE_FIELDS["total_tokens"])),
     )
     usage.cost.total = draw(st.sampled_from((0.0, 0.5, 1e308, float("nan"), float("inf"))))
-    return pb.RecordUsageRequest(
-        lane_id=aim.lane,
+    return aim.request(
+        pb.RecordUsageRequest,
         usage=usage,
         entry_id=ctx.entry(draw) if draw(st.booleans()) else "",
         adjustment=draw(st.booleans()),
-        request_id=aim.request_id,
     )
 
 
 def _start_tool_call(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.StartToolCallRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        tool_call_id=aim.call,
-        arguments_json=draw(json_texts) if one_in(draw, 4) else draw(json_objects),
-        request_id=aim.request_id,
-        lease_token=aim.token,
+    arguments = draw(json_texts) if one_in(draw, 4) else draw(json_objects)
+    return aim.request(
+        pb.StartToolCallRequest, arguments_json=arguments, replay=draw(st.integers(0, 2))
     )
-    request.replay = draw(st.integers(0, 2))
-    return request
 
 
 def _update_tool_call(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.UpdateToolCallRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        tool_call_id=aim.call,
-        partial_result=_tool_result(draw),
-        checkpoint=draw(st.booleans()),
-        request_id=aim.request_id,
-        lease_token=aim.token,
+    return aim.request(
+        pb.UpdateToolCallRequest, partial_result=_tool_result(draw), checkpoint=draw(st.booleans())
     )
 
 
 def _stage_tool_outcome(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.StageToolOutcomeRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        tool_call_id=aim.call,
-        request_id=aim.request_id,
-        lease_token=aim.token,
-    )
+    request = aim.request(pb.StageToolOutcomeRequest)
     if draw(st.booleans()):
         request.executed.result.CopyFrom(_tool_result(draw))
         request.executed.is_error = draw(st.booleans())
@@ -282,7 +236,7 @@ def _stage_tool_outcome(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
 
 
 def _watch_lane(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.WatchLaneRequest(lane_id=aim.lane)
+    request = aim.request(pb.WatchLaneRequest)
     if draw(st.booleans()):
         head = ctx.lane.revision
         request.after_revision = draw(
@@ -292,52 +246,19 @@ def _watch_lane(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
 
 
 def _acquire_operation(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.AcquireOperationRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
+    return aim.request(
+        pb.AcquireOperationRequest,
         driver_id=ctx.driver(draw),
         lease_seconds=draw(st.sampled_from((0, 1, 60, 3600, 3601, -1))),
-        request_id=aim.request_id,
     )
 
 
 def _renew_lease(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.RenewLeaseRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        lease_token=aim.token,
-        lease_seconds=draw(st.sampled_from((0, 30, 30, 3601))),
-    )
-
-
-def _release_lease(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.ReleaseLeaseRequest(
-        lane_id=aim.lane, operation_id=aim.operation, lease_token=aim.token
-    )
-
-
-def _replay_tool_call(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.ReplayToolCallRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        tool_call_id=aim.call,
-        lease_token=aim.token,
-        request_id=aim.request_id,
-    )
-
-
-def _get_operation(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.GetOperationRequest(lane_id=aim.lane, operation_id=aim.operation)
+    return aim.request(pb.RenewLeaseRequest, lease_seconds=draw(st.sampled_from((0, 30, 30, 3601))))
 
 
 def _append_assistant_stream(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.AppendAssistantStreamRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        turn_id=aim.turn,
-        lease_token=aim.token,
-        request_id=aim.request_id,
-    )
+    request = aim.request(pb.AppendAssistantStreamRequest)
     for _ in range(draw(st.integers(0, 2))):
         stop = draw(st.sampled_from((PENDING, PENDING, PENDING, STOP)))
         partial = request.partials.add(message=_assistant(draw, ctx, stop=stop))
@@ -347,15 +268,11 @@ def _append_assistant_stream(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
 
 
 def _schedule_retry(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.ScheduleRetryRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        turn_id=aim.turn,
+    request = aim.request(
+        pb.ScheduleRetryRequest,
         max_attempts=draw(st.sampled_from((3, 0, 1, 2, 3, 10, 10, 2**31 - 1, 3))),
         delay_ms=draw(st.sampled_from((0, 10, 0, 10, 86_400_000, 86_400_001, -1, 2**63 - 1, 0))),
         error_message="e",
-        lease_token=aim.token,
-        request_id=aim.request_id,
     )
     if draw(st.booleans()):
         stop = draw(st.sampled_from((ERROR, ERROR, STOP)))
@@ -363,56 +280,25 @@ def _schedule_retry(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
     return request
 
 
-def _start_retry(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.StartRetryRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        turn_id=aim.turn,
-        lease_token=aim.token,
-        request_id=aim.request_id,
-    )
-
-
 def _suspend_run(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.SuspendRunRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        turn_id=aim.turn,
-        deferred=snapshot_pb2.DeferredState(
-            handle_json=draw(json_texts), poll_json=draw(st.sampled_from(("", '{"p": 1}')))
-        ),
-        lease_token=aim.token,
-        request_id=aim.request_id,
+    deferred = snapshot_pb2.DeferredState(
+        handle_json=draw(json_texts), poll_json=draw(st.sampled_from(("", '{"p": 1}')))
     )
-
-
-def _resume_run(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.ResumeRunRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        lease_token=aim.token,
-        request_id=aim.request_id,
-    )
+    return aim.request(pb.SuspendRunRequest, deferred=deferred)
 
 
 def _start_compaction(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.StartCompactionRequest(lane_id=aim.lane, request_id=aim.request_id)
-    request.reason = draw(st.integers(0, 3))
+    request = aim.request(pb.StartCompactionRequest, reason=draw(st.integers(0, 3)))
     if one_in(draw, 3):
         request.driver_id = ctx.driver(draw)
     if one_in(draw, 4):
+        # StartCompaction chooses its operation id (Aim leaves it out).
         request.operation_id = ctx.world.fresh("op")
     return request
 
 
 def _end_compaction(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.EndCompactionRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        lease_token=aim.token,
-        request_id=aim.request_id,
-    )
-    request.status = draw(st.sampled_from((1, 1, 2, 3, 4, 0)))
+    request = aim.request(pb.EndCompactionRequest, status=draw(st.sampled_from((1, 1, 2, 3, 4, 0))))
     if request.status == snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED or one_in(draw, 5):
         request.entry.CopyFrom(_compaction_entry(draw))
     if request.status == snapshot_pb2.OPERATION_RESULT_STATUS_FAILED or one_in(draw, 5):
@@ -421,21 +307,12 @@ def _end_compaction(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
 
 
 def _compact_run(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.CompactRunRequest(
-        lane_id=aim.lane,
-        operation_id=aim.operation,
-        entry=_compaction_entry(draw),
-        lease_token=aim.token,
-        request_id=aim.request_id,
-    )
-    request.reason = draw(st.integers(0, 3))
-    return request
+    entry = _compaction_entry(draw)
+    return aim.request(pb.CompactRunRequest, entry=entry, reason=draw(st.integers(0, 3)))
 
 
 def _navigate_lane(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.NavigateLaneRequest(
-        lane_id=aim.lane, target_entry_id=ctx.entry(draw), request_id=aim.request_id
-    )
+    request = aim.request(pb.NavigateLaneRequest, target_entry_id=ctx.entry(draw))
     if draw(st.booleans()):
         request.summary.summary = "left"
         if draw(st.booleans()):
@@ -444,20 +321,13 @@ def _navigate_lane(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
 
 
 def _report_fault(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.ReportFaultRequest(
-        lane_id=aim.lane,
-        code=draw(st.sampled_from(("boom", "boom", ""))),
-        message="m",
-        request_id=aim.request_id,
-    )
+    code = draw(st.sampled_from(("boom", "boom", "")))
+    return aim.request(pb.ReportFaultRequest, code=code, message="m")
 
 
 def _report_handler_error(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.ReportHandlerErrorRequest(
-        lane_id=aim.lane,
-        error=draw(st.sampled_from(("oops", "oops", ""))),
-        request_id=aim.request_id,
-    )
+    error = draw(st.sampled_from(("oops", "oops", "")))
+    request = aim.request(pb.ReportHandlerErrorRequest, error=error)
     if draw(st.booleans()):
         request.stack = "at x"
     if draw(st.booleans()):
@@ -468,7 +338,7 @@ def _report_handler_error(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
 
 
 def _set_lane_value(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    request = pb.SetLaneValueRequest(lane_id=aim.lane, request_id=aim.request_id)
+    request = aim.request(pb.SetLaneValueRequest)
     if draw(st.booleans()):
         name = draw(st.sampled_from(("session", "")))
         request.session_name.CopyFrom(events_pb2.SessionNameValue(name=name))
@@ -481,12 +351,12 @@ def _set_lane_value(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
 Template = Callable[[Draw, Ctx, Aim], Message]
 TEMPLATES: dict[str, Template] = {
     "CreateLane": _create_lane,
-    "GetLaneSnapshot": _get_lane_snapshot,
+    "GetLaneSnapshot": _ids_only(pb.GetLaneSnapshotRequest),
     "ListLanes": _list_lanes,
     "UpdateLaneConfig": _update_lane_config,
     "EnqueueMessage": _enqueue_message,
     "StartRun": _start_run,
-    "AbortOperation": _abort_operation,
+    "AbortOperation": _ids_only(pb.AbortOperationRequest),
     "EndRun": _end_run,
     "StartTurn": _start_turn,
     "SettleAssistantMessage": _settle_assistant_message,
@@ -497,14 +367,14 @@ TEMPLATES: dict[str, Template] = {
     "WatchLane": _watch_lane,
     "AcquireOperation": _acquire_operation,
     "RenewLease": _renew_lease,
-    "ReleaseLease": _release_lease,
-    "ReplayToolCall": _replay_tool_call,
-    "GetOperation": _get_operation,
+    "ReleaseLease": _ids_only(pb.ReleaseLeaseRequest),
+    "ReplayToolCall": _ids_only(pb.ReplayToolCallRequest),
+    "GetOperation": _ids_only(pb.GetOperationRequest),
     "AppendAssistantStream": _append_assistant_stream,
     "ScheduleRetry": _schedule_retry,
-    "StartRetry": _start_retry,
+    "StartRetry": _ids_only(pb.StartRetryRequest),
     "SuspendRun": _suspend_run,
-    "ResumeRun": _resume_run,
+    "ResumeRun": _ids_only(pb.ResumeRunRequest),
     "StartCompaction": _start_compaction,
     "EndCompaction": _end_compaction,
     "CompactRun": _compact_run,
