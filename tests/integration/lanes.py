@@ -1,37 +1,5 @@
-"""Kept for the tests that import it: the helpers live in :mod:`tests.support.lanes`."""
+"""Kept for the tests that import it: the helpers live in :mod:`tests.support.lanes`, and so
+does the one list of their names."""
 
-from tests.support.lanes import (
-    Probe,
-    Stub,
-    assistant,
-    error_info,
-    error_reason,
-    events_between,
-    hand_edit,
-    kinds,
-    leased_batch,
-    new_lane_id,
-    presentation_check,
-    result,
-    text,
-    tool_call,
-    user,
-)
-
-__all__ = [
-    "Probe",
-    "Stub",
-    "assistant",
-    "error_info",
-    "error_reason",
-    "events_between",
-    "hand_edit",
-    "kinds",
-    "leased_batch",
-    "new_lane_id",
-    "presentation_check",
-    "result",
-    "text",
-    "tool_call",
-    "user",
-]
+from tests.support.lanes import *  # noqa: F403
+from tests.support.lanes import __all__ as __all__

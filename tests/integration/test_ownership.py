@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, NamedTuple
 
 import grpc
 import pytest
 import pytest_asyncio
+from lane.client.testing import LaneScript, RunScript
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
@@ -25,11 +27,10 @@ from tests.integration.lanes import (
     error_reason,
     hand_edit,
     kinds,
-    leased_batch,
+    leased_run,
     new_lane_id,
     result,
     text,
-    user,
 )
 from tests.integration.servers import extra_server
 from tests.support.clock import OffsetClock
@@ -91,52 +92,27 @@ async def refused(call: Any) -> grpc.aio.AioRpcError:
 
 async def test_a_leased_run_refuses_commands_without_its_current_token(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id("lease"))
-    run_id, token = await leased_batch(lane_stub, probe, "a")
+    run = await leased_run(lane_stub, probe, "a")
+    token = run.lease_token
     before = await probe.capture()
     for bad in (0, token + 1):
-        error = await refused(
-            lane_stub.StartToolCall(
-                pb.StartToolCallRequest(
-                    lane_id=probe.lane_id,
-                    operation_id=run_id,
-                    tool_call_id="a",
-                    arguments_json="{}",
-                    lease_token=bad,
-                )
-            )
-        )
+        # The run's own StartToolCall, under a token that is not the lease's.
+        error = await refused(replace(run, lease_token=bad).call("a").start())
         assert error.code() == grpc.StatusCode.ABORTED
         assert error_reason(error) == "STALE_LEASE"
     assert await probe.capture() == before  # refused commands change nothing
-    renewed = await lane_stub.RenewLease(
-        pb.RenewLeaseRequest(
-            lane_id=probe.lane_id, operation_id=run_id, lease_token=token, lease_seconds=60
-        )
-    )
+    renewed = await lane_stub.RenewLease(run.aim.request(pb.RenewLeaseRequest, lease_seconds=60))
     assert renewed.lease.token == token and not renewed.cancel_requested
     # Another driver cannot take a live lease.
-    error = await refused(
-        lane_stub.AcquireOperation(
-            pb.AcquireOperationRequest(
-                lane_id=probe.lane_id, operation_id=run_id, driver_id="driver-2"
-            )
-        )
-    )
+    acquire = run.aim.request(pb.AcquireOperationRequest, driver_id="driver-2")
+    error = await refused(lane_stub.AcquireOperation(acquire))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_reason(error) == "LEASE_HELD"
     # Released, it can; the old token is then fenced off.
-    await lane_stub.ReleaseLease(
-        pb.ReleaseLeaseRequest(lane_id=probe.lane_id, operation_id=run_id, lease_token=token)
-    )
-    taken = await lane_stub.AcquireOperation(
-        pb.AcquireOperationRequest(lane_id=probe.lane_id, operation_id=run_id, driver_id="driver-2")
-    )
+    await run.release()
+    taken = await lane_stub.AcquireOperation(acquire)
     assert taken.lease.token == token + 1 and taken.lease.driver_id == "driver-2"
-    error = await refused(
-        lane_stub.RenewLease(
-            pb.RenewLeaseRequest(lane_id=probe.lane_id, operation_id=run_id, lease_token=token)
-        )
-    )
+    error = await refused(lane_stub.RenewLease(run.aim.request(pb.RenewLeaseRequest)))
     assert error_reason(error) == "STALE_LEASE"
     await probe.check()
 
@@ -144,16 +120,14 @@ async def test_a_leased_run_refuses_commands_without_its_current_token(lane_stub
 async def test_an_expired_lease_can_be_taken_over(clocked: Clocked) -> None:
     stub = clocked.stub
     probe = Probe(stub, new_lane_id("expire"))
-    run_id, token = await leased_batch(stub, probe, "a", seconds=LEASE)
-    acquire = pb.AcquireOperationRequest(
-        lane_id=probe.lane_id, operation_id=run_id, driver_id="driver-2", lease_seconds=30
-    )
+    run = await leased_run(stub, probe, "a", seconds=LEASE)
+    acquire = run.aim.request(pb.AcquireOperationRequest, driver_id="driver-2", lease_seconds=30)
     # Shortly before it lapses the lease still holds; at its end it no longer does.
     clocked.clock.advance(LEASE - MARGIN)
     assert error_reason(await refused(stub.AcquireOperation(acquire))) == "LEASE_HELD"
     clocked.clock.advance(MARGIN)
     taken = await stub.AcquireOperation(acquire)
-    assert taken.lease.token == token + 1
+    assert taken.lease.token == run.lease_token + 1
     # The takeover happened mid-batch: it is a recovery.
     events = await probe.check()
     assert kinds(events) == ["turn_start"] and events[0].recovery
@@ -164,54 +138,28 @@ async def test_an_expired_lease_can_be_taken_over(clocked: Clocked) -> None:
 
 async def test_takeover_mid_batch_places_replays_and_interrupts(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id("takeover"))
-    lane = probe.lane_id
-    run_id, token = await leased_batch(lane_stub, probe, "never", "safe", "staged", "planned")
+    run = await leased_run(lane_stub, probe, "never", "safe", "staged", "planned")
 
-    def start(call_id: str, replay: pb.ReplayPolicy.ValueType, lease: int) -> Any:
-        return lane_stub.StartToolCall(
-            pb.StartToolCallRequest(
-                lane_id=lane,
-                operation_id=run_id,
-                tool_call_id=call_id,
-                arguments_json=f'{{"effective": "{call_id}", "n": 18446744073709551623}}',
-                replay=replay,
-                lease_token=lease,
-            )
-        )
+    def start(driver: RunScript, call_id: str, replay: pb.ReplayPolicy.ValueType) -> Any:
+        arguments = f'{{"effective": "{call_id}", "n": 18446744073709551623}}'
+        return driver.call(call_id).start(arguments, replay=replay)
 
-    await start("never", pb.REPLAY_POLICY_NEVER, token)
-    await start("safe", pb.REPLAY_POLICY_SAFE, token)
-    await start("staged", pb.REPLAY_POLICY_NEVER, token)
+    await start(run, "never", pb.REPLAY_POLICY_NEVER)
+    await start(run, "safe", pb.REPLAY_POLICY_SAFE)
+    await start(run, "staged", pb.REPLAY_POLICY_NEVER)
     for call_id in ("never", "safe"):
-        await lane_stub.UpdateToolCall(
-            pb.UpdateToolCallRequest(
-                lane_id=lane,
-                operation_id=run_id,
-                tool_call_id=call_id,
-                partial_result=result(f"{call_id} halfway", details_json='{"pct": 50}'),
-                checkpoint=True,
-                lease_token=token,
-            )
+        await run.call(call_id).progress(
+            f"{call_id} halfway", checkpoint=True, details_json='{"pct": 50}'
         )
-    await lane_stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="staged",
-            executed=pb.ExecutedOutcome(result=result("staged result")),
-            lease_token=token,
-        )
-    )
+    await run.call("staged").stage("staged result")
     active = ["never", "safe", "staged"]
     await probe.check(active)
     # The driver dies; its lease is released (as a crash would let it lapse).
-    await lane_stub.ReleaseLease(
-        pb.ReleaseLeaseRequest(lane_id=lane, operation_id=run_id, lease_token=token)
-    )
+    await run.release()
     taken = await lane_stub.AcquireOperation(
-        pb.AcquireOperationRequest(lane_id=lane, operation_id=run_id, driver_id="driver-2")
+        run.aim.request(pb.AcquireOperationRequest, driver_id="driver-2")
     )
-    new = taken.lease.token
+    new = replace(run, lease_token=taken.lease.token)
     events = await probe.check(active)
     assert kinds(events) == ["turn_start"] and events[0].recovery  # "never" blocks placement
     statuses = {c.tool_call_id: c.status for c in taken.state.tool_calls}
@@ -226,15 +174,7 @@ async def test_takeover_mid_batch_places_replays_and_interrupts(lane_stub) -> No
     assert safe_state.checkpoint == result("safe halfway", details_json='{"pct": 50}')
     assert safe_state.arguments_json.endswith('"n": 18446744073709551623}')
     # NEVER: the interruption result from its checkpoint; only tool_end, tagged recovery.
-    await lane_stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="never",
-            synthetic=pb.SyntheticOutcome(cause=pb.SYNTHETIC_CAUSE_INTERRUPTED),
-            lease_token=new,
-        )
-    )
+    await new.call("never").synthetic(pb.SYNTHETIC_CAUSE_INTERRUPTED)
     events = await probe.check(active)
     end = events[0]
     assert kinds(events)[0] == "tool_end" and end.recovery
@@ -244,63 +184,22 @@ async def test_takeover_mid_batch_places_replays_and_interrupts(lane_stub) -> No
         results.INTERRUPTED_TEXT,
     ]
     assert end.tool_end.result.details_json == '{"pct": 50}'
-    placed = [
-        e.entry_added.entry.message.message.tool_result.tool_call_id
-        for e in events
-        if e.HasField("entry_added")
-    ]
-    assert placed == ["never"]  # "safe" still blocks "staged"
+    assert placed_calls(events) == ["never"]  # "safe" still blocks "staged"
     # The old driver is fenced off.
-    error = await refused(
-        lane_stub.UpdateToolCall(
-            pb.UpdateToolCallRequest(
-                lane_id=lane,
-                operation_id=run_id,
-                tool_call_id="safe",
-                partial_result=result("zombie"),
-                lease_token=token,
-            )
-        )
-    )
+    error = await refused(run.call("safe").progress("zombie"))
     assert error_reason(error) == "STALE_LEASE"
     # SAFE: replay from a cleared checkpoint with the persisted arguments.
-    replay = await lane_stub.ReplayToolCall(
-        pb.ReplayToolCallRequest(
-            lane_id=lane, operation_id=run_id, tool_call_id="safe", lease_token=new
-        )
-    )
+    replay = await lane_stub.ReplayToolCall(new.call("safe").aim.request(pb.ReplayToolCallRequest))
     assert replay.arguments_json == safe_state.arguments_json
     events = await probe.check(active)
     assert kinds(events) == ["tool_start"] and events[0].recovery
     assert not probe.snapshot.operation.running_tools[0].running.HasField("result")
-    await lane_stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="safe",
-            executed=pb.ExecutedOutcome(result=result("safe again")),
-            lease_token=new,
-        )
-    )
+    await new.call("safe").stage("safe again")
     events = await probe.check(active)
     assert all(e.recovery for e in events)
-    placed = [
-        e.entry_added.entry.message.message.tool_result.tool_call_id
-        for e in events
-        if e.HasField("entry_added")
-    ]
-    assert placed == ["safe", "staged"]
+    assert placed_calls(events) == ["safe", "staged"]
     # The planned call goes through ordinary clearance; the batch ends with turn_end (recovery).
-    await start("planned", pb.REPLAY_POLICY_NEVER, new)
-    await lane_stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="planned",
-            executed=pb.ExecutedOutcome(result=result("fresh")),
-            lease_token=new,
-        )
-    )
+    await start(new, "planned", pb.REPLAY_POLICY_NEVER).stage("fresh")
     events = await probe.check([*active, "planned"])
     assert kinds(events)[-1] == "turn_end" and events[-1].recovery
     assert [r.tool_call_id for r in events[-1].turn_end.tool_results] == [
@@ -310,35 +209,44 @@ async def test_takeover_mid_batch_places_replays_and_interrupts(lane_stub) -> No
         "planned",
     ]
     # A replay is only for SAFE calls of a taken-over batch.
-    state = await lane_stub.GetOperation(pb.GetOperationRequest(lane_id=lane, operation_id=run_id))
+    state = await lane_stub.GetOperation(run.aim.request(pb.GetOperationRequest))
     assert state.state.phase == pb.RUN_PHASE_IDLE and not state.state.tool_calls
+
+
+async def stage_a_wrong_result(store: Any, operation_ids: list[str], content: str = "") -> None:
+    """Hand-edit call c0 of each run to outcome_ready with a result of another call (c9): a
+    run the service cannot end until :func:`repair` undoes it."""
+    wrong = messages_pb2.ToolResultMessage(
+        tool_call_id="c9", tool_name="t", content=[text(content)] if content else []
+    )
+    async with hand_edit(store) as conn:
+        cur = await conn.execute(
+            "UPDATE tool_calls SET status = 'outcome_ready', result_message = %s"
+            " WHERE operation_id = ANY(%s) AND tool_call_id = 'c0'",
+            (wrong.SerializeToString(), operation_ids),
+        )
+        assert cur.rowcount == len(operation_ids)
+
+
+async def repair(store: Any, operation_ids: list[str]) -> None:
+    """Undo :func:`stage_a_wrong_result`, so the service's reconcilers can end the runs and
+    stop warning."""
+    async with hand_edit(store) as conn:
+        await conn.execute(
+            "UPDATE tool_calls SET status = 'effect_pending', result_message = NULL"
+            " WHERE operation_id = ANY(%s) AND tool_call_id = 'c0'",
+            (operation_ids,),
+        )
 
 
 async def test_the_service_reconciles_an_aborted_run_without_a_driver(clocked: Clocked) -> None:
     lane_stub, store = clocked.stub, clocked.running.store
     probe = Probe(lane_stub, new_lane_id("reconcile"))
     lane = probe.lane_id
-    run_id, token = await leased_batch(lane_stub, probe, "running", "waiting", seconds=LEASE)
-    await lane_stub.StartToolCall(
-        pb.StartToolCallRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="running",
-            arguments_json="{}",
-            lease_token=token,
-        )
-    )
-    await lane_stub.UpdateToolCall(
-        pb.UpdateToolCallRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="running",
-            partial_result=result("partial"),
-            checkpoint=True,
-            lease_token=token,
-        )
-    )
-    await lane_stub.AbortOperation(pb.AbortOperationRequest(lane_id=lane, operation_id=run_id))
+    run = await leased_run(lane_stub, probe, "running", "waiting", seconds=LEASE)
+    run_id = run.operation_id
+    await run.call("running").start().progress("partial", checkpoint=True)
+    await run.abort()
     await probe.check(["running"])
     # Aborted, but the lease is live: the driver may still be at it, so the run stays open.
     assert run_id not in await store.reconcile_orphans(timedelta(seconds=ORPHAN))
@@ -376,7 +284,7 @@ async def test_the_service_reconciles_an_aborted_run_without_a_driver(clocked: C
 
 async def test_an_orphaned_run_is_reconciled_after_the_orphan_timeout(clocked: Clocked) -> None:
     probe = Probe(clocked.stub, new_lane_id("orphan"))
-    run_id, _ = await leased_batch(clocked.stub, probe, "a", seconds=LEASE)
+    run_id = (await leased_run(clocked.stub, probe, "a", seconds=LEASE)).operation_id
     orphan_after = timedelta(seconds=ORPHAN)
     # Lapsed, but orphaned for less than the orphan interval: the driver may yet come back.
     clocked.clock.advance(LEASE + ORPHAN - MARGIN)
@@ -391,13 +299,8 @@ async def test_an_orphaned_run_is_reconciled_after_the_orphan_timeout(clocked: C
 
 async def test_an_unleased_run_is_never_reconciled(lane_stub, store) -> None:
     probe = Probe(lane_stub, new_lane_id("unleased"))
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=probe.lane_id))
-    run = await lane_stub.StartRun(pb.StartRunRequest(lane_id=probe.lane_id, prompt=[user("x")]))
-    await lane_stub.AbortOperation(
-        pb.AbortOperationRequest(lane_id=probe.lane_id, operation_id=run.operation_id)
-    )
-    from datetime import timedelta
-
+    run = await (await LaneScript.create(lane_stub, probe.lane_id)).start_run("x")
+    await run.abort()
     assert run.operation_id not in await store.reconcile_orphans(timedelta(0))
     assert (await probe.capture()).operation.id == run.operation_id
 
@@ -409,47 +312,24 @@ async def test_a_lane_that_cannot_be_reconciled_does_not_hold_up_the_others(
     # ending it faults with LANE_STATE_CORRUPT. The second is ended all the same.
     lane_stub, store = clocked.stub, clocked.running.store
     corrupt, healthy = Probe(lane_stub, new_lane_id("rc-bad")), Probe(lane_stub, new_lane_id("rc"))
-    bad_run, bad_token = await leased_batch(lane_stub, corrupt, "c0", seconds=LEASE)
-    good_run, _ = await leased_batch(lane_stub, healthy, "c0", seconds=LEASE + 1)
-    await lane_stub.StartToolCall(
-        pb.StartToolCallRequest(
-            lane_id=corrupt.lane_id,
-            operation_id=bad_run,
-            tool_call_id="c0",
-            arguments_json="{}",
-            lease_token=bad_token,
-        )
-    )
-    wrong = messages_pb2.ToolResultMessage(tool_call_id="c9", tool_name="t", content=[text("x")])
-    async with hand_edit(store) as conn:
-        cur = await conn.execute(
-            "UPDATE tool_calls SET status = 'outcome_ready', result_message = %s"
-            " WHERE operation_id = %s AND tool_call_id = 'c0'",
-            (wrong.SerializeToString(), bad_run),
-        )
-        assert cur.rowcount == 1
-    for probe, run in ((corrupt, bad_run), (healthy, good_run)):
-        await lane_stub.AbortOperation(
-            pb.AbortOperationRequest(lane_id=probe.lane_id, operation_id=run)
-        )
+    bad = await leased_run(lane_stub, corrupt, "c0", seconds=LEASE)
+    good = await leased_run(lane_stub, healthy, "c0", seconds=LEASE + 1)
+    await bad.call("c0").start()
+    await stage_a_wrong_result(store, [bad.operation_id], "x")
+    for run in (bad, good):
+        await run.abort()
     clocked.clock.advance(LEASE + 1)
     try:
         await until_run_ended(healthy)
         # The corrupt run is still open (and capture still reports the corruption).
         async with store.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT phase FROM operations WHERE operation_id = %s", (bad_run,)
+                "SELECT phase FROM operations WHERE operation_id = %s", (bad.operation_id,)
             )
             row = await cur.fetchone()
             assert row is not None and row[0] != "ended"
     finally:
-        # Repair the lane so the service's reconcilers can end it and stop warning.
-        async with hand_edit(store) as conn:
-            await conn.execute(
-                "UPDATE tool_calls SET status = 'effect_pending', result_message = NULL"
-                " WHERE operation_id = %s AND tool_call_id = 'c0'",
-                (bad_run,),
-            )
+        await repair(store, [bad.operation_id])
     await until_run_ended(corrupt)
 
 
@@ -459,27 +339,14 @@ async def test_runs_that_cannot_be_ended_do_not_starve_the_reconciler(clocked: C
     lane_stub, store = clocked.stub, clocked.running.store
     stuck = []
     for _ in range(2):
-        probe = Probe(lane_stub, new_lane_id("stuck"))
-        run, token = await leased_batch(lane_stub, probe, "c0", seconds=LEASE)
-        await lane_stub.StartToolCall(
-            pb.StartToolCallRequest(
-                lane_id=probe.lane_id,
-                operation_id=run,
-                tool_call_id="c0",
-                arguments_json="{}",
-                lease_token=token,
-            )
+        run = await leased_run(
+            lane_stub, Probe(lane_stub, new_lane_id("stuck")), "c0", seconds=LEASE
         )
-        wrong = messages_pb2.ToolResultMessage(tool_call_id="c9", tool_name="t")
-        async with hand_edit(store) as conn:
-            await conn.execute(
-                "UPDATE tool_calls SET status = 'outcome_ready', result_message = %s"
-                " WHERE operation_id = %s AND tool_call_id = 'c0'",
-                (wrong.SerializeToString(), run),
-            )
-        stuck.append(run)
+        await run.call("c0").start()
+        await stage_a_wrong_result(store, [run.operation_id])
+        stuck.append(run.operation_id)
     healthy = Probe(lane_stub, new_lane_id("unstuck"))
-    healthy_run, _ = await leased_batch(lane_stub, healthy, "c0", seconds=LEASE)
+    healthy_run = (await leased_run(lane_stub, healthy, "c0", seconds=LEASE)).operation_id
     try:
         # Every lease lapses; the server's own reconciler waits out its orphan interval, so
         # only this pass (orphaned for no time at all) ends them.
@@ -489,9 +356,4 @@ async def test_runs_that_cannot_be_ended_do_not_starve_the_reconciler(clocked: C
         assert not set(stuck) & set(ended)
         assert not (await healthy.capture()).HasField("operation")
     finally:
-        async with hand_edit(store) as conn:
-            await conn.execute(
-                "UPDATE tool_calls SET status = 'effect_pending', result_message = NULL"
-                " WHERE operation_id = ANY(%s) AND tool_call_id = 'c0'",
-                (stuck,),
-            )
+        await repair(store, stuck)

@@ -11,7 +11,7 @@ import grpc
 import psycopg
 from lane.client import testing
 from lane.client.reducer import fold
-from lane.client.testing import LaneScript, new_lane_id, result, text, tool_call, user
+from lane.client.testing import LaneScript, RunScript, new_lane_id, result, text, tool_call, user
 from lane.v1 import events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 
 Stub = Any  # lane_service_pb2_grpc.LaneServiceAsyncStub
@@ -26,6 +26,7 @@ __all__ = [
     "hand_edit",
     "kinds",
     "leased_batch",
+    "leased_run",
     "new_lane_id",
     "presentation_check",
     "result",
@@ -148,14 +149,21 @@ def error_reason(error: grpc.aio.AioRpcError) -> str:
     return reason
 
 
-async def leased_batch(stub: Any, probe: Probe, *calls: str, seconds: int = 30) -> tuple[str, int]:
-    """A run leased to driver-1 with a batch of ``calls``; returns (run id, lease token)."""
+async def leased_run(stub: Any, probe: Probe, *calls: str, seconds: int = 30) -> RunScript:
+    """A run on the probe's new lane, leased to driver-1, with one turn asking for ``calls``
+    (tool ``t``, arguments ``{"c": <id>}``); the probe has followed it."""
     lane = await LaneScript.create(stub, probe.lane_id)
     await probe.start()
     run = await lane.start_run("go", driver_id="driver-1", lease_seconds=seconds)
     assert run.lease_token == 1 and run.started.lease.driver_id == "driver-1"
     await run.turn("tools", tool_calls=[(c, "t", {"c": c}) for c in calls])
     await probe.check()
+    return run
+
+
+async def leased_batch(stub: Any, probe: Probe, *calls: str, seconds: int = 30) -> tuple[str, int]:
+    """:func:`leased_run`'s (run id, lease token)."""
+    run = await leased_run(stub, probe, *calls, seconds=seconds)
     return run.operation_id, run.lease_token
 
 
