@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from google.protobuf.message import Message
+from lane.v1 import entries_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import messages_pb2, snapshot_pb2
 
 if TYPE_CHECKING:
     from lane.v1.lane_service_pb2_grpc import LaneServiceAsyncStub
@@ -187,6 +187,23 @@ class LaneScript:
         """GetLaneSnapshot."""
         answer = await self.stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=self.lane_id))
         return answer.snapshot
+
+    async def enqueue(
+        self,
+        item: str | messages_pb2.AgentMessage | entries_pb2.CustomEntry,
+        kind: snapshot_pb2.QueueKind.ValueType = snapshot_pb2.QUEUE_KIND_FOLLOW_UP,
+        *,
+        request_id: str = "",
+    ) -> pb.EnqueueMessageResponse:
+        """EnqueueMessage: ``item`` (a string is a user message, a custom entry is written as
+        it is) into the ``kind`` queue, under ``request_id`` when one is given."""
+        aim = Aim(self.lane_id, request_id=request_id)
+        if isinstance(item, entries_pb2.CustomEntry):
+            request = aim.request(pb.EnqueueMessageRequest, kind=kind, custom=item)
+        else:
+            message = user(item) if isinstance(item, str) else item
+            request = aim.request(pb.EnqueueMessageRequest, kind=kind, message=message)
+        return await self.stub.EnqueueMessage(request)
 
 
 @dataclass
