@@ -109,7 +109,6 @@ from lane.v1 import (
     snapshot_pb2,
 )
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from bench import replay
 from bench.entry import (
@@ -120,6 +119,7 @@ from bench.entry import (
     stop_process,
 )
 from bench.watchers import Fleet, FleetResult, start_fleet
+from lane.server.testing import scratch_database as lane_scratch_database
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 0.5  # the target: service commits/s >= 0.5 x pgbench's
@@ -363,19 +363,16 @@ async def provision_database(server_url: str | None) -> AsyncIterator[Database]:
 @contextlib.asynccontextmanager
 async def scratch_database(server_url: str, description: str) -> AsyncIterator[Database]:
     """A database ``lane_bench_<hex>`` created on ``server_url``, dropped on exit."""
-    name = f"lane_bench_{uuid.uuid4().hex[:12]}"
-    async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as conn:
-        await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        settings = {}
-        for setting in ("server_version", "fsync", "synchronous_commit"):
-            cur = await conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting)))
+    async with lane_scratch_database(server_url, prefix="lane_bench") as url:
+        async with await psycopg.AsyncConnection.connect(url) as conn:
+            settings = {}
+            for setting in ("server_version", "fsync", "synchronous_commit"):
+                cur = await conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting)))
+                row = await cur.fetchone()
+                settings[setting] = str(row[0]) if row else "?"
+            cur = await conn.execute("SELECT pg_backend_pid()")
             row = await cur.fetchone()
-            settings[setting] = str(row[0]) if row else "?"
-        cur = await conn.execute("SELECT pg_backend_pid()")
-        row = await cur.fetchone()
-        postmaster = _local_postmaster(int(row[0])) if row else None
-    try:
-        url = make_conninfo(server_url, dbname=name)
+            postmaster = _local_postmaster(int(row[0])) if row else None
         yield Database(
             url=url,
             description=description,
@@ -386,11 +383,6 @@ async def scratch_database(server_url: str, description: str) -> AsyncIterator[D
             server_url=server_url,
             no_statements=await _statements_extension(url),
         )
-    finally:
-        async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as conn:
-            await conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 async def _preload_statements(server_url: str) -> bool:

@@ -22,29 +22,25 @@ Fixtures:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import importlib
 import os
-import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
-import psycopg
 import pytest
 import pytest_asyncio
 from lane.v1 import lane_service_pb2_grpc
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from lane.server.app.config import mask_password
 from lane.server.app.embedded import start_embedded
 from lane.server.app.server import RunningServer, start_server
 from lane.server.store import Store
+from lane.server.testing import scratch_database
 
 _ENV_URL = "LANE_TEST_DATABASE_URL"
 _POSTGRES_IMAGE = "postgres:16-alpine"
@@ -94,14 +90,14 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest_asyncio.fixture(loop_scope="session")
 async def fresh_database_url(database_url: str) -> AsyncIterator[str]:
     """URL of a new, empty database for this test alone; dropped afterwards."""
-    async with _scratch_database(database_url) as url:
+    async with scratch_database(database_url, prefix="lane_test") as url:
         yield url
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def session_database_url(database_url: str) -> AsyncIterator[str]:
     """URL of one database shared by the session (migrated by the ``store`` fixture)."""
-    async with _scratch_database(database_url) as url:
+    async with scratch_database(database_url, prefix="lane_test") as url:
         yield url
 
 
@@ -141,23 +137,6 @@ async def lane_channel(lane_server: RunningServer) -> AsyncIterator[grpc.aio.Cha
 def lane_stub(lane_channel: grpc.aio.Channel) -> lane_service_pb2_grpc.LaneServiceAsyncStub:
     """A LaneService stub on ``lane_channel``."""
     return lane_service_pb2_grpc.LaneServiceStub(lane_channel)
-
-
-@contextlib.asynccontextmanager
-async def _scratch_database(server_url: str) -> AsyncIterator[str]:
-    """Create a uniquely named database on the server of ``server_url``; drop it on exit."""
-    name = f"lane_test_{uuid.uuid4().hex}"
-    # CREATE/DROP DATABASE cannot run inside a transaction block.
-    async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as conn:
-        await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(server_url, dbname=name)
-    finally:
-        async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as conn:
-            # FORCE: a test that leaked a connection must not make the drop fail or hang.
-            await conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def _docker_answers() -> bool:
