@@ -1,18 +1,21 @@
-"""kill -9 of service and drivers, hundreds of times: nothing lost, doubled or unsafely replayed.
+"""Soak run of the crash harness: kill -9 of service and drivers, hundreds of times, and
+nothing lost, doubled or unsafely replayed.
 
 Run from the repository root (virtualenv active)::
 
-    python -m bench.crash_kills --kills 200 [--seed N] [--lanes 4] [--services 2]
-                                [--database-url URL]
+    python -m tests.crash.soak --kills 200 [--seed N] [--lanes 4] [--services 2]
+                               [--database-url URL]
 
 Target (docs/contract.md): "Kill -9 of service or driver at random points: no staged result
-lost, no entry placed twice, no unsafe replay, every watcher converges (fold == capture)". This
-runs the harness of ``tests/crash/harness.py`` (real ``python -m lane.server.app`` processes and
-real driver processes, SIGKILLed at random with a seeded RNG) for ``--kills`` kills, lets every
-run finish, checks every lane, and prints the counts: kills of services and of drivers,
-takeovers, safe replays, interruptions, reconciliations by the service, the violations of the
-crash invariants, and the service errors that retries hid (INTERNAL answers). No timing is
-asserted. The exit status is 0 when there is neither, else 1.
+lost, no entry placed twice, no unsafe replay, every watcher converges (fold == capture)".
+``test_crash.py`` runs the harness of :mod:`tests.crash.harness` (real ``python -m
+lane.server.app`` processes and real driver processes, SIGKILLed at random with a seeded RNG)
+once, for a couple of dozen kills; this runs it for ``--kills`` kills, lets every run finish,
+checks every lane, and prints the counts: kills of services and of drivers, takeovers, safe
+replays, interruptions, reconciliations by the service, the violations of the crash
+invariants, and the service errors that retries hid (INTERNAL answers). No timing is asserted.
+The exit status is 0 when there is neither, else 1. It lives beside the suite it extends, not
+among the benchmarks: it measures nothing.
 
 PostgreSQL is the one at ``--database-url`` (its role needs CREATEDB: a scratch database is
 created and dropped), else an embedded pgserver in a temporary directory removed afterwards.
@@ -22,44 +25,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import shutil
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
-
 from lane.server.app.embedded import start_embedded
+from lane.server.testing import scratch_database
 from tests.crash.harness import HarnessConfig, run_harness
 
 
-@contextlib.asynccontextmanager
-async def scratch_database(server_url: str) -> AsyncIterator[str]:
-    name = f"lane_crash_{uuid.uuid4().hex[:10]}"
-    async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as conn:
-        await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(server_url, dbname=name)
-    finally:
-        async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as conn:
-            await conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-
-
-async def bench(args: argparse.Namespace, server_url: str, workdir: Path) -> int:
+async def soak(args: argparse.Namespace, server_url: str, workdir: Path) -> int:
     started = time.monotonic()
 
     def progress(line: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
 
-    async with scratch_database(server_url) as url:
+    async with scratch_database(server_url, prefix="lane_crash") as url:
         config = HarnessConfig(
             database_url=url,
             workdir=workdir,
@@ -78,7 +62,7 @@ async def bench(args: argparse.Namespace, server_url: str, workdir: Path) -> int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.crash_kills", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tests.crash.soak", description=__doc__)
     parser.add_argument("--kills", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--lanes", type=int, default=4)
@@ -97,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             embedded = start_embedded(workdir / "pg")
             server_url = embedded.uri
-        return asyncio.run(bench(args, server_url, workdir / "logs"))
+        return asyncio.run(soak(args, server_url, workdir / "logs"))
     except KeyboardInterrupt:
         return 130
     finally:

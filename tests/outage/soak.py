@@ -1,8 +1,8 @@
-"""Fuzz a live lane service with many random and mutated requests (bench mode).
+"""Soak run of the request fuzzer: a live lane service, many random and mutated requests.
 
 Run from the repository root (virtualenv active)::
 
-    python -m bench.fuzz_requests --requests 100000 [--seed N] [--batch-size 50]
+    python -m tests.outage.soak --requests 100000 [--seed N] [--batch-size 50]
 
 Starts the service in this process on an embedded PostgreSQL in a temporary directory (removed
 afterwards), builds lanes in every state, and sends ``--requests`` requests made by the same
@@ -16,7 +16,8 @@ events folded into its previous capture.
 Prints progress, then the counts per status code, per generation mode and per RPC (with the
 most frequent reasons), and every violation. Exit status 0 when there was none, 1 otherwise.
 The hypothesis example database is off; ``--seed`` fixes the generated choices (the ids the
-server mints differ per run, so the bytes do too).
+server mints differ per run, so the bytes do too). It lives beside the suite it extends, not
+among the benchmarks: it measures nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from tests.outage.fuzzing import Fuzzer, Stats, World, drive, populate
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.fuzz_requests", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tests.outage.soak", description=__doc__)
     parser.add_argument("--requests", type=int, default=100_000, help="requests to send")
     parser.add_argument("--seed", type=int, default=8005, help="hypothesis seed")
     parser.add_argument("--batch-size", type=int, default=50, help="requests sent concurrently")
