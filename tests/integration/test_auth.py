@@ -29,6 +29,7 @@ from lane.client.commands import call
 from lane.client.connect import open_channel
 from lane.client.errors import LaneError, status_error
 from lane.client.session import LaneSession
+from lane.client.testing import LaneScript
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
@@ -39,7 +40,7 @@ from tests.integration.lanes import (
     Probe,
     assistant,
     error_info,
-    leased_batch,
+    leased_run,
     new_lane_id,
     result,
     text,
@@ -110,19 +111,11 @@ class MidRun:
 
 async def mid_run(stub: Stub, lane_id: str | None = None) -> MidRun:
     probe = Probe(stub, lane_id or new_lane_id("auth"))
-    operation, token = await leased_batch(stub, probe, "c1")
-    await stub.StartToolCall(
-        pb.StartToolCallRequest(
-            lane_id=probe.lane_id,
-            operation_id=operation,
-            tool_call_id="c1",
-            arguments_json='{"c": "c1"}',
-            lease_token=token,
-        )
-    )
+    run = await leased_run(stub, probe, "c1")
+    await run.call("c1").start({"c": "c1"})
     (turn,) = [e.turn_start.turn_id for e in probe.events if e.HasField("turn_start")]
     entry_id = probe.snapshot.transcript[0].id
-    return MidRun(probe.lane_id, operation, turn, token, entry_id)
+    return MidRun(probe.lane_id, run.operation_id, turn, run.lease_token, entry_id)
 
 
 def aimed_request(method: str, run: MidRun, lane_id: str) -> Message:
@@ -397,8 +390,7 @@ async def test_watchers_see_only_their_namespaces_lane(
 ) -> None:
     stub_a, stub_b = stubs
     lane_id = new_lane_id("watched")
-    await stub_a.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    await stub_b.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    lane_a, lane_b = [await LaneScript.create(stub, lane_id) for stub in (stub_a, stub_b)]
     # With notify, the watchers sit on a second server: commits reach them by NOTIFY.
     second = None
     watch_stubs: tuple[Any, ...] = (stub_a, stub_b)
@@ -417,19 +409,11 @@ async def test_watchers_see_only_their_namespaces_lane(
         watch_b: Any = watch_stubs[1].WatchLane(pb.WatchLaneRequest(lane_id=lane_id))
         head_a = (await watch_a.read()).snapshot.snapshot.revision
         head_b = (await watch_b.read()).snapshot.snapshot.revision
-        await stub_a.EnqueueMessage(
-            pb.EnqueueMessageRequest(
-                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=user("for a")
-            )
-        )
+        await lane_a.enqueue("for a", snapshot_pb2.QUEUE_KIND_FOLLOW_UP)
         group = await _next_event_group(watch_a, 10)
         assert group.events[0].revision == head_a + 1
         # Team-b's watcher hears nothing of it: its next message is its own lane's next commit.
-        await stub_b.EnqueueMessage(
-            pb.EnqueueMessageRequest(
-                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=user("for b")
-            )
-        )
+        await lane_b.enqueue("for b", snapshot_pb2.QUEUE_KIND_FOLLOW_UP)
         group_b = await _next_event_group(watch_b, 10)
         assert group_b.events[0].revision == head_b + 1
         queued = group_b.events[0].queue_update.queues
@@ -577,15 +561,11 @@ async def test_the_reconciler_ends_abandoned_runs_in_every_namespace(
     auth_server: AuthServer, stubs: tuple[Stub, Stub]
 ) -> None:
     stub_a, _ = stubs
-    lane_id = new_lane_id("abandoned")
-    await stub_a.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    started = await stub_a.StartRun(
-        pb.StartRunRequest(lane_id=lane_id, prompt=[user("hi")], driver_id="d", lease_seconds=30)
-    )
+    lane = await LaneScript.create(stub_a, prefix="abandoned")
+    lane_id = lane.lane_id
+    started = await lane.start_run("hi", driver_id="d", lease_seconds=30)
     # The driver is gone; an abort is asked for: once the lease lapses the service ends the run.
-    await stub_a.AbortOperation(
-        pb.AbortOperationRequest(lane_id=lane_id, operation_id=started.operation_id)
-    )
+    await started.abort()
     auth_server.clock.advance(30)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 15
@@ -602,13 +582,9 @@ async def test_the_reconciler_ends_abandoned_runs_in_every_namespace(
 
 async def test_an_import_lands_in_the_callers_namespace(stubs: tuple[Stub, Stub]) -> None:
     stub_a, stub_b = stubs
-    lane_id = new_lane_id("exported")
-    await stub_a.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    await stub_a.EnqueueMessage(
-        pb.EnqueueMessageRequest(
-            lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user("a's")
-        )
-    )
+    lane = await LaneScript.create(stub_a, prefix="exported")
+    lane_id = lane.lane_id
+    await lane.enqueue("a's", snapshot_pb2.QUEUE_KIND_NEXT_RUN)
     before = await stub_a.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
     data = b"".join(
         [p.data async for p in stub_a.ExportLane(pb.ExportLaneRequest(lane_id=lane_id))]

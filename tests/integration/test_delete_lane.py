@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from lane.client.testing import LaneScript, RunScript
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
@@ -17,55 +18,29 @@ from lane.server.store.lane_removal import LANE_TABLES
 from tests.integration.lanes import (
     Probe,
     error_info,
-    leased_batch,
+    leased_run,
     new_lane_id,
-    result,
-    user,
 )
 from tests.integration.servers import extra_server
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 Stub = Any
+NEXT_RUN = snapshot_pb2.QUEUE_KIND_NEXT_RUN
 #: Generous bounds that only keep a broken test from hanging; nothing is timed by them.
 PATIENCE = 30.0
 
 
-async def busy_lane(stub: Stub, lane_id: str) -> tuple[str, int]:
+async def busy_lane(stub: Stub, lane_id: str) -> RunScript:
     """A lane with a leased run, a started tool call, a usage row, a queued message and a
     recorded answer: a row in every table a lane has."""
-    operation, token = await leased_batch(stub, Probe(stub, lane_id), "c1")
-    await stub.StartToolCall(
-        pb.StartToolCallRequest(
-            lane_id=lane_id,
-            operation_id=operation,
-            tool_call_id="c1",
-            arguments_json="{}",
-            lease_token=token,
-        )
-    )
-    await stub.UpdateToolCall(
-        pb.UpdateToolCallRequest(
-            lane_id=lane_id,
-            operation_id=operation,
-            tool_call_id="c1",
-            partial_result=result("half"),
-            checkpoint=True,
-            lease_token=token,
-        )
-    )
+    run = await leased_run(stub, Probe(stub, lane_id), "c1")
+    await run.call("c1").start().progress("half", checkpoint=True)
     await stub.RecordUsage(
         pb.RecordUsageRequest(lane_id=lane_id, usage=messages_pb2.Usage(input=3, total_tokens=3))
     )
-    await stub.EnqueueMessage(
-        pb.EnqueueMessageRequest(
-            lane_id=lane_id,
-            kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP,
-            message=user("later"),
-            request_id="queued-1",
-        )
-    )
-    return operation, token
+    await run.lane.enqueue("later", request_id="queued-1")
+    return run
 
 
 async def rows_of(store: Store, lane_id: str) -> dict[str, int]:
@@ -141,12 +116,7 @@ async def test_every_table_of_a_lane_is_deleted() -> None:
 
 async def test_an_idle_lane_is_deleted_with_every_row(lane_stub: Stub, store: Store) -> None:
     lane_id = new_lane_id("del")
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    await lane_stub.EnqueueMessage(
-        pb.EnqueueMessageRequest(
-            lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user("hi")
-        )
-    )
+    await (await LaneScript.create(lane_stub, lane_id)).enqueue("hi", NEXT_RUN)
     before = await lane_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
     deleted = await lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
     assert (deleted.revision, deleted.operation_id) == (before.snapshot.revision, "")
@@ -167,7 +137,7 @@ async def test_an_open_run_refuses_the_delete_and_nothing_changes(
     lane_stub: Stub, store: Store
 ) -> None:
     lane_id = new_lane_id("del-busy")
-    operation, _ = await busy_lane(lane_stub, lane_id)
+    operation = (await busy_lane(lane_stub, lane_id)).operation_id
     rows = await rows_of(store, lane_id)
     assert all(rows.values()), rows  # a row in every table
     before = await lane_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
@@ -183,21 +153,17 @@ async def test_an_open_run_refuses_the_delete_and_nothing_changes(
 
 async def test_force_deletes_the_open_run_with_the_lane(lane_stub: Stub, store: Store) -> None:
     lane_id = new_lane_id("del-force")
-    operation, token = await busy_lane(lane_stub, lane_id)
+    run = await busy_lane(lane_stub, lane_id)
     deleted = await lane_stub.DeleteLane(
         pb.DeleteLaneRequest(lane_id=lane_id, force=True, request_id="del-1")
     )
-    assert deleted.operation_id == operation
+    assert deleted.operation_id == run.operation_id
     # Only the delete's own answer stays (under its request id), for a retry.
     rows = await rows_of(store, lane_id)
     assert rows.pop("requests") == 1
     assert set(rows.values()) == {0}
     # The run's driver learns it at its next command.
-    code, reason, _ = await refusal(
-        lane_stub.RenewLease(
-            pb.RenewLeaseRequest(lane_id=lane_id, operation_id=operation, lease_token=token)
-        )
-    )
+    code, reason, _ = await refusal(lane_stub.RenewLease(run.aim.request(pb.RenewLeaseRequest)))
     assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "LANE_NOT_FOUND")
     # A retry of the delete answers as the first call did; a different request under the
     # same id is refused.
@@ -225,8 +191,7 @@ async def test_the_id_can_be_used_again_and_the_lane_starts_fresh(
     assert not fresh.HasField("operation") and not fresh.HasField("last_result")
     assert fresh.stats.message_count == 0 and fresh.stats.usage.total_tokens == 0
     # The new lane works, and its events are its own (fold equals capture from revision 0).
-    operation, _ = await leased_batch(lane_stub, probe, "c1")
-    assert operation
+    assert (await leased_run(lane_stub, probe, "c1")).operation_id
     await probe.check()
     assert probe.events[0].revision == 2
 
@@ -276,15 +241,11 @@ async def test_a_lane_created_again_is_watched_afresh_after_the_delete(lane_stub
     old = Watcher(lane_stub, lane_id)
     await old.attached()
     await lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    lane = await LaneScript.create(lane_stub, lane_id)
     new = Watcher(lane_stub, lane_id)
     await new.attached()
     assert (await old.end())[1] == "LANE_DELETED"
-    queued = await lane_stub.EnqueueMessage(
-        pb.EnqueueMessageRequest(
-            lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user("hi")
-        )
-    )
+    queued = await lane.enqueue("hi", NEXT_RUN)
     while new.revision < queued.revision:
         new.seen.clear()
         await asyncio.wait_for(new.seen.wait(), PATIENCE)
