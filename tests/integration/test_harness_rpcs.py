@@ -4,25 +4,17 @@ and a full scripted loop that a watcher follows."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import grpc
 import pytest
+from lane.client.testing import Aim, LaneScript, RunScript
 from lane.client.watch import watch_lane
 from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from tests.integration.lanes import (
-    Probe,
-    assistant,
-    error_reason,
-    kinds,
-    new_lane_id,
-    result,
-    text,
-    tool_call,
-    user,
-)
+from tests.integration.lanes import Probe, assistant, error_reason, kinds, new_lane_id, text
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -36,35 +28,28 @@ def partial(value: str) -> pb.StreamedPartial:
     )
 
 
-async def open_turn(stub: Any, probe: Probe) -> tuple[str, str]:
-    await stub.CreateLane(pb.CreateLaneRequest(lane_id=probe.lane_id))
+async def open_turn(stub: Any, probe: Probe) -> tuple[RunScript, Aim]:
+    """A run on the probe's new lane with its first turn open: the run, and the turn's ids."""
+    lane = await LaneScript.create(stub, probe.lane_id)
     await probe.start()
-    run = await stub.StartRun(pb.StartRunRequest(lane_id=probe.lane_id, prompt=[user("hi")]))
-    turn = await stub.StartTurn(
-        pb.StartTurnRequest(lane_id=probe.lane_id, operation_id=run.operation_id)
-    )
+    run = await lane.start_run("hi")
+    turn = replace(run.aim, turn_id=await run.start_turn())
     await probe.check()
-    return run.operation_id, turn.turn_id
+    return run, turn
 
 
 async def test_streamed_response_is_shown_while_streaming_and_cleared_by_settlement(
     lane_stub,
 ) -> None:
     probe = Probe(lane_stub, new_lane_id("stream"))
-    run_id, turn_id = await open_turn(lane_stub, probe)
-    lane = probe.lane_id
+    run, turn = await open_turn(lane_stub, probe)
     await lane_stub.AppendAssistantStream(
-        pb.AppendAssistantStreamRequest(
-            lane_id=lane, operation_id=run_id, turn_id=turn_id, partials=[partial("Hel")]
-        )
+        turn.request(pb.AppendAssistantStreamRequest, partials=[partial("Hel")])
     )
     assert kinds(await probe.check()) == ["message_start"]
     await lane_stub.AppendAssistantStream(
-        pb.AppendAssistantStreamRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            turn_id=turn_id,
-            partials=[partial("Hello"), partial("Hello, wor")],
+        turn.request(
+            pb.AppendAssistantStreamRequest, partials=[partial("Hello"), partial("Hello, wor")]
         )
     )
     events = await probe.check()
@@ -72,47 +57,31 @@ async def test_streamed_response_is_shown_while_streaming_and_cleared_by_settlem
     assert events[0].message_update.stream_event_json == '{"type": "text_delta"}'
     streaming = probe.snapshot.operation.streaming_message
     assert streaming.content[0].text.text == "Hello, wor"  # the capture holds the latest partial
-    await lane_stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            turn_id=turn_id,
-            message=assistant(text("Hello, world"), stop=STOP),
-        )
-    )
+    await run.settle(turn.turn_id, "Hello, world")
     events = await probe.check()
     assert kinds(events) == ["message_end", "entry_added", "turn_end"]
     assert not probe.snapshot.operation.HasField("streaming_message")
     # A settled message is no partial: PENDING is refused for settlement, required for streams.
+    settled_partial = pb.StreamedPartial(message=assistant(text("x"), stop=STOP))
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await lane_stub.AppendAssistantStream(
-            pb.AppendAssistantStreamRequest(
-                lane_id=lane,
-                operation_id=run_id,
-                turn_id=turn_id,
-                partials=[pb.StreamedPartial(message=assistant(text("x"), stop=STOP))],
-            )
+            turn.request(pb.AppendAssistantStreamRequest, partials=[settled_partial])
         )
     assert error_reason(refused.value) == "INVALID_STOP_REASON"
 
 
 async def test_retry_is_scheduled_started_and_ended(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id("retry"))
-    run_id, turn_id = await open_turn(lane_stub, probe)
-    lane = probe.lane_id
+    run, turn = await open_turn(lane_stub, probe)
     await lane_stub.AppendAssistantStream(
-        pb.AppendAssistantStreamRequest(
-            lane_id=lane, operation_id=run_id, turn_id=turn_id, partials=[partial("par")]
-        )
+        turn.request(pb.AppendAssistantStreamRequest, partials=[partial("par")])
     )
     await probe.check()
     failed = assistant(text("overloaded"), stop=messages_pb2.STOP_REASON_ERROR)
     failed.error_message = "529 overloaded"
     scheduled = await lane_stub.ScheduleRetry(
-        pb.ScheduleRetryRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            turn_id=turn_id,
+        turn.request(
+            pb.ScheduleRetryRequest,
             failed_message=failed,
             max_attempts=3,
             delay_ms=1500,
@@ -127,26 +96,13 @@ async def test_retry_is_scheduled_started_and_ended(lane_stub) -> None:
     assert not probe.snapshot.operation.HasField("streaming_message")
     # Settling before the retry starts is refused.
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await lane_stub.SettleAssistantMessage(
-            pb.SettleAssistantMessageRequest(
-                lane_id=lane, operation_id=run_id, turn_id=turn_id, message=assistant(stop=STOP)
-            )
-        )
+        await run.settle(turn.turn_id, message=assistant(stop=STOP))
     assert error_reason(refused.value) == "RETRY_PENDING"
-    started = await lane_stub.StartRetry(
-        pb.StartRetryRequest(lane_id=lane, operation_id=run_id, turn_id=turn_id)
-    )
+    started = await lane_stub.StartRetry(turn.request(pb.StartRetryRequest))
     assert started.attempt == 2
     assert kinds(await probe.check()) == ["retry_start"]
     assert not probe.snapshot.operation.HasField("retry")
-    await lane_stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            turn_id=turn_id,
-            message=assistant(text("ok"), stop=STOP),
-        )
-    )
+    await run.settle(turn.turn_id, "ok")
     events = await probe.check()
     assert kinds(events) == ["message_end", "entry_added", "retry_end", "turn_end"]
     assert events[2].retry_end.attempt == 2 and events[2].retry_end.success
@@ -154,54 +110,36 @@ async def test_retry_is_scheduled_started_and_ended(lane_stub) -> None:
 
 async def test_deferred_run_suspends_and_resumes(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id("deferred"))
-    run_id, turn_id = await open_turn(lane_stub, probe)
-    lane = probe.lane_id
+    run, turn = await open_turn(lane_stub, probe)
     deferred = snapshot_pb2.DeferredState(
         handle_json='{"batch": "b-1", "n": 12345678901234567890}', poll_json='{"every_ms": 500}'
     )
-    await lane_stub.SuspendRun(
-        pb.SuspendRunRequest(lane_id=lane, operation_id=run_id, turn_id=turn_id, deferred=deferred)
-    )
+    await lane_stub.SuspendRun(turn.request(pb.SuspendRunRequest, deferred=deferred))
     assert kinds(await probe.check()) == ["run_suspend"]
     assert probe.snapshot.operation.deferred == deferred
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await lane_stub.AppendAssistantStream(
-            pb.AppendAssistantStreamRequest(
-                lane_id=lane, operation_id=run_id, turn_id=turn_id, partials=[partial("x")]
-            )
+            turn.request(pb.AppendAssistantStreamRequest, partials=[partial("x")])
         )
     assert error_reason(refused.value) == "RUN_SUSPENDED"
-    await lane_stub.ResumeRun(pb.ResumeRunRequest(lane_id=lane, operation_id=run_id))
+    await lane_stub.ResumeRun(run.aim.request(pb.ResumeRunRequest))
     assert kinds(await probe.check()) == ["run_resume"]
     assert not probe.snapshot.operation.HasField("deferred")
 
 
 async def test_standalone_and_in_run_compaction(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id("compact"))
-    run_id, turn_id = await open_turn(lane_stub, probe)
+    run, turn = await open_turn(lane_stub, probe)
     lane = probe.lane_id
-    await lane_stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            turn_id=turn_id,
-            message=assistant(text("a"), stop=STOP),
-        )
-    )
+    await run.settle(turn.turn_id, "a")
     await probe.check()
     summary = entries_pb2.CompactionEntry(summary="earlier: greetings", tokens_before=1234)
-    compacted = await lane_stub.CompactRun(
-        pb.CompactRunRequest(lane_id=lane, operation_id=run_id, entry=summary)
-    )
+    compacted = await lane_stub.CompactRun(run.aim.request(pb.CompactRunRequest, entry=summary))
     events = await probe.check()
     assert kinds(events) == ["compaction_start", "entry_added", "compaction_end"]
     # The transcript starts anew at the compaction entry.
     assert [e.id for e in probe.snapshot.transcript] == [compacted.entry_id]
-    await lane_stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane, operation_id=run_id, status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED
-        )
-    )
+    await run.end(snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
     await probe.check()
     start = await lane_stub.StartCompaction(
         pb.StartCompactionRequest(lane_id=lane, reason=events_pb2.COMPACTION_REASON_MANUAL)
@@ -238,22 +176,11 @@ async def test_standalone_and_in_run_compaction(lane_stub) -> None:
 
 async def test_navigation_moves_the_tip_and_watchers_rebase(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id("navigate"))
-    run_id, turn_id = await open_turn(lane_stub, probe)
+    run, turn = await open_turn(lane_stub, probe)
     lane = probe.lane_id
     first = probe.snapshot.tip_id  # the prompt entry
-    await lane_stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            turn_id=turn_id,
-            message=assistant(text("a"), stop=STOP),
-        )
-    )
-    await lane_stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane, operation_id=run_id, status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED
-        )
-    )
+    await run.settle(turn.turn_id, "a")
+    await run.end()
     await probe.check()
     views = watch_lane(lane_stub, lane)
     initial = await anext(views)
@@ -291,7 +218,7 @@ async def test_navigation_moves_the_tip_and_watchers_rebase(lane_stub) -> None:
 
 async def test_fault_handler_error_and_values(lane_stub) -> None:
     probe = Probe(lane_stub, new_lane_id("values"))
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=probe.lane_id))
+    await LaneScript.create(lane_stub, probe.lane_id)
     await probe.start()
     await lane_stub.SetLaneValue(
         pb.SetLaneValueRequest(
@@ -315,115 +242,36 @@ async def test_fault_handler_error_and_values(lane_stub) -> None:
 async def test_a_full_scripted_loop_is_followed_by_a_watcher(lane_stub) -> None:
     """Streamed response, tool batch, retry, compaction, follow-up — one watcher sees it all."""
     probe = Probe(lane_stub, new_lane_id("loop"))
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=probe.lane_id))
+    script = await LaneScript.create(lane_stub, probe.lane_id)
     await probe.start()
     lane = probe.lane_id
     views = watch_lane(lane_stub, lane)
     await anext(views)
-    run = await lane_stub.StartRun(
-        pb.StartRunRequest(
-            lane_id=lane, prompt=[user("fix the bug")], driver_id="d", lease_seconds=60
-        )
-    )
-    token, run_id = run.lease.token, run.operation_id
-
-    async def turn() -> str:
-        answer = await lane_stub.StartTurn(
-            pb.StartTurnRequest(lane_id=lane, operation_id=run_id, lease_token=token)
-        )
-        return str(answer.turn_id)
-
-    def settle(turn_id: str, message: messages_pb2.AssistantMessage) -> Any:
-        return lane_stub.SettleAssistantMessage(
-            pb.SettleAssistantMessageRequest(
-                lane_id=lane,
-                operation_id=run_id,
-                turn_id=turn_id,
-                message=message,
-                lease_token=token,
-            )
-        )
-
-    first = await turn()
+    run = await script.start_run("fix the bug", driver_id="d", lease_seconds=60)
+    first = replace(run.aim, turn_id=await run.start_turn())
     await lane_stub.AppendAssistantStream(
-        pb.AppendAssistantStreamRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            turn_id=first,
-            partials=[partial("Let me")],
-            lease_token=token,
-        )
+        first.request(pb.AppendAssistantStreamRequest, partials=[partial("Let me")])
     )
-    await settle(
-        first,
-        assistant(
-            text("Let me look"),
-            tool_call("c1", "read", {"p": "a"}),
-            tool_call("c2", "read", {"p": "b"}),
-        ),
-    )
+    reads = [("c1", "read", {"p": "a"}), ("c2", "read", {"p": "b"})]
+    await run.settle(first.turn_id, "Let me look", tool_calls=reads)
     for call in ("c1", "c2"):
-        await lane_stub.StartToolCall(
-            pb.StartToolCallRequest(
-                lane_id=lane,
-                operation_id=run_id,
-                tool_call_id=call,
-                arguments_json="{}",
-                lease_token=token,
-            )
-        )
+        await run.call(call).start()
     for call in ("c2", "c1"):
-        await lane_stub.StageToolOutcome(
-            pb.StageToolOutcomeRequest(
-                lane_id=lane,
-                operation_id=run_id,
-                tool_call_id=call,
-                executed=pb.ExecutedOutcome(result=result(f"{call} text")),
-                lease_token=token,
-            )
-        )
-    second = await turn()
+        await run.call(call).stage(f"{call} text")
+    second = replace(run.aim, turn_id=await run.start_turn())
     await lane_stub.ScheduleRetry(
-        pb.ScheduleRetryRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            turn_id=second,
-            max_attempts=2,
-            delay_ms=0,
-            error_message="timeout",
-            lease_token=token,
-        )
+        second.request(pb.ScheduleRetryRequest, max_attempts=2, delay_ms=0, error_message="timeout")
     )
-    await lane_stub.StartRetry(
-        pb.StartRetryRequest(lane_id=lane, operation_id=run_id, turn_id=second, lease_token=token)
-    )
-    await settle(second, assistant(text("found it"), stop=STOP))
+    await lane_stub.StartRetry(second.request(pb.StartRetryRequest))
+    await run.settle(second.turn_id, "found it")
     await lane_stub.CompactRun(
-        pb.CompactRunRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            entry=entries_pb2.CompactionEntry(summary="s"),
-            lease_token=token,
-        )
+        run.aim.request(pb.CompactRunRequest, entry=entries_pb2.CompactionEntry(summary="s"))
     )
-    third = await turn()
-    await settle(third, assistant(text("compacted; done"), stop=STOP))
+    await run.turn("compacted; done")
     # A follow-up arrives as the run could finish: the next turn places it first.
-    await lane_stub.EnqueueMessage(
-        pb.EnqueueMessageRequest(
-            lane_id=lane, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=user("and tests?")
-        )
-    )
-    fourth = await turn()
-    await settle(fourth, assistant(text("added"), stop=STOP))
-    end = await lane_stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED,
-            lease_token=token,
-        )
-    )
+    await script.enqueue("and tests?", snapshot_pb2.QUEUE_KIND_FOLLOW_UP)
+    await run.turn("added")
+    end = await run.end()
     seen: list[str] = []
     async for view in views:
         seen.extend(kinds(view.events))
