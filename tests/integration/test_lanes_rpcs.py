@@ -7,19 +7,11 @@ import uuid
 from typing import Any
 
 import pytest
-from lane.client.testing import LaneScript
+from lane.client.testing import LaneScript, RunScript
 from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from tests.integration.lanes import (
-    Probe,
-    assistant,
-    kinds,
-    new_lane_id,
-    text,
-    tool_call,
-    user,
-)
+from tests.integration.lanes import Probe, kinds, new_lane_id, user
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -43,9 +35,7 @@ def configuration(
 
 async def created_lane(stub: Any, prefix: str = "rpcs", **config: Any) -> Probe:
     probe = Probe(stub, new_lane_id(prefix))
-    await stub.CreateLane(
-        pb.CreateLaneRequest(lane_id=probe.lane_id, configuration=configuration(**config))
-    )
+    await LaneScript.create(stub, probe.lane_id, configuration=configuration(**config))
     await probe.start()
     return probe
 
@@ -155,15 +145,13 @@ async def test_list_lanes_summarizes_operations(lane_stub) -> None:
     idle = await summary()
     assert idle.revision == 1 and idle.tip_id == "" and idle.operation_id == ""
     assert idle.operation_status == snapshot_pb2.OPERATION_STATUS_UNSPECIFIED
-    run = await lane_stub.StartRun(pb.StartRunRequest(lane_id=lane, prompt=[user("go")]))
+    run = await LaneScript(lane_stub, lane).start_run("go")
     await probe.check()
     open_ = await summary()
-    assert open_.operation_id == run.operation_id and open_.revision == run.revision
+    assert open_.operation_id == run.operation_id and open_.revision == run.started.revision
     assert open_.operation_status == snapshot_pb2.OPERATION_STATUS_OPEN
     assert open_.tip_id == probe.snapshot.tip_id != ""
-    await lane_stub.AbortOperation(
-        pb.AbortOperationRequest(lane_id=lane, operation_id=run.operation_id)
-    )
+    await run.abort()
     await probe.check()
     assert (await summary()).operation_status == snapshot_pb2.OPERATION_STATUS_ABORTING
 
@@ -239,20 +227,16 @@ def custom_entry(kind: str, data: str) -> entries_pb2.CustomEntry:
     return entries_pb2.CustomEntry(custom_type=kind, data_json=data)
 
 
-async def enqueue(stub: Any, lane: str, kind: int, item: Any) -> str:
-    if isinstance(item, entries_pb2.CustomEntry):
-        request = pb.EnqueueMessageRequest(lane_id=lane, kind=kind, custom=item)  # type: ignore[arg-type]
-    else:
-        request = pb.EnqueueMessageRequest(lane_id=lane, kind=kind, message=item)  # type: ignore[arg-type]
-    answer = await stub.EnqueueMessage(request)
-    entry_id: str = answer.entry_id
-    return entry_id
+async def enqueue(stub: Any, lane: str, kind: Q.ValueType, item: Any) -> str:
+    """EnqueueMessage of ``item`` (a message or a custom entry); its entry id."""
+    answer = await LaneScript(stub, lane).enqueue(item, kind)
+    return answer.entry_id
 
 
 async def test_enqueue_emits_the_whole_ordered_queue(lane_stub) -> None:
     probe = await created_lane(lane_stub)
     lane = probe.lane_id
-    items: list[tuple[int, Any]] = [
+    items: list[tuple[Q.ValueType, Any]] = [
         (Q.QUEUE_KIND_STEER, user("steer")),
         (Q.QUEUE_KIND_FOLLOW_UP, user("follow")),
         (Q.QUEUE_KIND_NEXT_RUN, messages_pb2.AgentMessage(
@@ -262,7 +246,7 @@ async def test_enqueue_emits_the_whole_ordered_queue(lane_stub) -> None:
     expected: list[snapshot_pb2.QueuedItem] = []
     for kind, item in items:
         entry_id = await enqueue(lane_stub, lane, kind, item)
-        queued = snapshot_pb2.QueuedItem(entry_id=entry_id, kind=kind)  # type: ignore[arg-type]
+        queued = snapshot_pb2.QueuedItem(entry_id=entry_id, kind=kind)
         if isinstance(item, entries_pb2.CustomEntry):
             queued.custom.CopyFrom(item)
         else:
@@ -312,9 +296,7 @@ async def test_start_run_captures_queued_items_before_the_prompt(
     ids = await fill_inbox(lane_stub, lane)
     await probe.check()
     settings = pb.RunSettings(steering_mode=mode, follow_up_mode=mode)  # type: ignore[arg-type]
-    run = await lane_stub.StartRun(
-        pb.StartRunRequest(lane_id=lane, prompt=[user("the prompt")], settings=settings)
-    )
+    run = await LaneScript(lane_stub, lane).start_run("the prompt", settings=settings)
     events = await probe.check()
     # Captured items keep their entry ids and inbox order, then the prompt.
     transcript = entry_ids(probe.snapshot)
@@ -338,7 +320,7 @@ async def test_start_run_captures_queued_items_before_the_prompt(
 
 async def test_start_run_without_queue_items_emits_no_queue_update(lane_stub) -> None:
     probe = await created_lane(lane_stub)
-    await lane_stub.StartRun(pb.StartRunRequest(lane_id=probe.lane_id, prompt=[user("hi")]))
+    await LaneScript(lane_stub, probe.lane_id).start_run("hi")
     assert kinds(await probe.check()) == [
         "run_start",
         "message_start",
@@ -350,7 +332,7 @@ async def test_start_run_without_queue_items_emits_no_queue_update(lane_stub) ->
 async def test_start_run_from_the_queue_alone(lane_stub) -> None:
     probe = await created_lane(lane_stub)
     queued = await enqueue(lane_stub, probe.lane_id, Q.QUEUE_KIND_FOLLOW_UP, user("later"))
-    await lane_stub.StartRun(pb.StartRunRequest(lane_id=probe.lane_id))
+    await LaneScript(lane_stub, probe.lane_id).start_run()  # no prompt
     events = await probe.check()
     assert entry_ids(probe.snapshot) == [queued] and list(probe.snapshot.queues) == []
     assert kinds(events)[-1] == "queue_update"
@@ -359,36 +341,22 @@ async def test_start_run_from_the_queue_alone(lane_stub) -> None:
 # -- StartTurn delivers steering / follow-ups ---------------------------------------------------
 
 
-async def start_run(stub: Any, probe: Probe, mode: int = ALL) -> str:
-    settings = pb.RunSettings(steering_mode=mode, follow_up_mode=mode)  # type: ignore[arg-type]
-    run = await stub.StartRun(
-        pb.StartRunRequest(lane_id=probe.lane_id, prompt=[user("go")], settings=settings)
-    )
+async def start_run(stub: Any, probe: Probe, mode: pb.DeliveryMode.ValueType = ALL) -> RunScript:
+    settings = pb.RunSettings(steering_mode=mode, follow_up_mode=mode)
+    run = await LaneScript(stub, probe.lane_id).start_run("go", settings=settings)
     await probe.check()
-    operation_id: str = run.operation_id
-    return operation_id
+    return run
 
 
-async def start_turn(stub: Any, probe: Probe, run_id: str) -> tuple[str, list[Any]]:
-    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=probe.lane_id, operation_id=run_id))
+async def start_turn(probe: Probe, run: RunScript) -> tuple[str, list[Any]]:
+    turn_id = await run.start_turn()
     events = await probe.check()
-    assert kinds(events)[-1] == "turn_start" and events[-1].turn_start.turn_id == turn.turn_id
-    turn_id: str = turn.turn_id
+    assert kinds(events)[-1] == "turn_start" and events[-1].turn_start.turn_id == turn_id
     return turn_id, events
 
 
-async def settle(stub: Any, probe: Probe, run_id: str, turn_id: str, *blocks: Any, stop: int = STOP,
-                 usage: messages_pb2.Usage | None = None) -> Any:  # fmt: skip
-    answer = await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=probe.lane_id,
-            operation_id=run_id,
-            turn_id=turn_id,
-            message=assistant(*blocks, stop=stop, usage=usage),
-        )
-    )
-    await probe.check()
-    return answer
+#: StartTurn's events when it places a queued message first.
+PLACED_THEN_TURN = ["message_start", "message_end", "entry_added", "queue_update", "turn_start"]
 
 
 async def test_start_turn_places_steering_not_follow_ups_when_an_assistant_is_needed(
@@ -396,52 +364,34 @@ async def test_start_turn_places_steering_not_follow_ups_when_an_assistant_is_ne
 ) -> None:
     probe = await created_lane(lane_stub)
     lane = probe.lane_id
-    run_id = await start_run(lane_stub, probe)
+    run = await start_run(lane_stub, probe)
     steer = await enqueue(lane_stub, lane, Q.QUEUE_KIND_STEER, user("steer"))
     follow = await enqueue(lane_stub, lane, Q.QUEUE_KIND_FOLLOW_UP, user("follow"))
     await probe.check()
-    turn_id, events = await start_turn(lane_stub, probe, run_id)
-    assert kinds(events) == [
-        "message_start",
-        "message_end",
-        "entry_added",
-        "queue_update",
-        "turn_start",
-    ]
+    turn_id, events = await start_turn(probe, run)
+    assert kinds(events) == PLACED_THEN_TURN
     assert entry_ids(probe.snapshot)[-1] == steer
     assert [q.entry_id for q in probe.snapshot.queues] == [follow]
     # The assistant finishes without tools: a finishing point, so the follow-up comes now.
-    await settle(lane_stub, probe, run_id, turn_id, text("done"))
-    _, events = await start_turn(lane_stub, probe, run_id)
-    assert kinds(events) == [
-        "message_start",
-        "message_end",
-        "entry_added",
-        "queue_update",
-        "turn_start",
-    ]
+    await run.settle(turn_id, "done")
+    await probe.check()
+    _, events = await start_turn(probe, run)
+    assert kinds(events) == PLACED_THEN_TURN
     assert entry_ids(probe.snapshot)[-1] == follow and list(probe.snapshot.queues) == []
 
 
 async def test_start_turn_after_a_tool_batch_needs_the_assistant(lane_stub) -> None:
     probe = await created_lane(lane_stub)
     lane = probe.lane_id
-    run_id = await start_run(lane_stub, probe)
-    turn_id, _ = await start_turn(lane_stub, probe, run_id)
-    await settle(lane_stub, probe, run_id, turn_id, tool_call("c0", "t", {}),
-                 stop=messages_pb2.STOP_REASON_TOOL_USE)  # fmt: skip
-    await lane_stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=lane,
-            operation_id=run_id,
-            tool_call_id="c0",
-            synthetic=pb.SyntheticOutcome(cause=pb.SYNTHETIC_CAUSE_UNKNOWN_TOOL),
-        )
-    )
+    run = await start_run(lane_stub, probe)
+    turn_id, _ = await start_turn(probe, run)
+    await run.settle(turn_id, tool_calls=["c0"])  # stop reason TOOL_USE
+    await probe.check()
+    await run.call("c0").synthetic(pb.SYNTHETIC_CAUSE_UNKNOWN_TOOL)
     await probe.check(["c0"])
     follow = await enqueue(lane_stub, lane, Q.QUEUE_KIND_FOLLOW_UP, user("follow"))
     await probe.check()
-    _, events = await start_turn(lane_stub, probe, run_id)
+    _, events = await start_turn(probe, run)
     assert kinds(events) == ["turn_start"]  # the tool results need an assistant: no follow-up
     assert [q.entry_id for q in probe.snapshot.queues] == [follow]
 
@@ -449,15 +399,16 @@ async def test_start_turn_after_a_tool_batch_needs_the_assistant(lane_stub) -> N
 async def test_start_turn_one_at_a_time_takes_the_oldest_steering_message(lane_stub) -> None:
     probe = await created_lane(lane_stub)
     lane = probe.lane_id
-    run_id = await start_run(lane_stub, probe, ONE)
+    run = await start_run(lane_stub, probe, ONE)
     first = await enqueue(lane_stub, lane, Q.QUEUE_KIND_STEER, user("s1"))
     second = await enqueue(lane_stub, lane, Q.QUEUE_KIND_STEER, user("s2"))
     await probe.check()
-    turn_id, events = await start_turn(lane_stub, probe, run_id)
+    turn_id, events = await start_turn(probe, run)
     assert entry_ids(probe.snapshot)[-1] == first
     assert [q.entry_id for q in events[-2].queue_update.queues] == [second]
-    await settle(lane_stub, probe, run_id, turn_id, text("ok"))
-    await start_turn(lane_stub, probe, run_id)
+    await run.settle(turn_id, "ok")
+    await probe.check()
+    await start_turn(probe, run)
     assert entry_ids(probe.snapshot)[-1] == second and list(probe.snapshot.queues) == []
 
 
@@ -476,10 +427,11 @@ async def test_record_usage_updates_the_totals(lane_stub) -> None:
     assert kinds(events) == ["usage"] and answer.usage_id
     assert answer.revision == probe.snapshot.revision
     assert probe.snapshot.stats.usage == first
-    run_id = await start_run(lane_stub, probe)
-    turn_id, _ = await start_turn(lane_stub, probe, run_id)
+    run = await start_run(lane_stub, probe)
+    turn_id, _ = await start_turn(probe, run)
     model_usage = messages_pb2.Usage(input=100, output=50, total_tokens=150)
-    settled = await settle(lane_stub, probe, run_id, turn_id, text("hi"), usage=model_usage)
+    settled = (await run.settle(turn_id, "hi", usage=model_usage)).settled
+    await probe.check()
     adjustment = messages_pb2.Usage(output=-5, total_tokens=-5)
     await lane_stub.RecordUsage(
         pb.RecordUsageRequest(
