@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import grpc
 import pytest
 from google.protobuf.message import Message
+from lane.client.testing import Aim
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
@@ -68,23 +70,28 @@ def _start_run(c: Ctx, v: int) -> Message:
     return pb.StartRunRequest(lane_id=c.lane_id, prompt=[user(f"prompt {v}")])
 
 
+def _aim(c: Ctx) -> Aim:
+    """The run and turn ``c`` names, for a request to aim at (no call, no request id)."""
+    return Aim(c.lane_id, c.operation_id, turn_id=c.turn_id)
+
+
+def _at_call(c: Ctx, call_id: str = "c0", request_id: str = "") -> Aim:
+    return replace(_aim(c), tool_call_id=call_id, request_id=request_id)
+
+
 def _abort(c: Ctx, v: int) -> Message:
     # The only content of an abort is the operation id.
-    return pb.AbortOperationRequest(
-        lane_id=c.lane_id, operation_id=c.operation_id if v == 0 else "op-other"
-    )
+    operation_id = c.operation_id if v == 0 else "op-other"
+    return _aim(c).request(pb.AbortOperationRequest, operation_id=operation_id)
 
 
 def _end_run(c: Ctx, v: int) -> Message:
     if v == 0:
-        return pb.EndRunRequest(
-            lane_id=c.lane_id,
-            operation_id=c.operation_id,
-            status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED,
+        return _aim(c).request(
+            pb.EndRunRequest, status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED
         )
-    return pb.EndRunRequest(
-        lane_id=c.lane_id,
-        operation_id=c.operation_id,
+    return _aim(c).request(
+        pb.EndRunRequest,
         status=snapshot_pb2.OPERATION_RESULT_STATUS_FAILED,
         error=snapshot_pb2.OperationError(code="e", message="m"),
     )
@@ -92,16 +99,12 @@ def _end_run(c: Ctx, v: int) -> Message:
 
 def _start_turn(c: Ctx, v: int) -> Message:
     # Variant 0 lets the service generate the turn id: a retry must still return it.
-    return pb.StartTurnRequest(
-        lane_id=c.lane_id, operation_id=c.operation_id, turn_id="" if v == 0 else "turn-chosen"
-    )
+    return _aim(c).request(pb.StartTurnRequest, turn_id="" if v == 0 else "turn-chosen")
 
 
 def _settle(c: Ctx, v: int) -> Message:
-    return pb.SettleAssistantMessageRequest(
-        lane_id=c.lane_id,
-        operation_id=c.operation_id,
-        turn_id=c.turn_id,
+    return _aim(c).request(
+        pb.SettleAssistantMessageRequest,
         message=assistant(
             text(f"answer {v}"),
             tool_call("c0", "t", {"v": v}),
@@ -117,32 +120,24 @@ def _record_usage(c: Ctx, v: int) -> Message:
 
 
 def _start_tool(c: Ctx, v: int) -> Message:
-    return pb.StartToolCallRequest(
-        lane_id=c.lane_id,
-        operation_id=c.operation_id,
-        tool_call_id="c0",
-        arguments_json=f'{{"v": {v}}}',
-    )
+    return _at_call(c).request(pb.StartToolCallRequest, arguments_json=f'{{"v": {v}}}')
 
 
 def _update_tool(c: Ctx, v: int) -> Message:
-    return pb.UpdateToolCallRequest(
-        lane_id=c.lane_id,
-        operation_id=c.operation_id,
-        tool_call_id="c0",
-        partial_result=result(f"progress {v}"),
-        checkpoint=True,
+    return _at_call(c).request(
+        pb.UpdateToolCallRequest, partial_result=result(f"progress {v}"), checkpoint=True
     )
+
+
+def _staged(c: Ctx, call_id: str, value: str, request_id: str = "") -> pb.StageToolOutcomeRequest:
+    """StageToolOutcome of ``call_id`` executed with the result ``value``."""
+    outcome = pb.ExecutedOutcome(result=result(value))
+    return _at_call(c, call_id, request_id).request(pb.StageToolOutcomeRequest, executed=outcome)
 
 
 def _stage(c: Ctx, v: int) -> Message:
     # c0 is the first call of the batch: its staging is followed by its placement.
-    return pb.StageToolOutcomeRequest(
-        lane_id=c.lane_id,
-        operation_id=c.operation_id,
-        tool_call_id="c0",
-        executed=pb.ExecutedOutcome(result=result(f"final {v}")),
-    )
+    return _staged(c, "c0", f"final {v}")
 
 
 # rpc -> (lane state, method, request(ctx, variant)); variants 0 and 1 differ in content.
@@ -269,24 +264,12 @@ async def test_stage_retry_after_placement_returns_the_placed_ids(lane_stub, sto
     await probe.start()
     await start_tool(lane_stub, ctx, "c1")
     # c1 settles first: staged, not placed (c0 still runs).
-    late = pb.StageToolOutcomeRequest(
-        lane_id=ctx.lane_id,
-        operation_id=ctx.operation_id,
-        tool_call_id="c1",
-        executed=pb.ExecutedOutcome(result=result("c1 done")),
-        request_id="stage-c1",
-    )
+    late = _staged(ctx, "c1", "c1 done", "stage-c1")
     staged_c1 = await lane_stub.StageToolOutcome(late)
     assert list(staged_c1.placed_tool_call_ids) == []
     assert staged_c1.revision == staged_c1.staged_revision
     # c0 settles: its placement places c0 and c1 and completes the batch.
-    early = pb.StageToolOutcomeRequest(
-        lane_id=ctx.lane_id,
-        operation_id=ctx.operation_id,
-        tool_call_id="c0",
-        executed=pb.ExecutedOutcome(result=result("c0 done")),
-        request_id="stage-c0",
-    )
+    early = _staged(ctx, "c0", "c0 done", "stage-c0")
     staged_c0 = await lane_stub.StageToolOutcome(early)
     assert list(staged_c0.placed_tool_call_ids) == ["c0", "c1"] and staged_c0.batch_complete
     await probe.check(["c0", "c1"])
@@ -304,13 +287,9 @@ async def test_retry_after_the_lane_moved_on_still_commits_nothing(lane_stub, st
     ctx = await build(lane_stub, "no_op", prefix="idem")
     start = pb.StartRunRequest(lane_id=ctx.lane_id, prompt=[user("go")], request_id="run-1")
     run = await lane_stub.StartRun(start)
+    end = replace(_aim(ctx), operation_id=run.operation_id, request_id="end-1")
     await lane_stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=ctx.lane_id,
-            operation_id=run.operation_id,
-            status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED,
-            request_id="end-1",
-        )
+        end.request(pb.EndRunRequest, status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
     )
     committed = await picture(lane_stub, store, ctx.lane_id)
     # The retried StartRun does not open a second run; the retried EndRun does not refuse.
@@ -322,18 +301,13 @@ async def test_retry_after_the_lane_moved_on_still_commits_nothing(lane_stub, st
 async def test_a_refused_request_id_is_not_recorded(lane_stub) -> None:
     # Nothing is recorded for a refused command, so the same request succeeds once allowed.
     ctx = await build(lane_stub, "turn", prefix="idem")
-    request = pb.StartTurnRequest(
-        lane_id=ctx.lane_id, operation_id=ctx.operation_id, request_id="turn-2"
-    )
+    request = replace(_aim(ctx), request_id="turn-2").request(pb.StartTurnRequest)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await lane_stub.StartTurn(request)
     assert error_reason(refused.value) == "WRONG_RUN_PHASE"
     await lane_stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=ctx.lane_id,
-            operation_id=ctx.operation_id,
-            turn_id=ctx.turn_id,
-            message=assistant(text("done"), stop=STOP),
+        _aim(ctx).request(
+            pb.SettleAssistantMessageRequest, message=assistant(text("done"), stop=STOP)
         )
     )
     turn = await lane_stub.StartTurn(request)
@@ -346,27 +320,11 @@ async def test_stage_concurrent_retries_after_staging_agree(lane_stub) -> None:
     # commits must not get a different answer from the first call.
     for _ in range(5):
         ctx = await build(lane_stub, "pending", prefix="idem")
-        request = pb.StageToolOutcomeRequest(
-            lane_id=ctx.lane_id,
-            operation_id=ctx.operation_id,
-            tool_call_id="c0",
-            executed=pb.ExecutedOutcome(result=result("done")),
-            request_id="stage-race",
-        )
+        request = _staged(ctx, "c0", "done", "stage-race")
         answers = await asyncio.gather(*(lane_stub.StageToolOutcome(request) for _ in range(3)))
         placed = [list(a.placed_tool_call_ids) for a in answers]
         assert placed == [["c0"]] * 3, f"answers disagree on what was placed: {placed}"
         assert len({a.revision for a in answers}) == 1
-
-
-def _stage_c0(ctx: Ctx, request_id: str) -> pb.StageToolOutcomeRequest:
-    return pb.StageToolOutcomeRequest(
-        lane_id=ctx.lane_id,
-        operation_id=ctx.operation_id,
-        tool_call_id="c0",
-        executed=pb.ExecutedOutcome(result=result("c0 done")),
-        request_id=request_id,
-    )
 
 
 async def _stage_without_placement(stub: Any, request: Message, monkeypatch: Any) -> None:
@@ -389,7 +347,7 @@ async def test_stage_retry_places_what_the_first_call_left_unplaced(
     ctx = await build(lane_stub, "pending", prefix="idem")
     probe = Probe(lane_stub, ctx.lane_id)
     await probe.start()
-    request = _stage_c0(ctx, "stage-stopped")
+    request = _staged(ctx, "c0", "c0 done", "stage-stopped")
     await _stage_without_placement(lane_stub, request, monkeypatch)
     assert kinds(await probe.check()) == ["tool_end"]  # staged, not placed
     # The retry answers the staging as committed, and places c0 now.
@@ -413,7 +371,7 @@ async def test_stage_retry_without_request_id_is_refused_and_the_placement_finis
     ctx = await build(lane_stub, "pending", prefix="idem")
     probe = Probe(lane_stub, ctx.lane_id)
     await probe.start()
-    request = _stage_c0(ctx, "")
+    request = _staged(ctx, "c0", "c0 done")
     await _stage_without_placement(lane_stub, request, monkeypatch)
     assert kinds(await probe.check()) == ["tool_end"]
     with pytest.raises(grpc.aio.AioRpcError) as refused:
