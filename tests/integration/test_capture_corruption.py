@@ -17,12 +17,11 @@ from typing import Any
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
+from lane.client.testing import Aim
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2
 
-from tests.integration.lanes import hand_edit, result, text
+from tests.integration.lanes import error_info, hand_edit, result, text
 from tests.integration.test_refusals import Ctx, build
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -56,16 +55,6 @@ def staged(call_id: str, name: str) -> bytes:
         tool_call_id=call_id, tool_name=name, content=[text("not mine")]
     )
     return message.SerializeToString(deterministic=True)
-
-
-def error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
-    status = rpc_status.from_call(error)
-    assert status is not None, f"{error.code()} without rich status: {error.details()}"
-    for detail in status.details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return info
-    raise AssertionError("no ErrorInfo in the status details")
 
 
 def assert_corrupt(error: grpc.aio.AioRpcError, ctx: Ctx, call_id: str) -> None:
@@ -201,12 +190,10 @@ async def test_placement_faults_instead_of_placing_a_corrupt_result(
     c1_entry = await result_entry_id(store, ctx, "c1")
     call_id = await CORRUPTIONS[corruption](store, ctx)
     with pytest.raises(grpc.aio.AioRpcError) as faulted:
+        c0 = Aim(ctx.lane_id, ctx.operation_id, tool_call_id="c0")
         answer = await lane_stub.StageToolOutcome(
-            pb.StageToolOutcomeRequest(
-                lane_id=ctx.lane_id,
-                operation_id=ctx.operation_id,
-                tool_call_id="c0",
-                executed=pb.ExecutedOutcome(result=result("c0 done")),
+            c0.request(
+                pb.StageToolOutcomeRequest, executed=pb.ExecutedOutcome(result=result("c0 done"))
             )
         )
         pytest.fail(f"placed a corrupt staged result: {answer}")
