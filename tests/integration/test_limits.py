@@ -26,11 +26,13 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import grpc
 import pytest
 from google.protobuf.message import Message
+from lane.client.testing import LaneScript, RunScript
 from lane.v1 import entries_pb2, lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
@@ -137,9 +139,7 @@ async def over_then_at(
 
 
 async def new_lane(stub: Any, prefix: str = "limits") -> str:
-    lane_id = new_lane_id(prefix)
-    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    return lane_id
+    return (await LaneScript.create(stub, prefix=prefix)).lane_id
 
 
 async def test_the_published_message_limits_agree() -> None:
@@ -184,11 +184,16 @@ async def test_a_request_of_4_mib_is_accepted_one_byte_more_is_refused_by_grpc(
 # -- counts ----------------------------------------------------------------------------------
 
 
-async def open_turn(stub: Any, lane_id: str) -> tuple[str, str]:
-    """A run on ``lane_id`` with an open turn: (operation id, turn id)."""
-    run = await stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
-    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run.operation_id))
-    return run.operation_id, turn.turn_id
+async def open_turn(stub: Any, lane_id: str) -> tuple[RunScript, str]:
+    """A run on ``lane_id`` with an open turn: (the run, the turn id)."""
+    run = await LaneScript(stub, lane_id).start_run("go")
+    return run, await run.start_turn()
+
+
+def sized_result_text(size: int) -> str:
+    """The text of a one-block tool result of exactly ``size`` bytes."""
+    value: str = sized_text(result, size).content[0].text.text
+    return value
 
 
 def calls(count: int, width: int = 0) -> list[messages_pb2.ContentBlock]:
@@ -201,14 +206,10 @@ async def test_too_many_tool_calls_or_content_blocks_are_refused_and_change_noth
 ) -> None:
     stub = lane_stub
     lane_id = await new_lane(stub)
-    run_id, turn_id = await open_turn(stub, lane_id)
+    run, turn_id = await open_turn(stub, lane_id)
 
     def settle(message: messages_pb2.AssistantMessage) -> Any:
-        return stub.SettleAssistantMessage(
-            pb.SettleAssistantMessageRequest(
-                lane_id=lane_id, operation_id=run_id, turn_id=turn_id, message=message
-            )
-        )
+        return run.settle(turn_id, message=message)
 
     invalid = grpc.StatusCode.INVALID_ARGUMENT
     for count in (MAX_TOOL_CALLS + 1, 3000):
@@ -223,7 +224,7 @@ async def test_too_many_tool_calls_or_content_blocks_are_refused_and_change_noth
         limit=MAX_CONTENT_BLOCKS,
     )  # fmt: skip
     # A message of 4 MiB made of a million empty text blocks: counted, never walked.
-    huge = pb.SettleAssistantMessageRequest(lane_id=lane_id, operation_id=run_id, turn_id=turn_id)
+    huge = replace(run.aim, turn_id=turn_id).request(pb.SettleAssistantMessageRequest)
     huge.message.stop_reason = messages_pb2.STOP_REASON_STOP
     huge.message.content.extend([text("")] * 1_000_000)
     assert huge.ByteSize() <= MAX_RECEIVE_MESSAGE_BYTES
@@ -255,7 +256,7 @@ async def test_too_many_tool_calls_or_content_blocks_are_refused_and_change_noth
     )  # fmt: skip
     # At the limits, accepted.
     at_limit = [text("") for _ in range(MAX_CONTENT_BLOCKS - MAX_TOOL_CALLS)]
-    answer = await settle(assistant(*at_limit, *calls(MAX_TOOL_CALLS)))
+    answer = (await settle(assistant(*at_limit, *calls(MAX_TOOL_CALLS)))).settled
     assert len(answer.tool_calls) == MAX_TOOL_CALLS
     prompt = [user(str(i)) for i in range(MAX_REQUEST_MESSAGES)]
     await stub.StartRun(pb.StartRunRequest(lane_id=other, prompt=prompt))
@@ -264,45 +265,23 @@ async def test_too_many_tool_calls_or_content_blocks_are_refused_and_change_noth
 async def test_a_batch_at_the_call_limit_runs_to_its_end(lane_stub) -> None:
     stub = lane_stub
     lane_id = await new_lane(stub)
-    run_id, turn_id = await open_turn(stub, lane_id)
+    run, turn_id = await open_turn(stub, lane_id)
     probe = Probe(stub, lane_id)
     await probe.start()
     ids = [f"c{i}" for i in range(MAX_TOOL_CALLS)]
-    settled = await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane_id,
-            operation_id=run_id,
-            turn_id=turn_id,
-            message=assistant(text("many"), *calls(MAX_TOOL_CALLS)),
-        )
-    )
+    many = assistant(text("many"), *calls(MAX_TOOL_CALLS))
+    settled = (await run.settle(turn_id, message=many)).settled
     assert [c.tool_call_id for c in settled.tool_calls] == ids
     await probe.check()
     placed: list[str] = []
     for call_id in ids:
-        await stub.StartToolCall(
-            pb.StartToolCallRequest(
-                lane_id=lane_id, operation_id=run_id, tool_call_id=call_id, arguments_json="{}"
-            )
-        )
-        staged = await stub.StageToolOutcome(
-            pb.StageToolOutcomeRequest(
-                lane_id=lane_id,
-                operation_id=run_id,
-                tool_call_id=call_id,
-                executed=pb.ExecutedOutcome(result=result(f"done {call_id}")),
-            )
-        )
+        staged = (await run.call(call_id).start().stage(f"done {call_id}")).staged
+        assert staged is not None
         placed.extend(staged.placed_tool_call_ids)
-    assert placed == ids and staged.batch_complete
+    assert placed == ids and staged is not None and staged.batch_complete
     await probe.check()
     failed = snapshot_pb2.OPERATION_RESULT_STATUS_FAILED
-    await stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane_id, operation_id=run_id, status=failed,
-            error=snapshot_pb2.OperationError(code="E", message="needs an answer"),
-        )
-    )  # fmt: skip
+    await run.end(failed, snapshot_pb2.OperationError(code="E", message="needs an answer"))
     await probe.check()
 
 
@@ -312,29 +291,20 @@ async def test_a_batch_at_the_call_limit_with_the_longest_ids_ends_at_once(lane_
     stub = lane_stub
     lane_id = new_lane_id("L" * 115)
     assert len(lane_id) == 128
-    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    run_id = new_lane_id("R" * 115)
-    run = await stub.StartRun(
-        pb.StartRunRequest(lane_id=lane_id, operation_id=run_id, prompt=[user("go")])
-    )
-    turn = await stub.StartTurn(
-        pb.StartTurnRequest(lane_id=lane_id, operation_id=run.operation_id, turn_id="T" * 128)
-    )
-    blocks = [tool_call(f"{i:0128d}", "n" * 128, {}) for i in range(MAX_TOOL_CALLS)]
-    await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane_id, operation_id=run.operation_id, turn_id=turn.turn_id,
-            message=assistant(*blocks),
+    lane = await LaneScript.create(stub, lane_id)
+    # The run's and the turn's ids are chosen here (128 bytes), so they are sent by hand.
+    started = await stub.StartRun(
+        pb.StartRunRequest(
+            lane_id=lane_id, operation_id=new_lane_id("R" * 115), prompt=[user("go")]
         )
-    )  # fmt: skip
+    )
+    run = RunScript(lane, started.operation_id, started.lease.token, started)
+    turn = await stub.StartTurn(run.aim.request(pb.StartTurnRequest, turn_id="T" * 128))
+    blocks = [tool_call(f"{i:0128d}", "n" * 128, {}) for i in range(MAX_TOOL_CALLS)]
+    await run.settle(turn.turn_id, message=assistant(*blocks))
     probe = Probe(stub, lane_id)
     await probe.start()
-    ended = await stub.EndRun(
-        pb.EndRunRequest(
-            lane_id=lane_id, operation_id=run.operation_id,
-            status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED,
-        )
-    )  # fmt: skip
+    ended = await run.end(snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
     events = await probe.check()
     assert ended.result.status == snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED
     assert sum(1 for e in events if e.WhichOneof("kind") == "entry_added") == MAX_TOOL_CALLS
@@ -345,88 +315,54 @@ async def test_a_batch_at_the_call_limit_with_the_longest_ids_ends_at_once(lane_
 
 async def test_a_run_with_every_payload_at_its_limit(lane_stub) -> None:
     stub = lane_stub
-    lane_id = await new_lane(stub)
+    lane = await LaneScript.create(stub, prefix="limits")
+    lane_id = lane.lane_id
     probe = Probe(stub, lane_id)
     await probe.start()
 
     def enqueue(size: int) -> Any:
-        message = sized_text(user, size)
-        return stub.EnqueueMessage(
-            pb.EnqueueMessageRequest(
-                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=message
-            )
-        )
+        return lane.enqueue(sized_text(user, size), snapshot_pb2.QUEUE_KIND_NEXT_RUN)
 
     await over_then_at(stub, lane_id, enqueue, "message")
     await probe.check()
 
     def start_run(size: int) -> Any:
-        prompt = sized_text(user, size)
-        return stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("hi"), prompt]))
+        return lane.start_run(user("hi"), sized_text(user, size))
 
-    run_id = (await over_then_at(stub, lane_id, start_run, "prompt[1]")).operation_id
+    run = await over_then_at(stub, lane_id, start_run, "prompt[1]")
     await probe.check()  # the queued message and both prompts placed: three times each
-    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run_id))
+    turn_id = await run.start_turn()
     await probe.check()
 
     def settle(size: int) -> Any:
         message = sized_text(lambda x: assistant(text(x), tool_call("c1", "t", {"a": 1})), size)
-        return stub.SettleAssistantMessage(
-            pb.SettleAssistantMessageRequest(
-                lane_id=lane_id, operation_id=run_id, turn_id=turn.turn_id, message=message
-            )
-        )
+        return run.settle(turn_id, message=message)
 
     await over_then_at(stub, lane_id, settle, "message")
     await probe.check()
 
     def start_tool(size: int) -> Any:
-        arguments = sized_text(lambda x: json.dumps({"a": x}), size)
-        return stub.StartToolCall(
-            pb.StartToolCallRequest(
-                lane_id=lane_id, operation_id=run_id, tool_call_id="c1", arguments_json=arguments
-            )
-        )
+        return run.call("c1").start(sized_text(lambda x: json.dumps({"a": x}), size))
 
     await over_then_at(stub, lane_id, start_tool, "arguments_json")
     await probe.check(["c1"])
 
     def checkpoint(size: int) -> Any:
-        return stub.UpdateToolCall(
-            pb.UpdateToolCallRequest(
-                lane_id=lane_id,
-                operation_id=run_id,
-                tool_call_id="c1",
-                partial_result=sized_text(result, size),
-                checkpoint=True,
-            )
-        )
+        return run.call("c1").progress(sized_result_text(size), checkpoint=True)
 
     await over_then_at(stub, lane_id, checkpoint, "partial_result")
     await probe.check(["c1"])
 
     def stage(size: int) -> Any:
-        outcome = pb.ExecutedOutcome(result=sized_text(result, size))
-        return stub.StageToolOutcome(
-            pb.StageToolOutcomeRequest(
-                lane_id=lane_id, operation_id=run_id, tool_call_id="c1", executed=outcome
-            )
-        )
+        return run.call("c1").stage(sized_result_text(size))
 
-    staged = await over_then_at(stub, lane_id, stage, "executed.result")
+    staged = (await over_then_at(stub, lane_id, stage, "executed.result")).staged
     assert staged.batch_complete  # placed: the result in five events, two of them one group
     await probe.check(["c1"])
 
     def end(size: int) -> Any:
         error = sized_text(lambda x: snapshot_pb2.OperationError(code="E", message=x), size)
-        return stub.EndRun(
-            pb.EndRunRequest(
-                lane_id=lane_id,
-                operation_id=run_id,
-                status=snapshot_pb2.OPERATION_RESULT_STATUS_FAILED,
-                error=error,
-            )
-        )
+        return run.end(snapshot_pb2.OPERATION_RESULT_STATUS_FAILED, error)
 
     await over_then_at(stub, lane_id, end, "error", MAX_ERROR_BYTES)
     await probe.check()
@@ -435,7 +371,8 @@ async def test_a_run_with_every_payload_at_its_limit(lane_stub) -> None:
 
 async def test_every_other_payload_kind_is_limited(lane_stub) -> None:
     stub = lane_stub
-    lane_id = await new_lane(stub)
+    lane = await LaneScript.create(stub, prefix="limits")
+    lane_id = lane.lane_id
     probe = Probe(stub, lane_id)
     await probe.start()
 
@@ -443,16 +380,11 @@ async def test_every_other_payload_kind_is_limited(lane_stub) -> None:
         custom = sized_text(
             lambda x: entries_pb2.CustomEntry(custom_type="note", data_json=json.dumps(x)), size
         )
-        return stub.EnqueueMessage(
-            pb.EnqueueMessageRequest(
-                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_WRITE, custom=custom
-            )
-        )
+        return lane.enqueue(custom, snapshot_pb2.QUEUE_KIND_WRITE)
 
     await over_then_at(stub, lane_id, write, "custom")
-    run = await stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
-    run_id = run.operation_id
-    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run_id))
+    run = await lane.start_run("go")
+    turn = replace(run.aim, turn_id=await run.start_turn())
     await probe.check()
 
     def stream(size: int) -> Any:
@@ -460,11 +392,8 @@ async def test_every_other_payload_kind_is_limited(lane_stub) -> None:
             lambda x: assistant(text(x), stop=messages_pb2.STOP_REASON_PENDING), size
         )
         return stub.AppendAssistantStream(
-            pb.AppendAssistantStreamRequest(
-                lane_id=lane_id,
-                operation_id=run_id,
-                turn_id=turn.turn_id,
-                partials=[pb.StreamedPartial(message=partial)],
+            turn.request(
+                pb.AppendAssistantStreamRequest, partials=[pb.StreamedPartial(message=partial)]
             )
         )
 
@@ -473,30 +402,17 @@ async def test_every_other_payload_kind_is_limited(lane_stub) -> None:
 
     def suspend(size: int) -> Any:
         deferred = sized_text(lambda x: snapshot_pb2.DeferredState(handle_json=json.dumps(x)), size)
-        return stub.SuspendRun(
-            pb.SuspendRunRequest(
-                lane_id=lane_id, operation_id=run_id, turn_id=turn.turn_id, deferred=deferred
-            )
-        )
+        return stub.SuspendRun(turn.request(pb.SuspendRunRequest, deferred=deferred))
 
     await over_then_at(stub, lane_id, suspend, "deferred")
-    await stub.ResumeRun(pb.ResumeRunRequest(lane_id=lane_id, operation_id=run_id))
+    await stub.ResumeRun(run.aim.request(pb.ResumeRunRequest))
     await probe.check()
 
     def compact(size: int) -> Any:
         entry = sized_text(lambda x: entries_pb2.CompactionEntry(summary=x), size)
-        return stub.CompactRun(
-            pb.CompactRunRequest(lane_id=lane_id, operation_id=run_id, entry=entry)
-        )
+        return stub.CompactRun(run.aim.request(pb.CompactRunRequest, entry=entry))
 
-    await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane_id,
-            operation_id=run_id,
-            turn_id=turn.turn_id,
-            message=assistant(text("done"), stop=messages_pb2.STOP_REASON_STOP),
-        )
-    )
+    await run.settle(turn.turn_id, "done")
     await over_then_at(stub, lane_id, compact, "entry")
     await probe.check()
 
@@ -509,31 +425,15 @@ async def test_results_adding_up_past_the_run_end_are_refused_and_the_run_goes_o
 ) -> None:
     stub = lane_stub
     lane_id = await new_lane(stub)
-    run = await stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
-    run_id = run.operation_id
-    turn = await stub.StartTurn(pb.StartTurnRequest(lane_id=lane_id, operation_id=run_id))
-    calls = [tool_call(name, "t", {}) for name in ("a", "b", "c")]
-    await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane_id, operation_id=run_id, turn_id=turn.turn_id, message=assistant(*calls)
-        )
-    )
+    run, turn_id = await open_turn(stub, lane_id)
+    await run.settle(turn_id, tool_calls=["a", "b", "c"])
     for name in ("a", "b", "c"):
-        await stub.StartToolCall(
-            pb.StartToolCallRequest(
-                lane_id=lane_id, operation_id=run_id, tool_call_id=name, arguments_json="{}"
-            )
-        )
+        await run.call(name).start()
     probe = Probe(stub, lane_id)
     await probe.start()
 
     def stage(name: str, size: int) -> Any:
-        outcome = pb.ExecutedOutcome(result=sized_text(result, size))
-        return stub.StageToolOutcome(
-            pb.StageToolOutcomeRequest(
-                lane_id=lane_id, operation_id=run_id, tool_call_id=name, executed=outcome
-            )
-        )
+        return run.call(name).stage(sized_result_text(size))
 
     # b and c wait for a. Ending the run would place both, each result in four events of one
     # group (message_start, message_end, entry_added, turn_end): 8 x 512 KiB > 4 MiB.
@@ -552,7 +452,7 @@ async def test_results_adding_up_past_the_run_end_are_refused_and_the_run_goes_o
     # A smaller result fits; the batch completes and everything is delivered.
     await stage("c", MAX_PAYLOAD_BYTES // 2)
     await probe.check(["a", "b", "c"])
-    placed = await stage("a", 1000)
+    placed = (await stage("a", 1000)).staged
     assert placed.batch_complete
     assert list(placed.placed_tool_call_ids) == ["a", "b", "c"]
     await probe.check(["a", "b", "c"])
@@ -565,19 +465,12 @@ async def test_a_snapshot_of_4_mib_is_answered_one_byte_more_goes_through_watch_
     lane_stub, store
 ) -> None:
     stub = lane_stub
-    lane_id = await new_lane(stub, "big-snapshot")
+    script = await LaneScript.create(stub, prefix="big-snapshot")
+    lane_id = script.lane_id
     # A transcript of about 3.8 MiB, over many commits: 10 runs with a 400 KB prompt each.
     for index in range(10):
-        run = await stub.StartRun(
-            pb.StartRunRequest(lane_id=lane_id, prompt=[user(f"{index}" + "x" * 400_000)])
-        )
-        await stub.EndRun(
-            pb.EndRunRequest(
-                lane_id=lane_id,
-                operation_id=run.operation_id,
-                status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED,
-            )
-        )
+        run = await script.start_run(f"{index}" + "x" * 400_000)
+        await run.end(snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
     # Handler errors change nothing but the revision: step it to 126, so a filler brings the
     # snapshot to revision 127 (a 1-byte varint) and one more commit to 128 (2 bytes).
     report = pb.ReportHandlerErrorRequest(lane_id=lane_id, error="e")
@@ -603,11 +496,7 @@ async def test_a_snapshot_of_4_mib_is_answered_one_byte_more_goes_through_watch_
         return response
 
     exact = sized_text(filled, MAX_MESSAGE_BYTES).snapshot.queues[0]
-    await stub.EnqueueMessage(
-        pb.EnqueueMessageRequest(
-            lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_WRITE, custom=exact.custom
-        )
-    )
+    await script.enqueue(exact.custom, snapshot_pb2.QUEUE_KIND_WRITE)
     at_limit = await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
     assert at_limit.ByteSize() == MAX_MESSAGE_BYTES
     assert at_limit.snapshot.revision == 127
