@@ -34,6 +34,7 @@ from lane.client.driver import Driver
 from lane.client.errors import LaneError, lane_error, status_error
 from lane.client.model import ScriptedModel
 from lane.client.session import LaneSession, SessionBroken
+from lane.client.testing import LaneScript, RunScript
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
@@ -521,6 +522,11 @@ async def created(stub: Any, *lanes: str) -> None:
         await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane))
 
 
+async def leased(stub: Any, lane: str) -> RunScript:
+    """A run on ``lane``, leased to d1 for longer than any test takes."""
+    return await LaneScript(stub, lane).start_run("go", driver_id="d1", lease_seconds=300)
+
+
 def usage(lane: str, n: int, request_id: str = "") -> pb.RecordUsageRequest:
     return pb.RecordUsageRequest(
         lane_id=lane,
@@ -646,9 +652,7 @@ async def test_a_stream_cut_mid_flight_loses_and_doubles_nothing(
     await proxy.start()
     held, other = new_lane_id("cut-held"), new_lane_id("cut-other")
     await created(lane_stub, held, other)
-    started = await lane_stub.StartRun(
-        pb.StartRunRequest(lane_id=held, prompt=[user("go")], driver_id="d1", lease_seconds=300)
-    )
+    run = await leased(lane_stub, held)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{proxy.listen_port}")
     session = LaneSession(lane_service_pb2_grpc.LaneServiceStub(channel))
     try:
@@ -657,15 +661,7 @@ async def test_a_stream_cut_mid_flight_loses_and_doubles_nothing(
             # The held lane's commands wait in PostgreSQL (the first holds its connection);
             # the other lane's are answered.
             held_calls = [asyncio.ensure_future(session.call(usage(held, n))) for n in (1, 2, 3)]
-            renew = asyncio.ensure_future(
-                session.call(
-                    pb.RenewLeaseRequest(
-                        lane_id=held,
-                        operation_id=started.operation_id,
-                        lease_token=started.lease.token,
-                    )
-                )
-            )
+            renew = asyncio.ensure_future(session.call(run.aim.request(pb.RenewLeaseRequest)))
             for n in (1, 2):
                 await session.call(usage(other, n))
             await waiting_on_locks(session_database_url, 1)
@@ -685,7 +681,7 @@ async def test_a_stream_cut_mid_flight_loses_and_doubles_nothing(
         await session.aclose()
         await channel.close()
         await proxy.stop()
-    revision_before = started.revision
+    revision_before = run.started.revision
     assert [a.revision for a in answers] == [revision_before + n for n in (1, 2, 3)]
     events = await events_between(lane_stub, held, revision_before, revision_before + 3)
     assert kinds(events) == ["usage"] * 3
@@ -759,11 +755,7 @@ async def test_a_client_that_does_not_read_answers_stops_the_reading(
     big, free = new_lane_id("bound-big"), new_lane_id("bound-unread")
     await created(lane_stub, big, free)
     for part in "ab":  # an inbox of about 1 MB: the snapshot carries it
-        await lane_stub.EnqueueMessage(
-            pb.EnqueueMessageRequest(
-                lane_id=big, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=user(part * 500_000)
-            )
-        )
+        await LaneScript(lane_stub, big).enqueue(part * 500_000, snapshot_pb2.QUEUE_KIND_FOLLOW_UP)
     sent = 3 * MAX_COMMANDS_IN_FLIGHT
     call = raw_drive(lane_channel)
     try:

@@ -33,6 +33,7 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 from lane.client.errors import LaneError, lane_error, status_error
+from lane.client.testing import LaneScript
 from lane.limits import MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
@@ -44,6 +45,7 @@ from tests.integration.test_drive_lane import (
     SERVICE,
     CuttableProxy,
     created,
+    leased,
     raw_drive,
     revision,
     row_locked,
@@ -288,9 +290,7 @@ async def test_a_stream_cut_mid_flight_loses_and_doubles_nothing(
     await proxy.start()
     held, other = new_lane_id("ts-cut-held"), new_lane_id("ts-cut-other")
     await created(lane_stub, held, other)
-    started = await lane_stub.StartRun(
-        pb.StartRunRequest(lane_id=held, prompt=[user("go")], driver_id="d1", lease_seconds=300)
-    )
+    run = await leased(lane_stub, held)
     try:
         async with node_session(f"127.0.0.1:{proxy.listen_port}", tmp_path) as node:
             await node.call(pb.GetLaneSnapshotRequest(lane_id=other))  # the stream is up
@@ -298,13 +298,7 @@ async def test_a_stream_cut_mid_flight_loses_and_doubles_nothing(
                 # The held lane's commands wait in PostgreSQL (the first holds its
                 # connection); the other lane's are answered.
                 held_calls = [node.submit(usage(held, n)) for n in (1, 2, 3)]
-                renew = node.submit(
-                    pb.RenewLeaseRequest(
-                        lane_id=held,
-                        operation_id=started.operation_id,
-                        lease_token=started.lease.token,
-                    )
-                )
+                renew = node.submit(run.aim.request(pb.RenewLeaseRequest))
                 for n in (1, 2):
                     await node.call(usage(other, n))
                 await waiting_on_locks(session_database_url, 1)
@@ -321,7 +315,7 @@ async def test_a_stream_cut_mid_flight_loses_and_doubles_nothing(
             assert (await node.close())["streamsOpened"] == 2
     finally:
         await proxy.stop()
-    before = started.revision
+    before = run.started.revision
     assert [a.revision for a in answers] == [before + n for n in (1, 2, 3)]
     events = await events_between(lane_stub, held, before, before + 3)
     assert kinds(events) == ["usage"] * 3
@@ -369,21 +363,13 @@ async def answer_bytes(stub: Any, lane: str) -> int:
 async def grown_to_the_limit(stub: Any, lane: str) -> pb.GetLaneSnapshotResponse:
     """Grow ``lane`` until its GetLaneSnapshot answer is 3 bytes short of the message limit: a
     unary answer, but no DriveLane one (the sequence and the field's header add 7)."""
-    await created(stub, lane)
+    script = await LaneScript.create(stub, lane)
     # Runs whose prompts fill the transcript to some 40 KB short (a run's start commit carries
     # its prompt more than once: at most two messages of 500 KB each).
     while (room := MAX_MESSAGE_BYTES - 40_000 - await answer_bytes(stub, lane)) > 0:
         pieces = [min(500_000, room - n * 500_000) for n in range(2) if room > n * 500_000]
-        started = await stub.StartRun(
-            pb.StartRunRequest(lane_id=lane, prompt=[user("x" * size) for size in pieces])
-        )
-        await stub.EndRun(
-            pb.EndRunRequest(
-                lane_id=lane,
-                operation_id=started.operation_id,
-                status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED,
-            )
-        )
+        run = await script.start_run(*["x" * size for size in pieces])
+        await run.end(snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
     # The rest with the configuration's tool names, replaced until the size is exact (each
     # name costs its length and 2 bytes; the configuration's own header may grow meanwhile).
     target = MAX_MESSAGE_BYTES - 3
