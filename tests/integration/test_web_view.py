@@ -24,25 +24,27 @@ test fails, it never skips.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
 import re
 import shutil
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 import pytest_asyncio
+from lane.client.testing import LaneScript, RunScript
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
 from lane.server.app.config import Settings
 from lane.server.app.server import RunningServer, start_server
-from tests.integration.lanes import assistant, new_lane_id, result, text, tool_call, user
+from tests.integration.lanes import assistant, new_lane_id, text, tool_call
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -247,6 +249,16 @@ class Rpc:
             return await getattr(stub, method)(request, metadata=self.metadata)
 
 
+class RpcStub:
+    """An :class:`Rpc` as a stub (``stub.StartRun(request)``), for ``LaneScript``."""
+
+    def __init__(self, rpc: Rpc) -> None:
+        self.rpc = rpc
+
+    def __getattr__(self, method: str) -> Callable[[Any], Awaitable[Any]]:
+        return functools.partial(self.rpc, method)
+
+
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def service(session_database_url: str) -> AsyncIterator[Service]:
     settings = Settings(
@@ -302,81 +314,43 @@ async def browser(shots: Path) -> AsyncIterator[Browser]:
 # --- driving a lane -----------------------------------------------------------------------------
 
 
-async def open_run(rpc: Rpc, lane_id: str, calls: list[str]) -> str:
-    """A run on a new lane whose first assistant message calls ``calls``; its operation id."""
-    await rpc("CreateLane", pb.CreateLaneRequest(lane_id=lane_id))
-    run = await rpc("StartRun", pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
-    op: str = run.operation_id
-    turn = await rpc("StartTurn", pb.StartTurnRequest(lane_id=lane_id, operation_id=op))
-    blocks = [tool_call(c, "shell", {"n": i}) for i, c in enumerate(calls)]
-    await rpc(
-        "SettleAssistantMessage",
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane_id,
-            operation_id=op,
-            turn_id=turn.turn_id,
-            message=assistant(text("calling tools"), *blocks),
-        ),
-    )
-    return op
+async def new_run(rpc: Rpc, lane_id: str, prompt: str = "go") -> RunScript:
+    """A run on the new lane ``lane_id``, commanded through ``rpc``."""
+    stub: Any = RpcStub(rpc)
+    return await (await LaneScript.create(stub, lane_id)).start_run(prompt)
 
 
-async def start_call(rpc: Rpc, lane_id: str, op: str, call: str) -> int:
-    answer = await rpc(
-        "StartToolCall",
-        pb.StartToolCallRequest(
-            lane_id=lane_id, operation_id=op, tool_call_id=call, arguments_json="{}"
-        ),
-    )
-    revision: int = answer.revision
-    return revision
+async def open_run(rpc: Rpc, lane_id: str, calls: list[str]) -> RunScript:
+    """A run on a new lane whose first assistant message calls ``calls``."""
+    run = await new_run(rpc, lane_id)
+    shells = [(c, "shell", {"n": i}) for i, c in enumerate(calls)]
+    await run.turn("calling tools", tool_calls=shells)
+    return run
 
 
-async def progress(rpc: Rpc, lane_id: str, op: str, call: str, value: str) -> int:
-    answer = await rpc(
-        "UpdateToolCall",
-        pb.UpdateToolCallRequest(
-            lane_id=lane_id, operation_id=op, tool_call_id=call, partial_result=result(value)
-        ),
-    )
-    revision: int = answer.revision
-    return revision
+async def start_call(run: RunScript, call: str) -> int:
+    intent = (await run.call(call).start()).intent
+    assert intent is not None
+    return intent.revision
+
+
+async def progress(run: RunScript, call: str, value: str) -> int:
+    return (await run.call(call).progress(value)).updates[-1].revision
 
 
 async def stage(
-    rpc: Rpc, lane_id: str, op: str, call: str, value: str, *, error: bool = False
+    run: RunScript, call: str, value: str, *, error: bool = False
 ) -> pb.StageToolOutcomeResponse:
-    staged: pb.StageToolOutcomeResponse = await rpc(
-        "StageToolOutcome",
-        pb.StageToolOutcomeRequest(
-            lane_id=lane_id,
-            operation_id=op,
-            tool_call_id=call,
-            executed=pb.ExecutedOutcome(result=result(value), is_error=error),
-        ),
-    )
+    staged = (await run.call(call).stage(value, is_error=error)).staged
+    assert staged is not None
     return staged
 
 
-async def finish(rpc: Rpc, lane_id: str, op: str, status: int) -> int:
+async def finish(run: RunScript, status: snapshot_pb2.OperationResultStatus.ValueType) -> int:
     """End the run with ``status`` (a final assistant message first when it completes)."""
     if status == snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED:
-        turn = await rpc("StartTurn", pb.StartTurnRequest(lane_id=lane_id, operation_id=op))
-        await rpc(
-            "SettleAssistantMessage",
-            pb.SettleAssistantMessageRequest(
-                lane_id=lane_id,
-                operation_id=op,
-                turn_id=turn.turn_id,
-                message=assistant(text("all done"), stop=messages_pb2.STOP_REASON_STOP),
-            ),
-        )
-    end = await rpc(
-        "EndRun",
-        pb.EndRunRequest(lane_id=lane_id, operation_id=op, status=status),  # type: ignore[arg-type]
-    )
-    revision: int = end.revision
-    return revision
+        await run.turn("all done")
+    return (await run.end(status)).revision
 
 
 # --- reading the page ---------------------------------------------------------------------------
@@ -407,20 +381,20 @@ async def test_a_parallel_batch_live(service: Service, browser: Browser) -> None
     rpc = Rpc(service, TOKEN_A)
     lane_id = new_lane_id("web-batch")
     batch = ["a0", "a1", "a2"]
-    op = await open_run(rpc, lane_id, batch)
+    run = await open_run(rpc, lane_id, batch)
     await browser.open_lane(service.origin, lane_id)
 
     for call in batch:
-        revision = await start_call(rpc, lane_id, op, call)
-    revision = await progress(rpc, lane_id, op, "a0", "a0 half way")
+        revision = await start_call(run, call)
+    revision = await progress(run, "a0", "a0 half way")
     state = await browser.at_revision(revision)
     assert where(state, batch) == dict.fromkeys(batch, "running")
-    assert state["operation"]["id"] == op and state["abortEnabled"]
+    assert state["operation"]["id"] == run.operation_id and state["abortEnabled"]
     assert "a0 half way" in row(state, "a0")["text"]  # the latest progress
     assert re.search(r"running \d+\.\ds", row(state, "a0")["text"])  # the elapsed time
 
     # The last call settles first: settled, waiting for placement, while a0 and a1 run.
-    staged = await stage(rpc, lane_id, op, "a2", "a2 done")
+    staged = await stage(run, "a2", "a2 done")
     assert list(staged.placed_tool_call_ids) == []
     state = await browser.at_revision(staged.revision)
     assert where(state, batch) == {"a0": "running", "a1": "running", "a2": "settled"}
@@ -429,14 +403,14 @@ async def test_a_parallel_batch_live(service: Service, browser: Browser) -> None
     await browser.screenshot("batch-1-a2-waiting-while-a0-runs")
 
     # a0 is placed (its row leaves, its entry appears); a2 still waits behind a1.
-    staged = await stage(rpc, lane_id, op, "a0", "a0 done")
+    staged = await stage(run, "a0", "a0 done")
     assert list(staged.placed_tool_call_ids) == ["a0"]
     state = await browser.at_revision(staged.revision)
     assert where(state, batch) == {"a0": "placed", "a1": "running", "a2": "settled"}
     await browser.screenshot("batch-2-a0-placed-a2-still-waiting")
 
     # a1 fails: a1 and a2 are placed together, in source order; the error is red.
-    staged = await stage(rpc, lane_id, op, "a1", "a1 broke", error=True)
+    staged = await stage(run, "a1", "a1 broke", error=True)
     assert list(staged.placed_tool_call_ids) == ["a1", "a2"]
     state = await browser.at_revision(staged.revision)
     assert where(state, batch) == dict.fromkeys(batch, "placed")
@@ -445,7 +419,7 @@ async def test_a_parallel_batch_live(service: Service, browser: Browser) -> None
     assert colors["a1"] == (True, RED)
     assert colors["a0"][0] is False and colors["a0"][1] != RED
 
-    revision = await finish(rpc, lane_id, op, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
+    revision = await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
     state = await browser.at_revision(revision)
     assert state["operation"] is None and state["lastResult"] == "completed"
     await browser.screenshot("batch-3-completed")
@@ -463,12 +437,14 @@ async def test_a_parallel_batch_live(service: Service, browser: Browser) -> None
 async def test_abort_from_the_button(service: Service, browser: Browser) -> None:
     rpc = Rpc(service, TOKEN_A)
     lane_id = new_lane_id("web-abort")
-    op = await open_run(rpc, lane_id, ["b0", "b1"])
-    await start_call(rpc, lane_id, op, "b0")
-    revision = await progress(rpc, lane_id, op, "b0", "b0 working")
+    run = await open_run(rpc, lane_id, ["b0", "b1"])
+    await start_call(run, "b0")
+    revision = await progress(run, "b0", "b0 working")
     await browser.open_lane(service.origin, lane_id)
     state = await browser.at_revision(revision)
-    assert state["operation"] == {"id": op, "status": "open"} and state["abortEnabled"]
+    assert (
+        state["operation"] == {"id": run.operation_id, "status": "open"} and state["abortEnabled"]
+    )
 
     await browser.call("click", selector="button#abort")
     state = await browser.state_when("s.operation && s.operation.status === 'aborting'")
@@ -480,9 +456,9 @@ async def test_abort_from_the_button(service: Service, browser: Browser) -> None
     await browser.screenshot("abort-1-requested-from-the-button")
 
     # The tool sees the abort and stops; the never-started b1 gets its cancelled result.
-    staged = await stage(rpc, lane_id, op, "b0", "b0 stopped")
+    staged = await stage(run, "b0", "b0 stopped")
     assert staged.cancel_requested
-    revision = await finish(rpc, lane_id, op, snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
+    revision = await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
     state = await browser.at_revision(revision)
     assert state["operation"] is None
     assert (state["lastResult"], state["lastResultColor"]) == ("aborted", RED)
@@ -504,12 +480,8 @@ def partial(*blocks: messages_pb2.ContentBlock) -> pb.StreamedPartial:
 async def test_an_assistant_message_streaming_in(service: Service, browser: Browser) -> None:
     rpc = Rpc(service, TOKEN_A)
     lane_id = new_lane_id("web-stream")
-    await rpc("CreateLane", pb.CreateLaneRequest(lane_id=lane_id))
-    run = await rpc("StartRun", pb.StartRunRequest(lane_id=lane_id, prompt=[user("read it")]))
-    op: str = run.operation_id
-    turn: str = (
-        await rpc("StartTurn", pb.StartTurnRequest(lane_id=lane_id, operation_id=op))
-    ).turn_id
+    run = await new_run(rpc, lane_id, "read it")
+    turn = replace(run.aim, turn_id=await run.start_turn())
     await browser.open_lane(service.origin, lane_id)
     await browser.call("eval", expr=RECORD_STREAM_JS)
 
@@ -517,9 +489,7 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
         """Commit ``blocks`` as the latest partial; what the page drew for it."""
         appended = await rpc(
             "AppendAssistantStream",
-            pb.AppendAssistantStreamRequest(
-                lane_id=lane_id, operation_id=op, turn_id=turn, partials=[partial(*blocks)]
-            ),
+            turn.request(pb.AppendAssistantStreamRequest, partials=[partial(*blocks)]),
         )
         return await browser.stream_at(appended.revision)
 
@@ -533,10 +503,8 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
     failed.error_message = "529 overloaded"
     scheduled = await rpc(
         "ScheduleRetry",
-        pb.ScheduleRetryRequest(
-            lane_id=lane_id,
-            operation_id=op,
-            turn_id=turn,
+        turn.request(
+            pb.ScheduleRetryRequest,
             failed_message=failed,
             max_attempts=3,
             delay_ms=60_000,
@@ -562,9 +530,7 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
     assert left is not None, retry["text"]
     assert 0 < float(left[1]) <= 60.0
     await browser.screenshot("stream-1-retry-scheduled")
-    started = await rpc(
-        "StartRetry", pb.StartRetryRequest(lane_id=lane_id, operation_id=op, turn_id=turn)
-    )
+    started = await rpc("StartRetry", turn.request(pb.StartRetryRequest))
     state = await browser.stream_at(started.revision)
     assert state["retry"] is None and state["streaming"] is None
 
@@ -601,17 +567,10 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
 
     # Settled: the partial is gone and the message is in the transcript, thinking still dimmed,
     # the call with its whole arguments.
-    settled = await rpc(
-        "SettleAssistantMessage",
-        pb.SettleAssistantMessageRequest(
-            lane_id=lane_id,
-            operation_id=op,
-            turn_id=turn,
-            message=assistant(
-                think, text("I will read it."), tool_call("r1", "read_file", {"path": "README.md"})
-            ),
-        ),
-    )
+    read = tool_call("r1", "read_file", {"path": "README.md"})
+    settled = (
+        await run.settle(turn.turn_id, message=assistant(think, text("I will read it."), read))
+    ).settled
     state = await browser.stream_at(settled.revision)
     assert state["streaming"] is None and state["retry"] is None
     message = [(e["kind"], e["text"]) for e in state["transcript"][-3:]]
@@ -643,9 +602,9 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
             lengths.append(sum(len(b["text"]) for b in s["streaming"]))
     assert lengths == sorted(lengths) and len(lengths) == 3
 
-    await start_call(rpc, lane_id, op, "r1")
-    await stage(rpc, lane_id, op, "r1", "# lane")
-    revision = await finish(rpc, lane_id, op, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
+    await start_call(run, "r1")
+    await stage(run, "r1", "# lane")
+    revision = await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
     state = await browser.at_revision(revision)
     assert state["lastResult"] == "completed"
 
@@ -653,8 +612,8 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
 async def test_resume_after_a_service_restart(service: Service, browser: Browser) -> None:
     rpc = Rpc(service, TOKEN_A)
     lane_id = new_lane_id("web-restart")
-    op = await open_run(rpc, lane_id, ["c0"])
-    revision = await start_call(rpc, lane_id, op, "c0")
+    run = await open_run(rpc, lane_id, ["c0"])
+    revision = await start_call(run, "c0")
     await browser.open_lane(service.origin, lane_id)
     before = await browser.at_revision(revision)
     assert where(before, ["c0"]) == {"c0": "running"} and before["snapshots"] == 1
@@ -671,13 +630,13 @@ async def test_resume_after_a_service_restart(service: Service, browser: Browser
 
     # Committed after the restart, seen live: the page resumed after its revision (no second
     # snapshot) and shows the result placed.
-    staged = await stage(rpc, lane_id, op, "c0", "c0 done after the restart")
+    staged = await stage(run, "c0", "c0 done after the restart")
     state = await browser.at_revision(staged.revision)
     assert where(state, ["c0"]) == {"c0": "placed"}
     assert state["snapshots"] == 1, "the page re-snapshotted instead of resuming"
     assert state["connectionText"] == "live"
     await browser.screenshot("restart-2-resumed")
-    await finish(rpc, lane_id, op, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
+    await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
 
 
 async def test_token_entry_and_another_namespace(service: Service, browser: Browser) -> None:
