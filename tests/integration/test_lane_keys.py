@@ -10,7 +10,6 @@ then holds each one to the rule. The only exceptions are the statements marked a
 
 from __future__ import annotations
 
-import asyncio
 import re
 from datetime import timedelta
 
@@ -20,7 +19,7 @@ import pytest
 from lane.server.store import LANE_SCAN
 from tests.integration.servers import extra_server
 from tests.integration.statements import Statement, recording
-from tests.outage.fuzzing import Fuzzer, World, drive, populate
+from tests.outage.fuzzing import fuzz
 
 LANE_TABLES = ("lanes", "entries", "inbox", "operations", "tool_calls", "usage_rows", "events",
                "requests")  # fmt: skip
@@ -73,15 +72,7 @@ async def test_every_statement_names_one_lane(
     ):
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
         try:
-            world = World()
-            await populate(stub, world)
-            fuzzer = Fuzzer(channel, stub, world)
-            await fuzzer.baseline()
-            loop = asyncio.get_running_loop()
-            await asyncio.to_thread(
-                drive, fuzzer, loop, requests=1500, batch_size=50, seed_value=1306
-            )
-            await fuzzer.check_all()
+            await fuzz(channel, stub, requests=1500, batch_size=50, seed_value=1306)
             # The maintenance scans and the reconciler's commands, once more while recording.
             await running.store.reconcile_orphans(orphan_after=timedelta(0))
         finally:
