@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from lane.server.app.config import ConfigError, Settings, mask_password
 from lane.server.app.server import LANE_SERVICE_NAME, RunningServer, StartupError, start_server
 from lane.server.store import Store
+from tests.support.servers import stop_process
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -399,15 +400,7 @@ async def _service_process(
         print(f"--- {log.name}:\n{log.read_text()}")  # noqa: ASYNC240
         raise
     finally:
-        if process.returncode is None:
-            # A failed test: stop the child the polite way first so an embedded PostgreSQL is
-            # shut down too, then insist.
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), timeout=15)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop_process(process, grace=15)  # still running: a failed test
 
 
 async def _wait_until_serving(port: int, process: asyncio.subprocess.Process) -> None:

@@ -17,9 +17,7 @@ from lane.client.reach import Unreachable
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc
 
-from lane.server.app.config import Settings
-from lane.server.app.server import start_server
-from tests.integration.test_tls import Certificates, certificates
+from tests.integration.test_tls import Certificates, certificates, tls_service
 
 __all__ = ["certificates"]  # the fixture, used by the tests below
 
@@ -49,31 +47,14 @@ def client_files(certificates: Certificates, tmp_path_factory: pytest.TempPathFa
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def tls_target(session_database_url: str, certificates: Certificates) -> AsyncIterator[str]:
-    settings = Settings(
-        database_url=session_database_url,
-        tls_cert_file=certificates.server_cert_file,
-        tls_key_file=certificates.server_key_file,
-    )
-    running = await start_server(settings, listen="127.0.0.1:0")
-    try:
-        yield f"localhost:{running.port}"
-    finally:
-        await running.stop(0.5)
+    async with tls_service(session_database_url, certificates, mutual=False) as target:
+        yield target
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def mtls_target(session_database_url: str, certificates: Certificates) -> AsyncIterator[str]:
-    settings = Settings(
-        database_url=session_database_url,
-        tls_cert_file=certificates.server_cert_file,
-        tls_key_file=certificates.server_key_file,
-        tls_client_ca_file=certificates.ca_file,
-    )
-    running = await start_server(settings, listen="127.0.0.1:0")
-    try:
-        yield f"localhost:{running.port}"
-    finally:
-        await running.stop(0.5)
+    async with tls_service(session_database_url, certificates, mutual=True) as target:
+        yield target
 
 
 async def test_cli_reaches_a_tls_service(tls_target: str, certificates: Certificates) -> None:

@@ -33,7 +33,7 @@ from connectrpc.protocol import ProtocolType
 from google.protobuf import message_factory
 from google.rpc import error_details_pb2
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
+from lane.v1 import snapshot_pb2
 from pyqwest import Client as HttpClient
 from pyqwest import HTTPTransport, HTTPVersion
 
@@ -110,22 +110,6 @@ def connect_reason(error: ConnectError) -> str:
     return ""
 
 
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def served(session_database_url: str) -> AsyncIterator[RunningServer]:
-    """One service with both ports, auth off."""
-    running = await start_server(session_database_url, http_listen="127.0.0.1:0")
-    try:
-        yield running
-    finally:
-        await running.stop(grace=0.5)
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def grpc_stub(served: RunningServer) -> AsyncIterator[Any]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
-        yield lane_service_pb2_grpc.LaneServiceStub(channel)
-
-
 @asynccontextmanager
 async def http_client(version: Any, **tls: Any) -> AsyncIterator[HttpClient]:
     """An HTTP client speaking only ``version`` (HTTP/2: with prior knowledge on cleartext)."""
@@ -142,8 +126,8 @@ def curl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_the_readme_curl_line(served: RunningServer, grpc_stub: Any) -> None:
-    url = f"http://127.0.0.1:{served.http_port}/lane.v1.LaneService/GetLaneSnapshot"
+async def test_the_readme_curl_line(http_server: RunningServer, http_server_stub: Any) -> None:
+    url = f"http://127.0.0.1:{http_server.http_port}/lane.v1.LaneService/GetLaneSnapshot"
     # The README's line, on a lane that does not exist: not_found and its ErrorInfo.
     answer = await asyncio.to_thread(
         curl, "-i", "-d", '{"laneId":"x"}', "-H", "content-type: application/json", url
@@ -159,7 +143,7 @@ async def test_the_readme_curl_line(served: RunningServer, grpc_stub: Any) -> No
 
     # A lane created over gRPC answers over curl, in protobuf's JSON mapping.
     lane_id = new_lane_id("curl")
-    await grpc_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    await http_server_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
     answer = await asyncio.to_thread(
         curl, "-d", json.dumps({"laneId": lane_id}), "-H", "content-type: application/json", url
     )
@@ -172,10 +156,10 @@ async def test_the_readme_curl_line(served: RunningServer, grpc_stub: Any) -> No
 
 @pytest.mark.parametrize(("protocol", "codec", "version"), WAYS)
 async def test_every_protocol_reaches_the_same_lanes_and_refusals(
-    served: RunningServer, grpc_stub: Any, protocol: Any, codec: str, version: Any
+    http_server: RunningServer, http_server_stub: Any, protocol: Any, codec: str, version: Any
 ) -> None:
     async with http_client(version) as http:
-        caller = Caller(f"http://127.0.0.1:{served.http_port}", protocol, codec, http)
+        caller = Caller(f"http://127.0.0.1:{http_server.http_port}", protocol, codec, http)
         lane_id = new_lane_id("connect")
         created = await caller("CreateLane", pb.CreateLaneRequest(lane_id=lane_id))
         assert created.revision == 1
@@ -186,7 +170,9 @@ async def test_every_protocol_reaches_the_same_lanes_and_refusals(
             ),
         )
         # The gRPC port sees what the HTTP port committed, and the reverse.
-        over_grpc = await grpc_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+        over_grpc = await http_server_stub.GetLaneSnapshot(
+            pb.GetLaneSnapshotRequest(lane_id=lane_id)
+        )
         assert over_grpc.snapshot.revision == queued.revision == 2
         over_http = await caller("GetLaneSnapshot", pb.GetLaneSnapshotRequest(lane_id=lane_id))
         assert over_http == over_grpc
@@ -198,7 +184,7 @@ async def test_every_protocol_reaches_the_same_lanes_and_refusals(
             ("ListLanes", pb.ListLanesRequest(page_size=100_000)),
         ]:
             with pytest.raises(grpc.aio.AioRpcError) as over_grpc_error:
-                await getattr(grpc_stub, name)(request)
+                await getattr(http_server_stub, name)(request)
             with pytest.raises(ConnectError) as over_http_error:
                 await caller(name, request)
             expected = over_grpc_error.value.code().name.lower().replace("cancelled", "canceled")
@@ -209,17 +195,17 @@ async def test_every_protocol_reaches_the_same_lanes_and_refusals(
 
 @pytest.mark.parametrize(("protocol", "codec", "version"), WAYS)
 async def test_watch_lane_streams_snapshot_then_commits(
-    served: RunningServer, grpc_stub: Any, protocol: Any, codec: str, version: Any
+    http_server: RunningServer, http_server_stub: Any, protocol: Any, codec: str, version: Any
 ) -> None:
     lane_id = new_lane_id("watch")
-    await grpc_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    await http_server_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
     async with http_client(version) as http:
-        caller = Caller(f"http://127.0.0.1:{served.http_port}", protocol, codec, http)
+        caller = Caller(f"http://127.0.0.1:{http_server.http_port}", protocol, codec, http)
         stream = caller.watch(pb.WatchLaneRequest(lane_id=lane_id))
         first = await anext(stream)
         assert first.snapshot.snapshot.lane_id == lane_id
         assert first.snapshot.snapshot.revision == 1
-        await grpc_stub.EnqueueMessage(
+        await http_server_stub.EnqueueMessage(
             pb.EnqueueMessageRequest(
                 lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=user("hello")
             )
@@ -320,19 +306,19 @@ async def test_malformed_json_is_refused_after_the_token(authed: RunningServer) 
 
 @pytest.mark.parametrize(("protocol", "codec", "version"), WAYS[1:2] + WAYS[4:5])
 async def test_limits_validation_and_metrics_as_on_the_grpc_port(
-    served: RunningServer, grpc_stub: Any, protocol: Any, codec: str, version: Any
+    http_server: RunningServer, http_server_stub: Any, protocol: Any, codec: str, version: Any
 ) -> None:
     lane_id = new_lane_id("limits")
-    await grpc_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    await http_server_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
 
     def answered(code: str) -> float:
-        value = served.registry.get_sample_value(
+        value = http_server.registry.get_sample_value(
             "lane_commands_total", {"method": "EnqueueMessage", "code": code}
         )
         return value or 0.0
 
     async with http_client(version) as http:
-        caller = Caller(f"http://127.0.0.1:{served.http_port}", protocol, codec, http)
+        caller = Caller(f"http://127.0.0.1:{http_server.http_port}", protocol, codec, http)
         # A payload over 512 KiB: validation's PAYLOAD_TOO_LARGE, counted as on gRPC.
         before = answered("INVALID_ARGUMENT")
         big = pb.EnqueueMessageRequest(
@@ -359,11 +345,11 @@ async def test_limits_validation_and_metrics_as_on_the_grpc_port(
         assert answered("OK") == before + 1
 
 
-async def test_buf_curl_protocol_connect(served: RunningServer, grpc_stub: Any) -> None:
+async def test_buf_curl_protocol_connect(http_server: RunningServer, http_server_stub: Any) -> None:
     lane_id = new_lane_id("buf")
-    await grpc_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    await http_server_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
     buf = Path(sys.executable).parent / "buf"
-    url = f"http://127.0.0.1:{served.http_port}/lane.v1.LaneService/GetLaneSnapshot"
+    url = f"http://127.0.0.1:{http_server.http_port}/lane.v1.LaneService/GetLaneSnapshot"
     body = json.dumps({"laneId": lane_id})
     command = [str(buf), "curl", "--schema", str(PROTOS), "--protocol", "connect", "-d", body]
     answer = await asyncio.to_thread(

@@ -18,13 +18,14 @@ import pytest_asyncio
 from lane.client.commands import call
 from lane.client.errors import lane_error
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
+from lane.v1 import snapshot_pb2
 from prometheus_client import CollectorRegistry
 
 from lane.server.app.config import ConfigError, Settings
-from lane.server.app.server import RunningServer, start_server
+from lane.server.app.server import RunningServer
 from lane.server.store.pool import LanePool
 from tests.integration.lanes import new_lane_id, user
+from tests.support.servers import serve
 
 Stub = Any  # lane_service_pb2_grpc.LaneServiceAsyncStub (exists only in the type stubs)
 
@@ -63,13 +64,8 @@ async def one_connection_server(
     settings = Settings(
         database_url=fresh_database_url, db_pool_size=1, db_checkout_timeout_seconds=1.0
     )
-    running = await start_server(settings, listen="127.0.0.1:0")
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
-    try:
-        yield running, lane_service_pb2_grpc.LaneServiceStub(channel)
-    finally:
-        await channel.close()
-        await running.stop(grace=0.5)
+    async with serve(settings) as served:
+        yield served
 
 
 def _enqueue(lane_id: str, text: str, request_id: str) -> pb.EnqueueMessageRequest:

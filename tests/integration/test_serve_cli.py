@@ -4,18 +4,15 @@ every setting with its variable and default, and bad flag values reported as the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
 import sys
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from lane.server.app.config import SETTINGS, Settings
 from tests.integration.test_app import _free_port
+from tests.support.servers import serving
 
 
 def lane_env(**extra: str) -> dict[str, str]:
@@ -23,17 +20,6 @@ def lane_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LANE_")}
     env["GRPC_ENABLE_FORK_SUPPORT"] = "0"
     return env | extra
-
-
-async def serving(port: int, process: asyncio.subprocess.Process) -> bool:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while process.returncode is None:
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                answer = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
-            await asyncio.sleep(0.1)
-    return False
 
 
 async def test_flags_beat_the_environment(fresh_database_url: str, tmp_path: Path) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,17 +104,29 @@ async def _lanes(channel: grpc.aio.Channel) -> int:
     return len(answer.lanes)
 
 
+@contextlib.asynccontextmanager
+async def tls_service(
+    database_url: str, certificates: Certificates, *, mutual: bool
+) -> AsyncIterator[str]:
+    """The service with TLS on its gRPC port (``mutual``: clients need a certificate the test
+    CA signed); yields its target, ``localhost:PORT`` (the name the certificate is for)."""
+    settings = Settings(
+        database_url=database_url,
+        tls_cert_file=certificates.server_cert_file,
+        tls_key_file=certificates.server_key_file,
+        tls_client_ca_file=certificates.ca_file if mutual else None,
+    )
+    running = await start_server(settings, listen="127.0.0.1:0")
+    try:
+        yield f"localhost:{running.port}"
+    finally:
+        await running.stop(0.5)
+
+
 async def test_tls_serves_only_tls_clients(
     session_database_url: str, certificates: Certificates
 ) -> None:
-    settings = Settings(
-        database_url=session_database_url,
-        tls_cert_file=certificates.server_cert_file,
-        tls_key_file=certificates.server_key_file,
-    )
-    running = await start_server(settings, listen="127.0.0.1:0")
-    target = f"localhost:{running.port}"
-    try:
+    async with tls_service(session_database_url, certificates, mutual=False) as target:
         credentials = grpc.ssl_channel_credentials(root_certificates=certificates.ca)
         async with grpc.aio.secure_channel(target, credentials) as channel:
             assert await _lanes(channel) >= 0
@@ -120,22 +134,12 @@ async def test_tls_serves_only_tls_clients(
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await _lanes(channel)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-    finally:
-        await running.stop(0.5)
 
 
 async def test_mutual_tls_requires_a_client_certificate(
     session_database_url: str, certificates: Certificates
 ) -> None:
-    settings = Settings(
-        database_url=session_database_url,
-        tls_cert_file=certificates.server_cert_file,
-        tls_key_file=certificates.server_key_file,
-        tls_client_ca_file=certificates.ca_file,
-    )
-    running = await start_server(settings, listen="127.0.0.1:0")
-    target = f"localhost:{running.port}"
-    try:
+    async with tls_service(session_database_url, certificates, mutual=True) as target:
         with_client = grpc.ssl_channel_credentials(
             root_certificates=certificates.ca,
             private_key=certificates.client_key,
@@ -148,8 +152,6 @@ async def test_mutual_tls_requires_a_client_certificate(
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await _lanes(channel)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-    finally:
-        await running.stop(0.5)
 
 
 async def test_tls_settings_come_in_pairs(certificates: Certificates) -> None:

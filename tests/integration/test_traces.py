@@ -9,6 +9,7 @@ A real service on a local port and a real PostgreSQL; the spans go to an in-memo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -67,6 +68,15 @@ class Traced:
             await asyncio.sleep(0.01)
         raise AssertionError([(s.name, s.kind) for s in self.spans()])
 
+    @contextlib.asynccontextmanager
+    async def stub(self, running: RunningServer) -> AsyncIterator[Any]:
+        """A LaneService stub to ``running`` whose channel traces with this provider."""
+        channel = open_channel(f"127.0.0.1:{running.port}", tracing=self.provider)
+        try:
+            yield lane_service_pb2_grpc.LaneServiceStub(channel)
+        finally:
+            await channel.close()
+
 
 async def _next(watch: Any) -> pb.WatchLaneResponse:
     item = await watch.read()
@@ -103,13 +113,9 @@ async def test_a_unary_command_is_one_trace_from_client_to_database(
     spans, running = traced
     lane_id = new_lane_id("traced")
     tracer = spans.provider.get_tracer("test")
-    channel = open_channel(f"127.0.0.1:{running.port}", tracing=spans.provider)
-    try:
-        stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+    async with spans.stub(running) as stub:
         with tracer.start_as_current_span("application"):
             await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    finally:
-        await channel.close()
 
     application = spans.one("application")
     client = spans.one(f"{SERVICE}/CreateLane", SpanKind.CLIENT)
@@ -152,17 +158,13 @@ async def test_a_drive_lane_command_is_a_span_of_the_stream_down_to_the_database
     spans, running = traced
     lane_id = new_lane_id("driven")
     tracer = spans.provider.get_tracer("test")
-    channel = open_channel(f"127.0.0.1:{running.port}", tracing=spans.provider)
-    try:
-        stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+    async with spans.stub(running) as stub:
         await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
         with tracer.start_as_current_span("driver"):
             async with LaneSession(stub) as session:
                 started = await session.call(
                     pb.StartRunRequest(lane_id=lane_id, prompt=[user("hello")])
                 )
-    finally:
-        await channel.close()
     assert started.operation_id
 
     # The stream's server span ends once the service saw the stream end.
@@ -194,13 +196,9 @@ async def test_a_refusal_names_its_reason_and_is_not_an_error(
     traced: tuple[Traced, RunningServer],
 ) -> None:
     spans, running = traced
-    channel = open_channel(f"127.0.0.1:{running.port}", tracing=spans.provider)
-    try:
-        stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+    async with spans.stub(running) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id="no-such-lane"))
-    finally:
-        await channel.close()
     assert refused.value.code() is grpc.StatusCode.NOT_FOUND
 
     server = spans.one(f"{SERVICE}/GetLaneSnapshot", SpanKind.SERVER)
@@ -218,9 +216,7 @@ async def test_a_watcher_has_a_snapshot_span_and_a_span_per_delivered_group(
 ) -> None:
     spans, running = traced
     lane_id = new_lane_id("watched")
-    channel = open_channel(f"127.0.0.1:{running.port}", tracing=spans.provider)
-    try:
-        stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+    async with spans.stub(running) as stub:
         await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
         watch = stub.WatchLane(pb.WatchLaneRequest(lane_id=lane_id))
         first = await _next(watch)
@@ -230,8 +226,6 @@ async def test_a_watcher_has_a_snapshot_span_and_a_span_per_delivered_group(
         while group.WhichOneof("item") != "event_group":
             group = await _next(watch)
         watch.cancel()
-    finally:
-        await channel.close()
     revisions = [event.revision for event in group.event_group.events]
     assert revisions[-1] == started.revision
 

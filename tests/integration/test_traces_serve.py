@@ -19,7 +19,8 @@ from lane.server.app.config import ConfigError
 from lane.server.app.tracing import exporter_names
 from tests.integration.lanes import new_lane_id
 from tests.integration.test_app import _free_port
-from tests.integration.test_serve_cli import lane_env, serving
+from tests.integration.test_serve_cli import lane_env
+from tests.support.servers import serving
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"

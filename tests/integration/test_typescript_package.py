@@ -20,18 +20,15 @@ import itertools
 import json
 import shutil
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-import pytest_asyncio
 from google.protobuf import json_format
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
+from lane.v1 import messages_pb2, snapshot_pb2
 
-from lane.server.app.server import RunningServer, start_server
+from lane.server.app.server import RunningServer
 from tests.integration.lanes import assistant, new_lane_id, result, text, tool_call, user
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -41,22 +38,6 @@ APP = TYPESCRIPT_DIR / "examples" / "follow-connect.mjs"
 #: Upper bound for any single wait on the Node process (start-up included).
 WAIT_SECONDS = 15.0
 LINE_LIMIT = 64 * 1024 * 1024
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def served(session_database_url: str) -> AsyncIterator[RunningServer]:
-    """One service with both ports, auth off."""
-    running = await start_server(session_database_url, http_listen="127.0.0.1:0")
-    try:
-        yield running
-    finally:
-        await running.stop(grace=0.5)
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def stub(served: RunningServer) -> AsyncIterator[Any]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
-        yield lane_service_pb2_grpc.LaneServiceStub(channel)
 
 
 @pytest.fixture(scope="module")
@@ -152,10 +133,14 @@ async def drive_run(stub: Any, lane_id: str) -> None:
     [("node", "connect"), ("node", "grpc-web"), ("browser", "connect")],
 )
 async def test_node_imports_the_built_package_and_follows_a_lane_over_http(
-    served: RunningServer, stub: Any, application: Path, condition: str, protocol: str
+    http_server: RunningServer,
+    http_server_stub: Any,
+    application: Path,
+    condition: str,
+    protocol: str,
 ) -> None:
     lane_id = new_lane_id("ts-package")
-    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    await http_server_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
     node = shutil.which("node")
     assert node is not None
     conditions = ["--conditions=browser"] if condition == "browser" else []
@@ -164,7 +149,7 @@ async def test_node_imports_the_built_package_and_follows_a_lane_over_http(
         *conditions,
         "app.mjs",
         lane_id,
-        f"http://127.0.0.1:{served.http_port}",
+        f"http://127.0.0.1:{http_server.http_port}",
         protocol,
         cwd=application,
         stdin=asyncio.subprocess.DEVNULL,
@@ -182,8 +167,9 @@ async def test_node_imports_the_built_package_and_follows_a_lane_over_http(
         first = await app.line()
         assert (first["kind"], first["revision"]) == ("snapshot", "1")
 
-        await drive_run(stub, lane_id)
-        final = (await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))).snapshot
+        await drive_run(http_server_stub, lane_id)
+        answer = await http_server_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+        final = answer.snapshot
         views = [first]
         while int(views[-1]["revision"]) < final.revision:
             views.append(await app.line())

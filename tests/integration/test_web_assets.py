@@ -8,26 +8,15 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
-from lane.server.app.server import RunningServer, start_server
+from lane.server.app.server import RunningServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 STATIC = Path(__file__).resolve().parents[2] / "service" / "lane" / "server" / "web" / "static"
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def served(session_database_url: str) -> AsyncIterator[RunningServer]:
-    running = await start_server(session_database_url, http_listen="127.0.0.1:0")
-    try:
-        yield running
-    finally:
-        await running.stop(grace=0.5)
 
 
 def fetch(
@@ -54,9 +43,9 @@ def fetch(
     ],
 )
 async def test_the_built_files_are_served(
-    served: RunningServer, path: str, name: str, content_type: str
+    http_server: RunningServer, path: str, name: str, content_type: str
 ) -> None:
-    url = f"http://127.0.0.1:{served.http_port}{path}"
+    url = f"http://127.0.0.1:{http_server.http_port}{path}"
     status, headers, body = await asyncio.to_thread(fetch, url)
     assert status == 200
     assert body == (STATIC / name).read_bytes()
@@ -69,8 +58,8 @@ async def test_the_built_files_are_served(
     assert headers["content-length"] == str((STATIC / name).stat().st_size)
 
 
-async def test_other_paths_and_methods_are_refused(served: RunningServer) -> None:
-    base = f"http://127.0.0.1:{served.http_port}"
+async def test_other_paths_and_methods_are_refused(http_server: RunningServer) -> None:
+    base = f"http://127.0.0.1:{http_server.http_port}"
     status, _, _ = await asyncio.to_thread(fetch, f"{base}/secrets.txt")
     assert status == 404
     status, _, _ = await asyncio.to_thread(fetch, f"{base}/lane.v1.LaneServiceX/ListLanes")

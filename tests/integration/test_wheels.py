@@ -16,7 +16,6 @@ Slow (two virtualenvs, a few dozen packages installed): ``-m 'not slow'`` leaves
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
@@ -29,12 +28,11 @@ from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lane.client.cli_serve import SERVER_NOT_INSTALLED, SERVER_PACKAGE
 
 from lane.server.app.server import RunningServer
+from tests.support.servers import serving
 
 pytestmark = [
     pytest.mark.slow,
@@ -276,15 +274,3 @@ def fetch(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as answer:
         body: bytes = answer.read()
         return body
-
-
-async def serving(port: int, process: asyncio.subprocess.Process) -> bool:
-    """Wait until the service at ``port`` reports SERVING; False if the process ended first."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while process.returncode is None:
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                answer = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
-            await asyncio.sleep(0.1)
-    return False

@@ -33,6 +33,7 @@ from lane.server.app.server import LANE_SERVICE_NAME
 from lane.server.app.supervisor import describe_exit, worker_metrics_listen
 from tests.integration.lanes import user
 from tests.integration.test_watch_stream import Watcher, new_lane, snapshot_of
+from tests.support.servers import stop_process
 
 # Every channel its own TCP connection (gRPC otherwise shares one between identical channels),
 # so the kernel chooses a worker per channel; reconnect quickly after a worker died.
@@ -361,13 +362,8 @@ class _Service:
             print(f"--- {log.name}:\n{service.output()}")  # pytest shows it for a failure
             raise
         finally:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(process.wait(), timeout=30)
-                except TimeoutError:
-                    process.kill()  # its workers die with it (PR_SET_PDEATHSIG)
-                    await process.wait()
+            # A SIGKILLed supervisor's workers die with it (PR_SET_PDEATHSIG).
+            await stop_process(process, grace=30)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

@@ -22,13 +22,14 @@ import pytest
 import pytest_asyncio
 from lane.client.errors import lane_error
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
+from lane.v1 import snapshot_pb2
 
 from lane.server.app.config import Settings
-from lane.server.app.server import RunningServer, start_server
+from lane.server.app.server import RunningServer
 from lane.server.store.pool import LanePool
 from tests.integration.lanes import new_lane_id, user
 from tests.outage.restartable_postgres import RestartablePostgres
+from tests.support.servers import serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -53,13 +54,8 @@ async def service(postgres: RestartablePostgres) -> AsyncIterator[tuple[RunningS
     settings = Settings(
         database_url=postgres.uri, db_pool_size=1, db_checkout_timeout_seconds=CHECKOUT_TIMEOUT
     )
-    running = await start_server(settings, listen="127.0.0.1:0")
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
-    try:
-        yield running, lane_service_pb2_grpc.LaneServiceStub(channel)
-    finally:
-        await channel.close()
-        await running.stop(grace=0.5)
+    async with serve(settings) as served:
+        yield served
 
 
 def _enqueue(lane_id: str, request_id: str) -> pb.EnqueueMessageRequest:

@@ -1,17 +1,55 @@
-"""Extra service instances for tests that need more than the session server."""
+"""Extra service instances for tests that need more than the session server, and helpers for
+service processes.
+
+- :func:`serve`: a server started with given :class:`Settings` and a stub to it;
+- :func:`extra_server`: another process's worth of server on a database (notify, polling,
+  clock and reconciler settings by keyword);
+- fixtures ``http_server`` / ``http_server_stub`` (one per test module): a service with both
+  ports (gRPC and HTTP), auth off, and a gRPC stub to it;
+- :func:`serving` and :func:`stop_process`: for a service run as a child process.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import grpc
+import pytest_asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lane.v1 import lane_service_pb2_grpc
 
 from lane.server.api import WatchSettings
 from lane.server.app.config import Settings
 from lane.server.app.server import RunningServer, start_server
 from lane.server.store import Clock, system_clock
+
+if TYPE_CHECKING:
+    # In the type stubs only.
+    from lane.v1.lane_service_pb2_grpc import LaneServiceAsyncStub as Stub
+
+
+@asynccontextmanager
+async def serve(
+    settings: Settings,
+    *,
+    listen: str = "127.0.0.1:0",
+    watch: WatchSettings | None = None,
+    clock: Clock = system_clock,
+) -> AsyncIterator[tuple[RunningServer, Stub]]:
+    """The service started with ``settings`` and a LaneService stub on an insecure channel to
+    it; both closed on exit."""
+    running = await start_server(settings, listen=listen, watch=watch, clock=clock)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+    try:
+        yield running, lane_service_pb2_grpc.LaneServiceStub(channel)
+    finally:
+        await channel.close()
+        await running.stop(grace=0.5)
 
 
 @asynccontextmanager
@@ -24,7 +62,7 @@ async def extra_server(
     listen: str = "127.0.0.1:0",
     clock: Clock = system_clock,
     orphan_seconds: float = Settings.orphan_seconds,
-) -> AsyncIterator[tuple[RunningServer, lane_service_pb2_grpc.LaneServiceAsyncStub]]:
+) -> AsyncIterator[tuple[RunningServer, Stub]]:
     """Another service process's worth of server, hub and store on ``database_url``; its
     store decides with ``clock`` (tests/support/clock.py moves one without sleeping)."""
     settings = Settings(
@@ -33,10 +71,48 @@ async def extra_server(
         poll_interval_seconds=poll_interval,
         orphan_seconds=orphan_seconds,
     )
-    running = await start_server(settings, listen=listen, watch=watch, clock=clock)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+    async with serve(settings, listen=listen, watch=watch, clock=clock) as served:
+        yield served
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def http_server(session_database_url: str) -> AsyncIterator[RunningServer]:
+    """One service with both ports (gRPC, and HTTP: Connect, gRPC-Web, the web view), auth
+    off, on the session database; one per test module."""
+    running = await start_server(session_database_url, http_listen="127.0.0.1:0")
     try:
-        yield running, lane_service_pb2_grpc.LaneServiceStub(channel)
+        yield running
     finally:
-        await channel.close()
         await running.stop(grace=0.5)
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def http_server_stub(http_server: RunningServer) -> AsyncIterator[Stub]:
+    """A LaneService stub on an insecure gRPC channel to ``http_server``."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{http_server.port}") as channel:
+        yield lane_service_pb2_grpc.LaneServiceStub(channel)
+
+
+async def serving(port: int, process: asyncio.subprocess.Process) -> bool:
+    """Wait until the service at ``port`` reports SERVING; False if ``process`` ended first."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while process.returncode is None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                answer = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+            await asyncio.sleep(0.1)
+    return False
+
+
+async def stop_process(process: asyncio.subprocess.Process, grace: float) -> None:
+    """Stop a service process still running: SIGTERM first (so it shuts down an embedded
+    PostgreSQL, and a supervisor its workers), SIGKILL if not gone after ``grace`` seconds."""
+    if process.returncode is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), timeout=grace)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
