@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -44,10 +44,10 @@ RETRIED = frozenset(
 
 
 @dataclass
-class LaneFindings:
-    """Counts of the recovery paths seen on one lane, and the violations."""
+class RecoveryCounts:
+    """Counts of the runs and the recovery paths seen: on one lane (:class:`LaneFindings`), or
+    summed over a harness run (its report)."""
 
-    lane_id: str
     runs_ended: int = 0
     runs_completed: int = 0
     runs_aborted: int = 0
@@ -69,6 +69,19 @@ class LaneFindings:
     unsafe_recoveries: int = 0
     calls: int = 0
     executions: int = 0
+
+    def add_counts(self, other: RecoveryCounts) -> None:
+        """Add every count of ``other`` to this one's."""
+        for counter in fields(RecoveryCounts):
+            setattr(self, counter.name, getattr(self, counter.name) + getattr(other, counter.name))
+
+
+@dataclass
+class LaneFindings(RecoveryCounts):
+    """Counts of the recovery paths seen on one lane, and the violations."""
+
+    # Keyword-only: a field without a default may not follow the counts' defaulted ones.
+    lane_id: str = field(kw_only=True)
     violations: list[str] = field(default_factory=list)
 
     def fail(self, problem: str) -> None:
@@ -207,7 +220,7 @@ async def check_lane(
     watcher_snapshot: snapshot_pb2.LaneSnapshot | None = None,
 ) -> LaneFindings:
     """Check every invariant on ``lane_id``; the lane must be quiet (all runs ended)."""
-    findings = LaneFindings(lane_id)
+    findings = LaneFindings(lane_id=lane_id)
     data = await load(conn, lane_id)
     snapshot = await snapshot_of(stub, lane_id)
     events = data.events

@@ -51,6 +51,7 @@ from tests.crash.checks import (
     INTERRUPTED_MARKER,
     RETRIED,
     LaneFindings,
+    RecoveryCounts,
     check_lane,
     snapshot_of,
 )
@@ -346,28 +347,14 @@ class HarnessConfig:
 
 
 @dataclass
-class CrashReport:
-    """What one harness run did and found."""
+class CrashReport(RecoveryCounts):
+    """What one harness run did and found: the lanes' counts summed, and the harness's own."""
 
     service_kills: int = 0
     driver_kills: int = 0
-    takeovers: int = 0
-    batch_takeovers: int = 0
-    replays: int = 0
-    interruptions: int = 0
-    unsafe_recoveries: int = 0
-    staged_at_takeover: int = 0
-    reconciliations: int = 0
     aborts_requested: int = 0
-    runs_ended: int = 0
-    runs_completed: int = 0
-    runs_aborted: int = 0
-    parallel_runs: int = 0
-    sequential_runs: int = 0
     lease_lost: int = 0
     drivers_started: int = 0
-    calls: int = 0
-    executions: int = 0
     seconds: float = 0.0
     #: Broken crash invariants (and harness failures).
     violations: list[str] = field(default_factory=list)
@@ -379,23 +366,7 @@ class CrashReport:
         return self.service_kills + self.driver_kills
 
     def add(self, findings: LaneFindings) -> None:
-        for name in (
-            "takeovers",
-            "batch_takeovers",
-            "replays",
-            "interruptions",
-            "unsafe_recoveries",
-            "staged_at_takeover",
-            "reconciliations",
-            "runs_ended",
-            "runs_completed",
-            "runs_aborted",
-            "parallel_runs",
-            "sequential_runs",
-            "calls",
-            "executions",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(findings, name))
+        self.add_counts(findings)
         self.violations.extend(findings.violations)
 
     def summary(self) -> str:

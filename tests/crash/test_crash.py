@@ -130,6 +130,21 @@ class Rig:
     async def statuses(self, lane_id: str) -> dict[str, tuple[str, bool]]:
         return {c: (s, cp) for c, s, _, cp in await call_statuses(self.conn, lane_id)}
 
+    async def checkpointed(self, lane_id: str, tool_call_id: str) -> None:
+        """Wait until ``tool_call_id`` is effect_pending and has a checkpoint."""
+
+        async def reached() -> bool:
+            return (await self.statuses(lane_id)).get(tool_call_id) == ("effect_pending", True)
+
+        await wait_until(reached, within=30, what="a checkpoint")
+
+    @staticmethod
+    async def kill(driver: DriverProcess) -> None:
+        """SIGKILL ``driver`` and wait for it to be gone (it must still be running: a driver
+        that ended before its kill raises ProcessLookupError)."""
+        driver.process.send_signal(signal.SIGKILL)
+        await driver.process.wait()
+
     async def findings(self, lane_id: str) -> LaneFindings:
         findings = await check_lane(self.conn, self.stub, lane_id)
         assert findings.violations == [], findings.violations
@@ -266,8 +281,7 @@ async def test_staged_result_is_placed_by_the_takeover_and_never_rerun(
             return bool(row and row[0])
 
         await wait_until(held, within=10, what="the placement held by the trigger")
-        first.process.send_signal(signal.SIGKILL)
-        await first.process.wait()
+        await r.kill(first)
         await r.service.kill()
         await r.conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
@@ -370,13 +384,8 @@ async def test_never_call_with_checkpoint_is_interrupted_not_rerun(
     plan = one_turn({"name": NEVER_TOOL, "steps": 200, "delay": 0.15, "checkpoint": True})
     async with rig(fresh_database_url, tmp_path) as r:
         first = await r.driver(lane, "d1", plan)
-
-        async def checkpointed() -> bool:
-            return (await r.statuses(lane)).get(target) == ("effect_pending", True)
-
-        await wait_until(checkpointed, within=30, what="a checkpoint")
-        first.process.send_signal(signal.SIGKILL)
-        await first.process.wait()
+        await r.checkpointed(lane, target)
+        await r.kill(first)
         checkpoint = await checkpoint_of(r, target)
 
         second = await r.driver(lane, "d2", plan)
@@ -415,13 +424,8 @@ async def test_safe_call_is_replayed_with_its_persisted_arguments(
     plan = one_turn({"name": SAFE_TOOL, "steps": 8, "delay": 0.25, "checkpoint": True})
     async with rig(fresh_database_url, tmp_path) as r:
         first = await r.driver(lane, "d1", plan)
-
-        async def checkpointed() -> bool:
-            return (await r.statuses(lane)).get(target) == ("effect_pending", True)
-
-        await wait_until(checkpointed, within=30, what="a checkpoint")
-        first.process.send_signal(signal.SIGKILL)
-        await first.process.wait()
+        await r.checkpointed(lane, target)
+        await r.kill(first)
 
         second = await r.driver(lane, "d2", plan)
         await r.finished(second)
@@ -477,8 +481,7 @@ async def test_service_reconciles_an_aborted_run_without_any_driver(
             }
 
         await wait_until(in_position, within=30, what="one call of each state")
-        first.process.send_signal(signal.SIGKILL)
-        await first.process.wait()
+        await r.kill(first)
         checkpoint = await checkpoint_of(r, pending)
         operation_id = await open_operation(r.stub, lane)
         await r.stub.AbortOperation(
@@ -548,11 +551,7 @@ async def test_stale_driver_is_refused_and_changes_nothing(
     # Orphans are reconciled only after a minute: the frozen driver's run stays open.
     async with rig(fresh_database_url, tmp_path) as r:
         first = await r.driver(lane, "d1", plan)
-
-        async def checkpointed() -> bool:
-            return (await r.statuses(lane)).get(target) == ("effect_pending", True)
-
-        await wait_until(checkpointed, within=30, what="a checkpoint")
+        await r.checkpointed(lane, target)
         first.process.send_signal(signal.SIGSTOP)
         operation_id = await open_operation(r.stub, lane)
         old_token = (
