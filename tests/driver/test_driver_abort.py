@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from lane.client.driver import Driver
 from lane.client.hooks import BeforeToolDecision, BeforeToolEvent, Hooks
-from lane.client.model import ModelRequest, ScriptedModel
+from lane.client.model import ScriptedModel
 from lane.client.tools import ToolContext, ToolResult, ToolResultLike
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import messages_pb2, snapshot_pb2
+from lane.v1 import snapshot_pb2
 
 from tests.driver.support import (
+    HangingModel,
     Recorder,
     by_call,
     open_operation_id,
@@ -139,16 +140,10 @@ async def test_abort_is_seen_through_lease_renewal_alone(lane_stub) -> None:
 
 async def test_abort_while_the_model_answers_ends_the_run_without_its_answer(lane_stub) -> None:
     lane = new_lane_id("abort-model")
-    asked = asyncio.Event()
-
-    async def slow_model(request: ModelRequest) -> messages_pb2.AssistantMessage:
-        asked.set()
-        await asyncio.sleep(60)
-        raise AssertionError("not reached")
-
+    model = HangingModel()
     driver = Driver(lane_stub, lane, [])
-    running = asyncio.create_task(driver.run("go", slow_model))
-    await asyncio.wait_for(asked.wait(), 10)
+    running = asyncio.create_task(driver.run("go", model))
+    await model.wait_asked()
     assert await driver.abort()
     result = await asyncio.wait_for(running, 5)
     assert result.status == ABORTED

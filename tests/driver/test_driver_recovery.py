@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from lane.client.driver import Driver, LeaseLost
 from lane.client.hooks import BeforeToolDecision, BeforeToolEvent, Hooks
-from lane.client.model import ModelRequest, ScriptedModel
+from lane.client.model import ScriptedModel
 from lane.client.tools import Tool, ToolContext, ToolResultLike
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import messages_pb2, snapshot_pb2
+from lane.v1 import snapshot_pb2
 
 from tests.driver.support import (
+    HangingModel,
     Recorder,
     by_call,
     open_operation_id,
@@ -157,17 +158,11 @@ async def test_recovery_of_a_sequential_batch_runs_its_planned_calls_normally(la
 
 async def test_recovery_of_an_open_turn_asks_the_model_again(lane_stub) -> None:
     lane = new_lane_id("recover-turn")
-    asked = asyncio.Event()
-
-    async def hanging_model(request: ModelRequest) -> messages_pb2.AssistantMessage:
-        asked.set()
-        await asyncio.sleep(3600)
-        raise AssertionError("not reached")
-
+    model = HangingModel()
     driver1 = Driver(lane_stub, lane, [], lease_seconds=1)
-    running = asyncio.create_task(driver1.run("go", hanging_model))
+    running = asyncio.create_task(driver1.run("go", model))
     operation_id = await open_operation_id(lane_stub, lane)
-    await asyncio.wait_for(asked.wait(), 10)
+    await model.wait_asked()
     await crash(running)
     driver2 = Driver(lane_stub, lane, [])
     result = await driver2.recover(operation_id, ScriptedModel([step("answered")]), wait_seconds=10)

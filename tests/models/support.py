@@ -13,6 +13,8 @@ from lane.client.watch import LaneView, watch_lane
 from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
+from tests.models.fake_provider import Gate
+
 #: Retries in tests: quick when the provider names no delay.
 QUICK_RETRY = RetryPolicy(initial_backoff=0.05, max_backoff=0.1, max_attempts=2)
 
@@ -51,11 +53,27 @@ class Watcher:
         except TimeoutError:
             raise AssertionError(f"the watcher never saw {what}") from None
 
+    async def streamed_at(
+        self,
+        gate: Gate,
+        check: Callable[[messages_pb2.AssistantMessage], bool],
+        what: str,
+    ) -> None:
+        """Wait until the provider holds at ``gate``, then until the message streaming in the
+        lane passes ``check``: what the lane shows while the provider waits mid-answer."""
+        await gate.reached.wait()
+        await self.until(lambda: (m := self.streaming()) is not None and check(m), what)
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    async def finish(self) -> None:
+        """Catch up with the lane (checking fold == capture), then stop watching."""
+        await self.caught_up()
+        await self.stop()
 
     @property
     def snapshot(self) -> snapshot_pb2.LaneSnapshot:

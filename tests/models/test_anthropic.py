@@ -81,13 +81,9 @@ async def test_thinking_text_and_a_tool_call_stream_into_the_lane_and_settle(
     run = asyncio.create_task(
         Driver(lane_stub, lane, tools).run("List the files.", claude(provider))
     )
-    await gate.reached.wait()
-    await watcher.until(
-        lambda: (
-            (m := watcher.streaming()) is not None
-            and len(m.content) == 3
-            and m.content[2].tool_call.arguments_json == '{"comm'
-        ),
+    await watcher.streamed_at(
+        gate,
+        lambda m: len(m.content) == 3 and m.content[2].tool_call.arguments_json == '{"comm',
         "the thinking, the text and half the input",
     )
     # Thinking finished before the text started: committed with its signature.
@@ -95,8 +91,7 @@ async def test_thinking_text_and_a_tool_call_stream_into_the_lane_and_settle(
     gate.open()
     result = await run
     assert result.status == COMPLETED
-    await watcher.caught_up()
-    await watcher.stop()
+    await watcher.finish()
     first, second = assistant_messages(watcher.snapshot)
     expected = messages_pb2.AssistantMessage(
         content=[
@@ -181,8 +176,7 @@ async def test_max_tokens_settles_as_length_and_the_cut_call_never_runs(
     tools = [tool("shell", returns("ran"), recorder=recorder)]
     result = await Driver(lane_stub, lane, tools).run("Echo.", claude(provider))
     assert result.status == COMPLETED
-    await watcher.caught_up()
-    await watcher.stop()
+    await watcher.finish()
     cut = assistant_messages(watcher.snapshot)[0]
     assert (
         cut.stop_reason == messages_pb2.STOP_REASON_LENGTH and cut.raw_stop_reason == "max_tokens"
@@ -206,9 +200,7 @@ async def test_overload_mid_stream_then_529_are_retried_and_the_failed_partial_i
         PATH,
         Reply(
             stream=[
-                w.message_start(12),
-                w.block_start(0, {"type": "text", "text": ""}),
-                w.block_delta(0, {"type": "text_delta", "text": "Half an ans"}),
+                *w.text_opened("Half an ans"),
                 cut_off,
                 w.anthropic_event(
                     "error", error={"type": "overloaded_error", "message": "Overloaded"}
@@ -224,16 +216,13 @@ async def test_overload_mid_stream_then_529_are_retried_and_the_failed_partial_i
     )
     driver = Driver(lane_stub, lane, model_retry=QUICK_RETRY)
     run = asyncio.create_task(driver.run("Answer.", claude(provider)))
-    await cut_off.reached.wait()
-    await watcher.until(
-        lambda: (m := watcher.streaming()) is not None and m.content[0].text.text == "Half an ans",
-        "the first attempt's partial",
+    await watcher.streamed_at(
+        cut_off, lambda m: m.content[0].text.text == "Half an ans", "the first attempt's partial"
     )
     cut_off.open()
     result = await run
     assert result.status == COMPLETED
-    await watcher.caught_up()
-    await watcher.stop()
+    await watcher.finish()
     (answer,) = assistant_messages(watcher.snapshot)  # the failed attempt left no entry
     assert answer.content[0].text.text == "A whole answer."
     scheduled = [e.retry_scheduled for e in watcher.events() if e.HasField("retry_scheduled")]
@@ -255,9 +244,7 @@ async def test_an_abort_while_the_answer_streams_ends_the_run_aborted(
         PATH,
         Reply(
             stream=[
-                w.message_start(12),
-                w.block_start(0, {"type": "text", "text": ""}),
-                w.block_delta(0, {"type": "text_delta", "text": "I will go on for"}),
+                *w.text_opened("I will go on for"),
                 never,
                 w.block_delta(0, {"type": "text_delta", "text": " ever."}),
             ]
@@ -265,18 +252,13 @@ async def test_an_abort_while_the_answer_streams_ends_the_run_aborted(
     )
     driver = Driver(lane_stub, lane)
     run = asyncio.create_task(driver.run("Talk.", claude(provider)))
-    await never.reached.wait()
-    await watcher.until(
-        lambda: (
-            (m := watcher.streaming()) is not None and m.content[0].text.text == "I will go on for"
-        ),
-        "the partial",
+    await watcher.streamed_at(
+        never, lambda m: m.content[0].text.text == "I will go on for", "the partial"
     )
     assert await driver.abort()
     result = await run
     assert result.status == ABORTED
-    await watcher.caught_up()
-    await watcher.stop()
+    await watcher.finish()
     assert assistant_messages(watcher.snapshot) == []
     assert not watcher.snapshot.HasField("operation")
     assert watcher.snapshot.last_result.status == ABORTED

@@ -89,29 +89,21 @@ async def test_a_streamed_answer_is_committed_as_it_grows_and_settles_as_the_pro
     run = asyncio.create_task(driver.run("Read the notes.", chat_model(provider)))
 
     # The provider waits mid-answer: the lane already holds the text so far.
-    await text_done.reached.wait()
-    await watcher.until(
-        lambda: (
-            (m := watcher.streaming()) is not None
-            and [b.text.text for b in m.content] == ["Let me look."]
-        ),
+    await watcher.streamed_at(
+        text_done,
+        lambda m: [b.text.text for b in m.content] == ["Let me look."],
         "the text streamed so far",
     )
     text_done.open()
-    await args_half.reached.wait()
-    await watcher.until(
-        lambda: (
-            (m := watcher.streaming()) is not None
-            and len(m.content) == 2
-            and m.content[1].tool_call.arguments_json == '{"path": "no'
-        ),
+    await watcher.streamed_at(
+        args_half,
+        lambda m: len(m.content) == 2 and m.content[1].tool_call.arguments_json == '{"path": "no',
         "half the tool call's arguments",
     )
     args_half.open()
     result = await run
     assert result.status == COMPLETED and result.turns == 2
-    await watcher.caught_up()
-    await watcher.stop()
+    await watcher.finish()
 
     snap = watcher.snapshot
     first, second = assistant_messages(snap)
@@ -200,8 +192,7 @@ async def test_a_length_stop_settles_as_length_and_its_calls_get_the_truncated_r
     tools = [tool("write_file", returns("written"), recorder=recorder)]
     result = await Driver(lane_stub, lane, tools).run("Write a.txt.", chat_model(provider))
     assert result.status == COMPLETED
-    await watcher.caught_up()
-    await watcher.stop()
+    await watcher.finish()
     snap = watcher.snapshot
     cut = assistant_messages(snap)[0]
     assert cut.stop_reason == messages_pb2.STOP_REASON_LENGTH and cut.raw_stop_reason == "length"
@@ -242,8 +233,7 @@ async def test_a_429_with_retry_after_is_retried_through_the_lane_after_that_del
     )
     result = await Driver(lane_stub, lane).run("Hello?", chat_model(provider))
     assert result.status == COMPLETED
-    await watcher.caught_up()
-    await watcher.stop()
+    await watcher.finish()
     events = watcher.events()
     kinds = [e.WhichOneof("kind") for e in events]
     assert kinds.index("retry_scheduled") < kinds.index("retry_start") < kinds.index("retry_end")
@@ -272,8 +262,7 @@ async def test_server_errors_past_the_retries_fail_the_run_with_the_provider_mes
     assert result.result.error.code == "model_error"
     assert result.result.error.message == "The server had an error (gave up after 3 attempts)"
     assert len(provider.bodies(PATH)) == 3  # the first attempt and QUICK_RETRY's 2 retries
-    await watcher.caught_up()
-    await watcher.stop()
+    await watcher.finish()
     kinds = [e.WhichOneof("kind") for e in watcher.events()]
     assert kinds.count("retry_scheduled") == 2 and kinds.count("retry_start") == 2
 

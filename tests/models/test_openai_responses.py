@@ -45,14 +45,7 @@ def reasoning_text_and_call(gate: Gate) -> Reply:
     ev = w.ResponsesStream()
     reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
     message = {"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress"}
-    call = {
-        "type": "function_call",
-        "id": "fc_1",
-        "call_id": "call_r",
-        "name": "read_file",
-        "arguments": "",
-        "status": "in_progress",
-    }
+    call = w.function_call_item("fc_1", "call_r", "read_file")
     done_call = {**call, "arguments": '{"path": "README.md"}', "status": "completed"}
     done_message = {
         **message,
@@ -92,29 +85,7 @@ def reasoning_text_and_call(gate: Gate) -> Reply:
             ),
             ev("response.output_item.done", output_index=0, item=done_reasoning),
             ev("response.output_item.added", output_index=1, item={**message, "content": []}),
-            ev(
-                "response.content_part.added",
-                item_id="msg_1",
-                output_index=1,
-                content_index=0,
-                part={"type": "output_text", "text": "", "annotations": []},
-            ),
-            ev(
-                "response.output_text.delta",
-                item_id="msg_1",
-                output_index=1,
-                content_index=0,
-                delta="Reading it.",
-                logprobs=[],
-            ),
-            ev(
-                "response.output_text.done",
-                item_id="msg_1",
-                output_index=1,
-                content_index=0,
-                text="Reading it.",
-                logprobs=[],
-            ),
+            *w.text_part(ev, "msg_1", 1, "Reading it."),
             ev("response.output_item.done", output_index=1, item=done_message),
             ev("response.output_item.added", output_index=2, item=call),
             ev(
@@ -161,11 +132,10 @@ async def test_reasoning_text_and_a_function_call_stream_into_the_lane_and_settl
     run = asyncio.create_task(
         Driver(lane_stub, lane, tools).run("Read it.", responses_model(provider))
     )
-    await gate.reached.wait()
-    await watcher.until(
-        lambda: (
-            (m := watcher.streaming()) is not None
-            and len(m.content) == 3
+    await watcher.streamed_at(
+        gate,
+        lambda m: (
+            len(m.content) == 3
             and m.content[0].thinking.thinking == "Need the README."
             and m.content[2].tool_call.arguments_json == '{"path": "READ'
         ),
@@ -174,8 +144,7 @@ async def test_reasoning_text_and_a_function_call_stream_into_the_lane_and_settl
     gate.open()
     result = await run
     assert result.status == COMPLETED
-    await watcher.caught_up()
-    await watcher.stop()
+    await watcher.finish()
     first, second = assistant_messages(watcher.snapshot)
     expected = messages_pb2.AssistantMessage(
         content=[
@@ -229,14 +198,7 @@ async def test_an_incomplete_response_for_max_output_tokens_settles_as_length(
 ) -> None:
     lane = new_lane_id("oai-resp-len")
     ev = w.ResponsesStream()
-    call = {
-        "type": "function_call",
-        "id": "fc_2",
-        "call_id": "call_x",
-        "name": "write_file",
-        "arguments": "",
-        "status": "in_progress",
-    }
+    call = w.function_call_item("fc_2", "call_x", "write_file")
     provider.queue(
         PATH,
         Reply(

@@ -132,6 +132,33 @@ def responses_usage(inputs: int, outputs: int, cached: int = 0, reasoning: int =
     }
 
 
+def text_part(ev: ResponsesStream, item_id: str, output_index: int, text: str) -> list[Event]:
+    """The events of an output_text part of message ``item_id`` streamed in one delta: added,
+    the delta, done."""
+    where = {"item_id": item_id, "output_index": output_index, "content_index": 0}
+    return [
+        ev(
+            "response.content_part.added",
+            **where,
+            part={"type": "output_text", "text": "", "annotations": []},
+        ),
+        ev("response.output_text.delta", **where, delta=text, logprobs=[]),
+        ev("response.output_text.done", **where, text=text, logprobs=[]),
+    ]
+
+
+def function_call_item(item_id: str, call_id: str, name: str) -> dict[str, Any]:
+    """A ``function_call`` output item as it is added: no arguments yet."""
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": "",
+        "status": "in_progress",
+    }
+
+
 def responses_text_reply(text: str) -> Reply:
     """A whole streamed answer of ``text``."""
     ev = ResponsesStream()
@@ -145,29 +172,7 @@ def responses_text_reply(text: str) -> Reply:
         stream=[
             ev("response.created", response=response_object("in_progress", [])),
             ev("response.output_item.added", output_index=0, item={**item, "content": []}),
-            ev(
-                "response.content_part.added",
-                item_id="msg_9",
-                output_index=0,
-                content_index=0,
-                part={"type": "output_text", "text": "", "annotations": []},
-            ),
-            ev(
-                "response.output_text.delta",
-                item_id="msg_9",
-                output_index=0,
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            ),
-            ev(
-                "response.output_text.done",
-                item_id="msg_9",
-                output_index=0,
-                content_index=0,
-                text=text,
-                logprobs=[],
-            ),
+            *text_part(ev, "msg_9", 0, text),
             ev("response.output_item.done", output_index=0, item=done_item),
             ev(
                 "response.completed",
@@ -232,13 +237,20 @@ MESSAGE_STOP = anthropic_event("message_stop")
 PING = anthropic_event("ping")
 
 
+def text_opened(text: str, inputs: int = 12) -> list[Event]:
+    """A message's start and the first delta of its text block, ``text``."""
+    return [
+        message_start(inputs),
+        block_start(0, {"type": "text", "text": ""}),
+        block_delta(0, {"type": "text_delta", "text": text}),
+    ]
+
+
 def anthropic_text_reply(text: str) -> Reply:
     """A whole streamed answer of ``text``."""
     return Reply(
         stream=[
-            message_start(30),
-            block_start(0, {"type": "text", "text": ""}),
-            block_delta(0, {"type": "text_delta", "text": text}),
+            *text_opened(text, inputs=30),
             block_stop(0),
             message_delta("end_turn", 5),
             MESSAGE_STOP,
