@@ -97,6 +97,15 @@ class Watcher:
         return error.code(), info.reason, dict(info.metadata)
 
 
+async def watched_then_deleted(stub: Stub, lane_id: str) -> Watcher:
+    """A watcher attached to the new lane ``lane_id``, which is then deleted."""
+    await LaneScript.create(stub, lane_id)
+    watcher = Watcher(stub, lane_id)
+    await watcher.attached()
+    await stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
+    return watcher
+
+
 def table_names_of_schema() -> set[str]:
     """Every table the migrations create, but the service's own bookkeeping."""
     import re
@@ -198,10 +207,7 @@ async def test_the_id_can_be_used_again_and_the_lane_starts_fresh(
 
 async def test_a_watcher_in_this_process_ends_lane_deleted(lane_stub: Stub) -> None:
     lane_id = new_lane_id("del-watch")
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    watcher = Watcher(lane_stub, lane_id)
-    await watcher.attached()
-    await lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
+    watcher = await watched_then_deleted(lane_stub, lane_id)
     code, reason, metadata = await watcher.end()
     assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "LANE_DELETED")
     assert metadata == {"laneId": lane_id, "lastRevision": "1"}
@@ -237,10 +243,7 @@ async def test_a_watcher_on_another_server_ends_lane_deleted(
 
 async def test_a_lane_created_again_is_watched_afresh_after_the_delete(lane_stub: Stub) -> None:
     lane_id = new_lane_id("del-rewatch")
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    old = Watcher(lane_stub, lane_id)
-    await old.attached()
-    await lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
+    old = await watched_then_deleted(lane_stub, lane_id)
     lane = await LaneScript.create(lane_stub, lane_id)
     new = Watcher(lane_stub, lane_id)
     await new.attached()

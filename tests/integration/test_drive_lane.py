@@ -527,6 +527,23 @@ async def leased(stub: Any, lane: str) -> RunScript:
     return await LaneScript(stub, lane).start_run("go", driver_id="d1", lease_seconds=300)
 
 
+async def check_held_commands_committed_once(
+    stub: Any, run: RunScript, other: str, answers: list[Any]
+) -> None:
+    """After a cut stream: the held lane's three usage commands (1, 2, 3) committed once each,
+    in order, after ``run`` started; ``other`` holds its three; a unary retry of the first gets
+    the stored answer."""
+    held, before = run.lane.lane_id, run.started.revision
+    assert [a.revision for a in answers] == [before + n for n in (1, 2, 3)]
+    events = await events_between(stub, held, before, before + 3)
+    assert kinds(events) == ["usage"] * 3
+    assert [e.usage.row.usage.input for e in events] == [1, 2, 3]
+    assert await revision(stub, held) == before + 3  # nothing twice
+    assert await revision(stub, other) == 4
+    # A unary retry of one of them returns the same answer: it was stored under its id.
+    assert await stub.RecordUsage(usage(held, 1)) == answers[0]
+
+
 def usage(lane: str, n: int, request_id: str = "") -> pb.RecordUsageRequest:
     return pb.RecordUsageRequest(
         lane_id=lane,
@@ -681,16 +698,7 @@ async def test_a_stream_cut_mid_flight_loses_and_doubles_nothing(
         await session.aclose()
         await channel.close()
         await proxy.stop()
-    revision_before = run.started.revision
-    assert [a.revision for a in answers] == [revision_before + n for n in (1, 2, 3)]
-    events = await events_between(lane_stub, held, revision_before, revision_before + 3)
-    assert kinds(events) == ["usage"] * 3
-    assert [e.usage.row.usage.input for e in events] == [1, 2, 3]
-    assert await revision(lane_stub, held) == revision_before + 3  # nothing twice
-    assert await revision(lane_stub, other) == 4
-    # A unary retry of one of them returns the same answer: it was stored under its id.
-    again = await lane_stub.RecordUsage(usage(held, 1))
-    assert again == answers[0]
+    await check_held_commands_committed_once(lane_stub, run, other, list(answers))
 
 
 async def test_a_session_rides_out_a_service_restart(fresh_database_url: str) -> None:

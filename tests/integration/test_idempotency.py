@@ -259,9 +259,7 @@ async def test_concurrent_identical_requests_commit_once(lane_stub, store, rpc) 
 
 
 async def test_stage_retry_after_placement_returns_the_placed_ids(lane_stub, store) -> None:
-    ctx = await build(lane_stub, "pending", prefix="idem")
-    probe = Probe(lane_stub, ctx.lane_id)
-    await probe.start()
+    ctx, probe = await prepared(lane_stub, "StageToolOutcome")  # a lane in state "pending"
     await start_tool(lane_stub, ctx, "c1")
     # c1 settles first: staged, not placed (c0 still runs).
     late = _staged(ctx, "c1", "c1 done", "stage-c1")
@@ -344,9 +342,7 @@ async def _stage_without_placement(stub: Any, request: Message, monkeypatch: Any
 async def test_stage_retry_places_what_the_first_call_left_unplaced(
     lane_stub, store, monkeypatch
 ) -> None:
-    ctx = await build(lane_stub, "pending", prefix="idem")
-    probe = Probe(lane_stub, ctx.lane_id)
-    await probe.start()
+    ctx, probe = await prepared(lane_stub, "StageToolOutcome")  # a lane in state "pending"
     request = _staged(ctx, "c0", "c0 done", "stage-stopped")
     await _stage_without_placement(lane_stub, request, monkeypatch)
     assert kinds(await probe.check()) == ["tool_end"]  # staged, not placed
@@ -368,9 +364,7 @@ async def test_stage_retry_without_request_id_is_refused_and_the_placement_finis
     # Without a request id a retry cannot be told from a second outcome for the call: the call
     # is staged already, so it is refused. What the first call left unplaced is placed all the
     # same, in a placement commit of its own (service/lane/server/commands/pending_placement.py).
-    ctx = await build(lane_stub, "pending", prefix="idem")
-    probe = Probe(lane_stub, ctx.lane_id)
-    await probe.start()
+    ctx, probe = await prepared(lane_stub, "StageToolOutcome")  # a lane in state "pending"
     request = _staged(ctx, "c0", "c0 done")
     await _stage_without_placement(lane_stub, request, monkeypatch)
     assert kinds(await probe.check()) == ["tool_end"]

@@ -190,6 +190,14 @@ async def open_turn(stub: Any, lane_id: str) -> tuple[RunScript, str]:
     return run, await run.start_turn()
 
 
+async def probed_lane(stub: Any) -> tuple[LaneScript, Probe]:
+    """A new lane, and a Probe started on it."""
+    lane = await LaneScript.create(stub, prefix="limits")
+    probe = Probe(stub, lane.lane_id)
+    await probe.start()
+    return lane, probe
+
+
 def sized_result_text(size: int) -> str:
     """The text of a one-block tool result of exactly ``size`` bytes."""
     value: str = sized_text(result, size).content[0].text.text
@@ -315,10 +323,8 @@ async def test_a_batch_at_the_call_limit_with_the_longest_ids_ends_at_once(lane_
 
 async def test_a_run_with_every_payload_at_its_limit(lane_stub) -> None:
     stub = lane_stub
-    lane = await LaneScript.create(stub, prefix="limits")
+    lane, probe = await probed_lane(stub)
     lane_id = lane.lane_id
-    probe = Probe(stub, lane_id)
-    await probe.start()
 
     def enqueue(size: int) -> Any:
         return lane.enqueue(sized_text(user, size), snapshot_pb2.QUEUE_KIND_NEXT_RUN)
@@ -371,10 +377,8 @@ async def test_a_run_with_every_payload_at_its_limit(lane_stub) -> None:
 
 async def test_every_other_payload_kind_is_limited(lane_stub) -> None:
     stub = lane_stub
-    lane = await LaneScript.create(stub, prefix="limits")
+    lane, probe = await probed_lane(stub)
     lane_id = lane.lane_id
-    probe = Probe(stub, lane_id)
-    await probe.start()
 
     def write(size: int) -> Any:
         custom = sized_text(
