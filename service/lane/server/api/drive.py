@@ -64,6 +64,7 @@ from lane.server import logs, traces
 from lane.server.api.auth import caller_namespace
 from lane.server.api.base import ServicerBase
 from lane.server.api.call import Call, Context
+from lane.server.api.encoded_counts import check_encoded_counts
 from lane.server.api.errors import error_answer, implementation, rich_status, status_of
 from lane.server.api.framing import length_delimited, varint
 from lane.server.api.instrument import MethodMetrics, bind_answer, bind_request, method_metrics
@@ -225,12 +226,16 @@ class _Session:
     def _dispatch(self, data: bytes) -> None:
         """Start serving one message: a command, in its lane's order; or its refusal."""
         try:
-            request = pb.DriveLaneRequest.FromString(data)
-        except DecodeError:
-            error = InvalidArgument(
-                "MALFORMED_REQUEST", "the message is not a valid DriveLaneRequest"
-            )
-            self._start(self._refuse(_sequence_of(data), error), None)
+            # A large message's counts are read from its bytes first: decoding costs per element.
+            check_encoded_counts(data, pb.DriveLaneRequest)
+            try:
+                request = pb.DriveLaneRequest.FromString(data)
+            except DecodeError:
+                raise InvalidArgument(
+                    "MALFORMED_REQUEST", "the message is not a valid DriveLaneRequest"
+                ) from None
+        except InvalidArgument as refused:
+            self._start(self._refuse(_sequence_of(data), refused), None)
             return
         which = request.WhichOneof("command")
         if which is None:

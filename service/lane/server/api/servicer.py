@@ -13,6 +13,7 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.server.api.auth import Authenticator
 from lane.server.api.call import Call, Context
 from lane.server.api.drive import DriveRpcs
+from lane.server.api.encoded_counts import check_encoded_counts
 from lane.server.api.errors import lane_error_status, unary
 from lane.server.api.framing import serialize
 from lane.server.api.harness_rpcs import HarnessRpcs
@@ -123,13 +124,15 @@ def _decoding(
         if refusal is not None:
             return context.abort_with_status(refusal)
         try:
-            request = request_type.FromString(data)
-        except DecodeError:
-            error = InvalidArgument(
-                "MALFORMED_REQUEST", f"the request is not a valid {request_type.DESCRIPTOR.name}"
-            )
-            return context.abort_with_status(lane_error_status(error))
-        try:
+            # A large request's counts are read from its bytes first: decoding costs per element.
+            check_encoded_counts(data, request_type)
+            try:
+                request = request_type.FromString(data)
+            except DecodeError:
+                raise InvalidArgument(
+                    "MALFORMED_REQUEST",
+                    f"the request is not a valid {request_type.DESCRIPTOR.name}",
+                ) from None
             # Counted before any handler walks it: an over-numerous request is refused in
             # time bounded by the count limits (validation.check_counts).
             check_counts(request)

@@ -107,7 +107,7 @@ _BLOCKS, _MESSAGES, _NAMES = "blocks", "messages", "names"
 #: AppendAssistantStream partials, a compaction's retained tail); tool names (a
 #: configuration's active tools, a result's added tools). Every repeated field a request can
 #: hold is one of them (tests/unit/test_request_counts.py keeps the list).
-_COUNT_LIMITS = {
+COUNT_LIMITS = {
     _BLOCKS: ("TOO_MANY_CONTENT_BLOCKS", MAX_CONTENT_BLOCKS, "content blocks"),
     _MESSAGES: ("TOO_MANY_MESSAGES", MAX_REQUEST_MESSAGES, "messages"),
     _NAMES: ("TOO_MANY_TOOL_NAMES", MAX_TOOL_NAMES, "tool names"),
@@ -131,7 +131,8 @@ class _CountPlan:
 
 
 @cache
-def _count_plan(descriptor: Descriptor) -> _CountPlan:
+def count_plan(descriptor: Descriptor) -> _CountPlan:
+    """Where a message of this type holds counted values, and which of its fields to visit."""
     repeated: list[tuple[FieldDescriptor, str]] = []
     descend: list[FieldDescriptor] = []
     for field in descriptor.fields:
@@ -160,11 +161,14 @@ def _holds_counts(descriptor: Descriptor, _seen: frozenset[str] = frozenset()) -
     return False
 
 
-def _too_many(what: str, field: str, count: int) -> InvalidArgument:
-    reason, limit, label = _COUNT_LIMITS[what]
+def too_many(what: str, field: str, count: int, *, at_least: bool = False) -> InvalidArgument:
+    """The refusal of a request holding ``count`` (``at_least``: counting stopped there)
+    values of what ``what`` counts, over its limit; ``field`` is where the limit was passed."""
+    reason, limit, label = COUNT_LIMITS[what]
+    holds = f"at least {count}" if at_least else f"{count}"
     return InvalidArgument(
         reason,
-        f"the request holds {count} {label} (all its messages together, counted at {field}); "
+        f"the request holds {holds} {label} (all its messages together, counted at {field}); "
         f"the limit is {limit}",
         field=field,
         count=count,
@@ -187,13 +191,13 @@ def check_counts(request: Message) -> None:
     assistants: list[tuple[messages_pb2.AssistantMessage, str]] = []
 
     def visit(message: Message, path: str) -> None:
-        plan = _count_plan(message.DESCRIPTOR)
+        plan = count_plan(message.DESCRIPTOR)
         for field, what in plan.repeated:
             count = len(getattr(message, field.name))
             if count:
                 totals[what] += count
-                if totals[what] > _COUNT_LIMITS[what][1]:
-                    raise _too_many(what, _join(path, field.name), totals[what])
+                if totals[what] > COUNT_LIMITS[what][1]:
+                    raise too_many(what, _join(path, field.name), totals[what])
         if message.DESCRIPTOR.full_name == _ASSISTANT:
             assistants.append((message, path))  # type: ignore[arg-type]
         for field in plan.descend:
