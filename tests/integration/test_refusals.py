@@ -12,15 +12,19 @@ After every allowed command, folding the new events into the previous capture eq
 capture (the Probe). Because refusals change nothing, the cases that expect one share a lane
 per state (a failing case drops it); a case that expects success gets a lane of its own.
 
+States are built by ``lane.client.testing.LaneScript``; the requests posed to them are built
+by its ``Aim`` (a ``Ctx`` here), so that a case names only what it is about.
+
 test_idempotency and test_capture_corruption reuse this module's lane builders.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -28,6 +32,7 @@ import pytest
 from google.protobuf.message import DecodeError, Message
 from hypothesis import HealthCheck, Phase, assume, event, given, settings
 from hypothesis import strategies as st
+from lane.client.testing import Aim, LaneScript, RunScript
 from lane.v1 import entries_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
@@ -41,6 +46,7 @@ from tests.integration.lanes import (
     tool_call,
     user,
 )
+from tests.outage.fuzz_encoding import MUTATION_KINDS, Mutation, mutate
 from tests.support import refusal_matrix
 from tests.support.refusal_matrix import Expected, Refusal, params
 
@@ -54,51 +60,28 @@ FAILED = snapshot_pb2.OPERATION_RESULT_STATUS_FAILED
 
 # -- lanes in a given state ---------------------------------------------------------------------
 
-
-@dataclass
-class Ctx:
-    """A lane and the ids a command against it uses."""
-
-    lane_id: str
-    operation_id: str = "op-never-opened"
-    turn_id: str = "turn-never-opened"
-    call_id: str = "c0"
+#: A lane and the ids a command against it names (``Aim.request`` builds the request). Until a
+#: state opens them, its operation and turn are ids that never were; its call is the one the
+#: state is named after.
+Ctx = Aim
 
 
-async def settle(stub: Any, ctx: Ctx, *blocks: messages_pb2.ContentBlock, stop: int = STOP) -> Any:
-    return await stub.SettleAssistantMessage(
-        pb.SettleAssistantMessageRequest(
-            lane_id=ctx.lane_id,
-            operation_id=ctx.operation_id,
-            turn_id=ctx.turn_id,
-            message=assistant(*blocks, stop=stop),
-        )
-    )
+def _method(request: Message) -> str:
+    """The RPC that takes ``request`` (StartRunRequest: StartRun)."""
+    return request.DESCRIPTOR.name.removesuffix("Request")
 
 
 async def start_tool(stub: Any, ctx: Ctx, call_id: str) -> Any:
-    return await stub.StartToolCall(
-        pb.StartToolCallRequest(
-            lane_id=ctx.lane_id,
-            operation_id=ctx.operation_id,
-            tool_call_id=call_id,
-            arguments_json="{}",
-        )
+    """StartToolCall of ``call_id``, no arguments."""
+    request = replace(ctx, tool_call_id=call_id).request(
+        pb.StartToolCallRequest, arguments_json="{}"
     )
+    return await stub.StartToolCall(request)
 
 
 async def stage(stub: Any, ctx: Ctx, call_id: str, **outcome: Any) -> Any:
-    return await stub.StageToolOutcome(
-        pb.StageToolOutcomeRequest(
-            lane_id=ctx.lane_id, operation_id=ctx.operation_id, tool_call_id=call_id, **outcome
-        )
-    )
-
-
-async def abort(stub: Any, ctx: Ctx) -> None:
-    await stub.AbortOperation(
-        pb.AbortOperationRequest(lane_id=ctx.lane_id, operation_id=ctx.operation_id)
-    )
+    """StageToolOutcome of ``call_id`` with ``outcome`` (``executed=`` or ``synthetic=``)."""
+    return await stub.StageToolOutcome(_stage(replace(ctx, tool_call_id=call_id), **outcome))
 
 
 UNKNOWN_TOOL = pb.SyntheticOutcome(cause=pb.SYNTHETIC_CAUSE_UNKNOWN_TOOL)
@@ -108,69 +91,59 @@ async def build(stub: Any, state: str, prefix: str = "refuse") -> Ctx:
     """A fresh lane in ``state``, one of the refusal matrix's (tests/support/refusal_matrix.py).
 
     The tool states hold one batch: [text, c0, c1] (tool calls at source indexes 1 and 2).
-    ``ctx.call_id`` is the call the state is named after.
+    ``ctx.tool_call_id`` is the call the state is named after. An ``a_`` state is its state
+    with the run's abort requested last.
     """
-    ctx = Ctx(new_lane_id(prefix))
+    ctx = Ctx(
+        new_lane_id(prefix),
+        operation_id="op-never-opened",
+        turn_id="turn-never-opened",
+        tool_call_id="c0",
+    )
     if state == "no_lane":
         return ctx
-    await stub.CreateLane(pb.CreateLaneRequest(lane_id=ctx.lane_id))
+    lane = await LaneScript.create(stub, ctx.lane_id)
     if state == "no_op":
         return ctx
-    run = await stub.StartRun(pb.StartRunRequest(lane_id=ctx.lane_id, prompt=[user("go")]))
-    ctx.operation_id = run.operation_id
-    if state == "idle":
-        return ctx
-    if state == "a_idle":
-        await abort(stub, ctx)
-        return ctx
-    turn = await stub.StartTurn(
-        pb.StartTurnRequest(lane_id=ctx.lane_id, operation_id=ctx.operation_id)
-    )
-    ctx.turn_id = turn.turn_id
-    if state in ("turn", "a_turn"):
-        if state == "a_turn":
-            await abort(stub, ctx)
-        return ctx
-    if state == "no_calls":
-        await settle(stub, ctx, text("let me look"), stop=messages_pb2.STOP_REASON_TOOL_USE)
-        return ctx
-    if state in ("trunc", "a_trunc"):
-        length = messages_pb2.STOP_REASON_LENGTH
-        await settle(
-            stub, ctx, text("cut"), tool_call("c0", "t", {}), tool_call("c1", "t", {}), stop=length
-        )
-        if state == "a_trunc":
-            await abort(stub, ctx)
-        return ctx
-    if state in ("may_finish", "ended"):
-        await settle(stub, ctx, text("done"))
-        if state == "ended":
-            await stub.EndRun(
-                pb.EndRunRequest(
-                    lane_id=ctx.lane_id, operation_id=ctx.operation_id, status=COMPLETED
-                )
-            )
-        return ctx
-    await settle(stub, ctx, text("calling"), tool_call("c0", "t", {}), tool_call("c1", "t", {}))
-    if state in ("planned", "a_planned"):
-        if state == "a_planned":
-            await abort(stub, ctx)
-        return ctx
-    if state == "completed":
-        await stage(stub, ctx, "c0", synthetic=UNKNOWN_TOOL)  # placed at once: c0 is first
-        return ctx
-    await start_tool(stub, ctx, "c0")
-    if state == "pending":
-        return ctx
-    if state == "a_pending":
-        await abort(stub, ctx)
-        return ctx
-    assert state == "blocked", state
-    await start_tool(stub, ctx, "c1")
-    staged = await stage(stub, ctx, "c1", executed=pb.ExecutedOutcome(result=result("c1 done")))
-    assert list(staged.placed_tool_call_ids) == []  # c0 still running blocks it
-    ctx.call_id = "c1"
+    run = await lane.start_run("go")
+    ctx = replace(ctx, operation_id=run.operation_id)
+    if state.removeprefix("a_") != "idle":
+        ctx = await _in_turn(run, replace(ctx, turn_id=await run.start_turn()), state)
+    if state.startswith("a_"):
+        await run.abort()
     return ctx
+
+
+async def _in_turn(run: RunScript, ctx: Ctx, state: str) -> Ctx:
+    """The rest of ``state`` (its abort aside) once the run's turn ``ctx.turn_id`` started."""
+    step = state.removeprefix("a_")
+    if step == "turn":
+        return ctx
+    if step == "no_calls":
+        await run.settle(ctx.turn_id, "let me look", stop=messages_pb2.STOP_REASON_TOOL_USE)
+        return ctx
+    if step == "trunc":
+        length = messages_pb2.STOP_REASON_LENGTH
+        await run.settle(ctx.turn_id, "cut", tool_calls=["c0", "c1"], stop=length)
+        return ctx
+    if step in ("may_finish", "ended"):
+        await run.settle(ctx.turn_id, "done")
+        if step == "ended":
+            await run.end()
+        return ctx
+    turn = await run.settle(ctx.turn_id, "calling", tool_calls=["c0", "c1"])
+    if step == "planned":
+        return ctx
+    if step == "completed":
+        await turn.call("c0").synthetic(UNKNOWN_TOOL.cause)  # placed at once: c0 is first
+        return ctx
+    await turn.call("c0").start()
+    if step == "pending":
+        return ctx
+    assert step == "blocked", state
+    c1 = await turn.call("c1").start().stage("c1 done")
+    assert c1.staged is not None and list(c1.staged.placed_tool_call_ids) == []  # c0 blocks it
+    return replace(ctx, tool_call_id="c1")
 
 
 _SHARED: dict[str, Ctx] = {}
@@ -189,6 +162,18 @@ def forget(ctx: Ctx) -> None:
     for state, known in list(_SHARED.items()):
         if known is ctx:
             del _SHARED[state]
+
+
+@contextlib.asynccontextmanager
+async def lane_in(stub: Any, state: str, *, own: bool = False) -> AsyncIterator[Ctx]:
+    """A lane in ``state`` for one case: a fresh one (``own``) or the shared one, which is
+    forgotten when the case fails."""
+    ctx = await build(stub, state) if own else await shared(stub, state)
+    try:
+        yield ctx
+    except BaseException:
+        forget(ctx)
+        raise
 
 
 # -- "nothing changed" --------------------------------------------------------------------------
@@ -262,8 +247,9 @@ def assert_unchanged(before: Picture, after: Picture, what: str) -> None:
         assert after.rows[table] == rows, f"{what}: {table} rows changed"
 
 
-async def call(stub: Any, method: str, request: Message) -> Any:
-    """Call ``method``; WatchLane returns its first message."""
+async def call(stub: Any, request: Message) -> Any:
+    """Send ``request`` to its RPC; WatchLane returns its first message."""
+    method = _method(request)
     if method == "WatchLane":
         stream = stub.WatchLane(request)
         try:
@@ -304,104 +290,75 @@ WRONG_TURN = "turn-wrong"
 UNKNOWN_CALL = "no-such-call"
 
 
-def _op(ctx: Ctx, wrong: bool) -> str:
-    return WRONG_OPERATION if wrong else ctx.operation_id
-
-
 def _start_run(ctx: Ctx) -> Message:
-    return pb.StartRunRequest(lane_id=ctx.lane_id, prompt=[user("again")])
+    return ctx.request(pb.StartRunRequest, prompt=[user("again")])
 
 
-def _abort(ctx: Ctx, wrong: bool = False) -> Message:
-    return pb.AbortOperationRequest(lane_id=ctx.lane_id, operation_id=_op(ctx, wrong))
+def _abort(ctx: Ctx) -> Message:
+    return ctx.request(pb.AbortOperationRequest)
 
 
-def _end_run(ctx: Ctx, wrong: bool = False) -> Message:
-    return pb.EndRunRequest(lane_id=ctx.lane_id, operation_id=_op(ctx, wrong), status=COMPLETED)
+def _end_run(ctx: Ctx) -> Message:
+    return ctx.request(pb.EndRunRequest, status=COMPLETED)
 
 
-def _start_turn(ctx: Ctx, wrong: bool = False) -> Message:
-    return pb.StartTurnRequest(lane_id=ctx.lane_id, operation_id=_op(ctx, wrong))
+def _start_turn(ctx: Ctx) -> Message:
+    return ctx.request(pb.StartTurnRequest)
 
 
-def _settle(ctx: Ctx, wrong: bool = False, turn: str | None = None) -> Message:
-    return pb.SettleAssistantMessageRequest(
-        lane_id=ctx.lane_id,
-        operation_id=_op(ctx, wrong),
-        turn_id=turn or ctx.turn_id,
-        message=assistant(text("hello"), stop=STOP),
+def _settle(ctx: Ctx) -> Message:
+    return ctx.request(
+        pb.SettleAssistantMessageRequest, message=assistant(text("hello"), stop=STOP)
     )
 
 
-def _start_tool(ctx: Ctx, wrong: bool = False, call_id: str | None = None) -> Message:
-    return pb.StartToolCallRequest(
-        lane_id=ctx.lane_id,
-        operation_id=_op(ctx, wrong),
-        tool_call_id=call_id or ctx.call_id,
-        arguments_json='{"effective": true}',
-    )
+def _start_tool(ctx: Ctx) -> Message:
+    return ctx.request(pb.StartToolCallRequest, arguments_json='{"effective": true}')
 
 
-def _update_tool(ctx: Ctx, wrong: bool = False, call_id: str | None = None) -> Message:
-    return pb.UpdateToolCallRequest(
-        lane_id=ctx.lane_id,
-        operation_id=_op(ctx, wrong),
-        tool_call_id=call_id or ctx.call_id,
-        partial_result=result("progress"),
-    )
+def _update_tool(ctx: Ctx) -> Message:
+    return ctx.request(pb.UpdateToolCallRequest, partial_result=result("progress"))
 
 
-def _stage(ctx: Ctx, wrong: bool = False, call_id: str | None = None, **outcome: Any) -> Message:
+def _stage(ctx: Ctx, **outcome: Any) -> Message:
     if not outcome:
         outcome = {"executed": pb.ExecutedOutcome(result=result("final"))}
-    return pb.StageToolOutcomeRequest(
-        lane_id=ctx.lane_id,
-        operation_id=_op(ctx, wrong),
-        tool_call_id=call_id or ctx.call_id,
-        **outcome,
-    )
+    return ctx.request(pb.StageToolOutcomeRequest, **outcome)
 
 
-def _synthetic(cause: int) -> dict[str, Any]:
-    return {"synthetic": pb.SyntheticOutcome(cause=cause)}  # type: ignore[arg-type]
+def _synthetic(cause: int) -> Callable[[Ctx], Message]:
+    return lambda ctx: _stage(ctx, synthetic=pb.SyntheticOutcome(cause=cause))  # type: ignore[arg-type]
 
 
-COMMANDS: dict[str, tuple[str, Callable[[Ctx], Message]]] = {
-    "start_run": ("StartRun", _start_run),
-    "abort": ("AbortOperation", _abort),
-    "end_completed": ("EndRun", _end_run),
-    "start_turn": ("StartTurn", _start_turn),
-    "settle": ("SettleAssistantMessage", _settle),
-    "start_tool": ("StartToolCall", _start_tool),
-    "update_tool": ("UpdateToolCall", _update_tool),
-    "stage_executed": ("StageToolOutcome", _stage),
-    "stage_unknown_tool": (
-        "StageToolOutcome",
-        lambda c: _stage(c, **_synthetic(pb.SYNTHETIC_CAUSE_UNKNOWN_TOOL)),
-    ),
-    "stage_cancelled": (
-        "StageToolOutcome",
-        lambda c: _stage(c, **_synthetic(pb.SYNTHETIC_CAUSE_CANCELLED)),
-    ),
-    "stage_interrupted": (
-        "StageToolOutcome",
-        lambda c: _stage(c, **_synthetic(pb.SYNTHETIC_CAUSE_INTERRUPTED)),
-    ),
-    "stage_truncated": (
-        "StageToolOutcome",
-        lambda c: _stage(c, **_synthetic(pb.SYNTHETIC_CAUSE_TRUNCATED)),
-    ),
-    "abort_wrong_operation": ("AbortOperation", lambda c: _abort(c, wrong=True)),
-    "end_wrong_operation": ("EndRun", lambda c: _end_run(c, wrong=True)),
-    "start_turn_wrong_operation": ("StartTurn", lambda c: _start_turn(c, wrong=True)),
-    "settle_wrong_operation": ("SettleAssistantMessage", lambda c: _settle(c, wrong=True)),
-    "start_tool_wrong_operation": ("StartToolCall", lambda c: _start_tool(c, wrong=True)),
-    "update_tool_wrong_operation": ("UpdateToolCall", lambda c: _update_tool(c, wrong=True)),
-    "stage_wrong_operation": ("StageToolOutcome", lambda c: _stage(c, wrong=True)),
-    "settle_wrong_turn": ("SettleAssistantMessage", lambda c: _settle(c, turn=WRONG_TURN)),
-    "start_unknown_call": ("StartToolCall", lambda c: _start_tool(c, call_id=UNKNOWN_CALL)),
-    "update_unknown_call": ("UpdateToolCall", lambda c: _update_tool(c, call_id=UNKNOWN_CALL)),
-    "stage_unknown_call": ("StageToolOutcome", lambda c: _stage(c, call_id=UNKNOWN_CALL)),
+def _aimed(make: Callable[[Ctx], Message], **ids: Any) -> Callable[[Ctx], Message]:
+    """``make``'s request aimed at other ids (a wrong operation, turn or call)."""
+    return lambda ctx: make(replace(ctx, **ids))
+
+
+COMMANDS: dict[str, Callable[[Ctx], Message]] = {
+    "start_run": _start_run,
+    "abort": _abort,
+    "end_completed": _end_run,
+    "start_turn": _start_turn,
+    "settle": _settle,
+    "start_tool": _start_tool,
+    "update_tool": _update_tool,
+    "stage_executed": _stage,
+    "stage_unknown_tool": _synthetic(pb.SYNTHETIC_CAUSE_UNKNOWN_TOOL),
+    "stage_cancelled": _synthetic(pb.SYNTHETIC_CAUSE_CANCELLED),
+    "stage_interrupted": _synthetic(pb.SYNTHETIC_CAUSE_INTERRUPTED),
+    "stage_truncated": _synthetic(pb.SYNTHETIC_CAUSE_TRUNCATED),
+    "abort_wrong_operation": _aimed(_abort, operation_id=WRONG_OPERATION),
+    "end_wrong_operation": _aimed(_end_run, operation_id=WRONG_OPERATION),
+    "start_turn_wrong_operation": _aimed(_start_turn, operation_id=WRONG_OPERATION),
+    "settle_wrong_operation": _aimed(_settle, operation_id=WRONG_OPERATION),
+    "start_tool_wrong_operation": _aimed(_start_tool, operation_id=WRONG_OPERATION),
+    "update_tool_wrong_operation": _aimed(_update_tool, operation_id=WRONG_OPERATION),
+    "stage_wrong_operation": _aimed(_stage, operation_id=WRONG_OPERATION),
+    "settle_wrong_turn": _aimed(_settle, turn_id=WRONG_TURN),
+    "start_unknown_call": _aimed(_start_tool, tool_call_id=UNKNOWN_CALL),
+    "update_unknown_call": _aimed(_update_tool, tool_call_id=UNKNOWN_CALL),
+    "stage_unknown_call": _aimed(_stage, tool_call_id=UNKNOWN_CALL),
 }
 
 
@@ -419,22 +376,17 @@ async def test_command_in_state(
     lane_stub, store, command: str, state: str, expected: Expected
 ) -> None:
     # An allowed command moves its lane on: it gets a lane of its own.
-    ctx = await build(lane_stub, state) if expected.ok else await shared(lane_stub, state)
-    try:
+    async with lane_in(lane_stub, state, own=expected.ok) as ctx:
         await _run_case(lane_stub, store, ctx, state, command, expected)
-    except BaseException:
-        forget(ctx)
-        raise
 
 
 async def _run_case(
     lane_stub: Any, store: Any, ctx: Ctx, state: str, command: str, expected: Expected
 ) -> None:
-    method, make = COMMANDS[command]
-    request = make(ctx)
+    request = COMMANDS[command](ctx)
     before = await picture(lane_stub, store, ctx.lane_id)
     try:
-        answer = await call(lane_stub, method, request)
+        answer = await call(lane_stub, request)
     except grpc.aio.AioRpcError as error:
         got = (error.code().name, error_reason(error))
         assert not expected.ok, f"{command} in {state} must succeed, got {got}"
@@ -474,40 +426,41 @@ async def test_end_run_completed_after_a_tool_batch_needs_the_assistant(lane_stu
     assert_unchanged(before, await picture(lane_stub, store, ctx.lane_id), "EndRun")
 
 
+async def assert_start_run_refused(
+    stub: Any, store: Any, lane_id: str, operation_id: str, *others: str
+) -> None:
+    """StartRun on ``lane_id`` naming ``operation_id``, which is or was another run's, is
+    refused and changes neither that lane nor the lanes ``others``."""
+    watched = [lane_id, *others]
+    before = [await picture(stub, store, lane) for lane in watched]
+    request = Ctx(lane_id).request(
+        pb.StartRunRequest, operation_id=operation_id, prompt=[user("mine")]
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as refused_error:
+        await stub.StartRun(request)
+    assert refused_error.value.code() in (Code.ALREADY_EXISTS, Code.FAILED_PRECONDITION)
+    assert error_reason(refused_error.value)
+    for lane, was in zip(watched, before, strict=True):
+        assert_unchanged(was, await picture(stub, store, lane), lane)
+
+
 async def test_operation_id_of_another_lanes_open_run_is_refused(lane_stub, store) -> None:
     # Operation ids identify operations; StartRun with an id already in use must not succeed
     # (it would share, and overwrite, the other lane's operation).
     owner = await build(lane_stub, "planned")
     other = await build(lane_stub, "no_op")
-    owner_before = await picture(lane_stub, store, owner.lane_id)
-    other_before = await picture(lane_stub, store, other.lane_id)
-    with pytest.raises(grpc.aio.AioRpcError) as refused_error:
-        await lane_stub.StartRun(
-            pb.StartRunRequest(
-                lane_id=other.lane_id, operation_id=owner.operation_id, prompt=[user("mine")]
-            )
-        )
-    assert refused_error.value.code() in (Code.ALREADY_EXISTS, Code.FAILED_PRECONDITION)
-    assert error_reason(refused_error.value)
-    assert_unchanged(owner_before, await picture(lane_stub, store, owner.lane_id), "owner")
-    assert_unchanged(other_before, await picture(lane_stub, store, other.lane_id), "other")
+    await assert_start_run_refused(
+        lane_stub, store, other.lane_id, owner.operation_id, owner.lane_id
+    )
     # The owner's batch is intact: its planned call still starts.
     await start_tool(lane_stub, owner, "c0")
 
 
 async def test_operation_id_of_an_ended_run_is_refused(lane_stub, store) -> None:
     ctx = await build(lane_stub, "ended")
-    before = await picture(lane_stub, store, ctx.lane_id)
-    assert before.snapshot is not None and before.snapshot.last_result.operation_id
-    with pytest.raises(grpc.aio.AioRpcError) as refused_error:
-        await lane_stub.StartRun(
-            pb.StartRunRequest(
-                lane_id=ctx.lane_id, operation_id=ctx.operation_id, prompt=[user("again")]
-            )
-        )
-    assert refused_error.value.code() in (Code.ALREADY_EXISTS, Code.FAILED_PRECONDITION)
-    assert error_reason(refused_error.value)
-    assert_unchanged(before, await picture(lane_stub, store, ctx.lane_id), "StartRun")
+    ended = await picture(lane_stub, store, ctx.lane_id)
+    assert ended.snapshot is not None and ended.snapshot.last_result.operation_id
+    await assert_start_run_refused(lane_stub, store, ctx.lane_id, ctx.operation_id)
 
 
 # -- 2. malformed requests ----------------------------------------------------------------------
@@ -518,27 +471,27 @@ class Malformed:
     """A malformed request: sent to a lane in ``state``; refused INVALID_ARGUMENT."""
 
     state: str
-    method: str
     make: Callable[[Ctx], Message]
     reasons: frozenset[str]
 
 
-def malformed(state: str, method: str, make: Callable[[Ctx], Message], *reasons: str) -> Malformed:
-    return Malformed(state, method, make, frozenset(reasons))
+def malformed(state: str, make: Callable[[Ctx], Message], *reasons: str) -> Malformed:
+    return Malformed(state, make, frozenset(reasons))
 
 
 async def assert_malformed(stub: Any, store: Any, case: Malformed, ctx: Ctx) -> None:
     request = case.make(ctx)
+    method = _method(request)
     before = await picture(stub, store, ctx.lane_id)
     with pytest.raises(grpc.aio.AioRpcError) as refused_error:
-        await call(stub, case.method, request)
+        await call(stub, request)
     error = refused_error.value
     reason = error_reason(error)
     assert error.code() == Code.INVALID_ARGUMENT, (
-        f"{case.method}: {error.code().name} {reason}: {error.details()}"
+        f"{method}: {error.code().name} {reason}: {error.details()}"
     )
-    assert reason in case.reasons, f"{case.method}: reason {reason}, expected {case.reasons}"
-    assert_unchanged(before, await picture(stub, store, ctx.lane_id), case.method)
+    assert reason in case.reasons, f"{method}: reason {reason}, expected {case.reasons}"
+    assert_unchanged(before, await picture(stub, store, ctx.lane_id), method)
 
 
 # Identifiers: 1-128 bytes of printable text without surrounding spaces.
@@ -556,30 +509,33 @@ BAD_IDS = {
 }
 
 
-def _with_lane(lane_id: str) -> dict[str, Callable[[], Message]]:
-    ctx = Ctx(lane_id, operation_id="op", turn_id="turn")
-    return {
-        "CreateLane": lambda: pb.CreateLaneRequest(lane_id=lane_id),
-        "GetLaneSnapshot": lambda: pb.GetLaneSnapshotRequest(lane_id=lane_id),
-        "WatchLane": lambda: pb.WatchLaneRequest(lane_id=lane_id),
-        "UpdateLaneConfig": lambda: pb.UpdateLaneConfigRequest(
-            lane_id=lane_id, thinking_level=snapshot_pb2.THINKING_LEVEL_HIGH
-        ),
-        "EnqueueMessage": lambda: pb.EnqueueMessageRequest(
-            lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user("m")
-        ),
-        "StartRun": lambda: _start_run(ctx),
-        "AbortOperation": lambda: _abort(ctx),
-        "EndRun": lambda: _end_run(ctx),
-        "StartTurn": lambda: _start_turn(ctx),
-        "SettleAssistantMessage": lambda: _settle(ctx),
-        "RecordUsage": lambda: pb.RecordUsageRequest(
-            lane_id=lane_id, usage=messages_pb2.Usage(input=1)
-        ),
-        "StartToolCall": lambda: _start_tool(ctx),
-        "UpdateToolCall": lambda: _update_tool(ctx),
-        "StageToolOutcome": lambda: _stage(ctx),
-    }
+#: A valid request of each RPC that names a lane, but for its lane id.
+WITH_LANE: list[Callable[[Ctx], Message]] = [
+    lambda c: c.request(pb.CreateLaneRequest),
+    lambda c: c.request(pb.GetLaneSnapshotRequest),
+    lambda c: c.request(pb.WatchLaneRequest),
+    lambda c: c.request(
+        pb.UpdateLaneConfigRequest, thinking_level=snapshot_pb2.THINKING_LEVEL_HIGH
+    ),
+    lambda c: c.request(
+        pb.EnqueueMessageRequest, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user("m")
+    ),
+    _start_run,
+    _abort,
+    _end_run,
+    _start_turn,
+    _settle,
+    lambda c: c.request(pb.RecordUsageRequest, usage=messages_pb2.Usage(input=1)),
+    _start_tool,
+    _update_tool,
+    _stage,
+]
+
+
+def _with_lane(lane_id: str) -> dict[str, Message]:
+    """The requests of :data:`WITH_LANE` for ``lane_id``, by RPC."""
+    ctx = Ctx(lane_id, operation_id="op", turn_id="turn", tool_call_id="c0")
+    return {_method(request): request for request in (make(ctx) for make in WITH_LANE)}
 
 
 LANE_ID_CASES = [
@@ -594,7 +550,7 @@ async def test_malformed_lane_id(lane_stub, store, method: str, bad: str) -> Non
     lane_id, reason = BAD_IDS[bad]
     before = await picture(lane_stub, store, lane_id)
     with pytest.raises(grpc.aio.AioRpcError) as refused_error:
-        await call(lane_stub, method, _with_lane(lane_id)[method]())
+        await call(lane_stub, _with_lane(lane_id)[method])
     assert refused_error.value.code() == Code.INVALID_ARGUMENT, refused_error.value.details()
     assert error_reason(refused_error.value) == reason
     assert_unchanged(before, await picture(lane_stub, store, lane_id), method)
@@ -612,57 +568,42 @@ LONG = "x" * 129
 OTHER_ID_CASES = {
     "start_run_operation_id": malformed(
         "no_op",
-        "StartRun",
-        lambda c: pb.StartRunRequest(lane_id=c.lane_id, operation_id=LONG, prompt=[user("p")]),
+        lambda c: c.request(pb.StartRunRequest, operation_id=LONG, prompt=[user("p")]),
         "INVALID_ID",
     ),
     "abort_without_operation_id": malformed(
         "idle",
-        "AbortOperation",
-        lambda c: pb.AbortOperationRequest(lane_id=c.lane_id),
+        lambda c: c.request(pb.AbortOperationRequest, operation_id=""),
         "MISSING_FIELD",
     ),
     "end_run_without_operation_id": malformed(
         "may_finish",
-        "EndRun",
-        lambda c: pb.EndRunRequest(lane_id=c.lane_id, status=COMPLETED),
+        lambda c: c.request(pb.EndRunRequest, operation_id="", status=COMPLETED),
         "MISSING_FIELD",
     ),
     "start_turn_turn_id": malformed(
         "idle",
-        "StartTurn",
-        lambda c: pb.StartTurnRequest(
-            lane_id=c.lane_id, operation_id=c.operation_id, turn_id="t\n1"
-        ),
+        lambda c: c.request(pb.StartTurnRequest, turn_id="t\n1"),
         "INVALID_ID",
     ),
-    "settle_without_turn_id": malformed(
-        "turn", "SettleAssistantMessage", lambda c: _settle(c, turn=" "), "INVALID_ID"
-    ),
+    "settle_without_turn_id": malformed("turn", _aimed(_settle, turn_id=" "), "INVALID_ID"),
     "start_tool_without_call_id": malformed(
         "planned",
-        "StartToolCall",
-        lambda c: pb.StartToolCallRequest(
-            lane_id=c.lane_id, operation_id=c.operation_id, arguments_json="{}"
-        ),
+        lambda c: c.request(pb.StartToolCallRequest, tool_call_id="", arguments_json="{}"),
         "MISSING_FIELD",
     ),
-    "stage_call_id_too_long": malformed(
-        "pending", "StageToolOutcome", lambda c: _stage(c, call_id=LONG), "INVALID_ID"
-    ),
+    "stage_call_id_too_long": malformed("pending", _aimed(_stage, tool_call_id=LONG), "INVALID_ID"),
     "record_usage_entry_id": malformed(
         "no_op",
-        "RecordUsage",
-        lambda c: pb.RecordUsageRequest(
-            lane_id=c.lane_id, usage=messages_pb2.Usage(input=1), entry_id="e\x00"
+        lambda c: c.request(
+            pb.RecordUsageRequest, usage=messages_pb2.Usage(input=1), entry_id="e\x00"
         ),
         "INVALID_ID",
     ),
     "request_id_too_long": malformed(
         "no_op",
-        "EnqueueMessage",
-        lambda c: pb.EnqueueMessageRequest(
-            lane_id=c.lane_id,
+        lambda c: c.request(
+            pb.EnqueueMessageRequest,
             kind=snapshot_pb2.QUEUE_KIND_STEER,
             message=user("m"),
             request_id=LONG,
@@ -671,33 +612,26 @@ OTHER_ID_CASES = {
     ),
     "request_id_non_printable": malformed(
         "idle",
-        "StartTurn",
-        lambda c: pb.StartTurnRequest(
-            lane_id=c.lane_id, operation_id=c.operation_id, request_id="r\x01"
-        ),
+        lambda c: c.request(pb.StartTurnRequest, request_id="r\x01"),
         "INVALID_ID",
     ),
     "create_lane_request_id": malformed(
         "no_lane",
-        "CreateLane",
-        lambda c: pb.CreateLaneRequest(lane_id=c.lane_id, request_id=" r"),
+        lambda c: c.request(pb.CreateLaneRequest, request_id=" r"),
         "INVALID_ID",
     ),
     "tool_call_block_without_id": malformed(
         "turn",
-        "SettleAssistantMessage",
         lambda c: _settle_blocks(c, tool_call("", "t", {})),
         "MISSING_FIELD",
     ),
     "tool_call_block_id_non_printable": malformed(
         "turn",
-        "SettleAssistantMessage",
         lambda c: _settle_blocks(c, tool_call("a\nb", "t", {})),
         "INVALID_ID",
     ),
     "tool_call_block_without_name": malformed(
         "turn",
-        "SettleAssistantMessage",
         lambda c: _settle_blocks(c, tool_call("c0", "", {})),
         "MISSING_FIELD",
     ),
@@ -707,23 +641,15 @@ OTHER_ID_CASES = {
 def _settle_blocks(
     ctx: Ctx, *blocks: messages_pb2.ContentBlock, stop: int = messages_pb2.STOP_REASON_TOOL_USE
 ) -> Message:
-    return pb.SettleAssistantMessageRequest(
-        lane_id=ctx.lane_id,
-        operation_id=ctx.operation_id,
-        turn_id=ctx.turn_id,
-        message=assistant(text("calling"), *blocks, stop=stop),
-    )
+    message = assistant(text("calling"), *blocks, stop=stop)
+    return ctx.request(pb.SettleAssistantMessageRequest, message=message)
 
 
 @pytest.mark.parametrize("name", OTHER_ID_CASES)
 async def test_malformed_identifier(lane_stub, store, name: str) -> None:
     case = OTHER_ID_CASES[name]
-    ctx = await shared(lane_stub, case.state)
-    try:
+    async with lane_in(lane_stub, case.state) as ctx:
         await assert_malformed(lane_stub, store, case, ctx)
-    except BaseException:
-        forget(ctx)
-        raise
 
 
 # JSON text fields: strict JSON (RFC 8259), no NaN/Infinity, nothing after the value.
@@ -762,76 +688,51 @@ def _settle_with(ctx: Ctx, **fields: str) -> Message:
     message = assistant(text("thinking"), stop=STOP)
     for name, value in fields.items():
         setattr(message, name, value)
-    return pb.SettleAssistantMessageRequest(
-        lane_id=ctx.lane_id, operation_id=ctx.operation_id, turn_id=ctx.turn_id, message=message
-    )
+    return ctx.request(pb.SettleAssistantMessageRequest, message=message)
 
 
-# name -> (state, method, build(ctx, json_text), must be an object)
-JSON_FIELDS: dict[str, tuple[str, str, Callable[[Ctx, str], Message], bool]] = {
+# name -> (state, build(ctx, json_text), must be an object)
+JSON_FIELDS: dict[str, tuple[str, Callable[[Ctx, str], Message], bool]] = {
     "StartToolCall.arguments_json": (
         "planned",
-        "StartToolCall",
-        lambda c, j: pb.StartToolCallRequest(
-            lane_id=c.lane_id, operation_id=c.operation_id, tool_call_id="c0", arguments_json=j
-        ),
+        lambda c, j: c.request(pb.StartToolCallRequest, arguments_json=j),
         True,
     ),
     "Settle.tool_call.arguments_json": (
         "turn",
-        "SettleAssistantMessage",
         lambda c, j: _settle_blocks(c, tool_call("c0", "t", j)),
         True,
     ),
-    "Settle.diagnostics_json": (
-        "turn",
-        "SettleAssistantMessage",
-        lambda c, j: _settle_with(c, diagnostics_json=j),
-        False,
-    ),
+    "Settle.diagnostics_json": ("turn", lambda c, j: _settle_with(c, diagnostics_json=j), False),
     "Stage.executed.result.details_json": (
         "pending",
-        "StageToolOutcome",
         lambda c, j: _stage(c, executed=pb.ExecutedOutcome(result=result("r", details_json=j))),
         False,
     ),
     "UpdateToolCall.partial_result.details_json": (
         "pending",
-        "UpdateToolCall",
-        lambda c, j: pb.UpdateToolCallRequest(
-            lane_id=c.lane_id,
-            operation_id=c.operation_id,
-            tool_call_id="c0",
-            partial_result=result("p", details_json=j),
+        lambda c, j: c.request(
+            pb.UpdateToolCallRequest, partial_result=result("p", details_json=j)
         ),
         False,
     ),
-    "Enqueue.write.custom.data_json": (
-        "no_op",
-        "EnqueueMessage",
-        lambda c, j: _enqueue_write(c, j),
-        False,
-    ),
+    "Enqueue.write.custom.data_json": ("no_op", lambda c, j: _enqueue_write(c, j), False),
     "Enqueue.follow_up.custom_message.data_json": (
         "no_op",
-        "EnqueueMessage",
-        lambda c, j: pb.EnqueueMessageRequest(
-            lane_id=c.lane_id, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=_custom(j)
+        lambda c, j: c.request(
+            pb.EnqueueMessageRequest, kind=snapshot_pb2.QUEUE_KIND_FOLLOW_UP, message=_custom(j)
         ),
         False,
     ),
     "StartRun.prompt.custom.data_json": (
         "no_op",
-        "StartRun",
-        lambda c, j: pb.StartRunRequest(lane_id=c.lane_id, prompt=[user("p"), _custom(j)]),
+        lambda c, j: c.request(pb.StartRunRequest, prompt=[user("p"), _custom(j)]),
         False,
     ),
     "EndRun.error.details_json": (
         "may_finish",
-        "EndRun",
-        lambda c, j: pb.EndRunRequest(
-            lane_id=c.lane_id,
-            operation_id=c.operation_id,
+        lambda c, j: c.request(
+            pb.EndRunRequest,
             status=FAILED,
             error=snapshot_pb2.OperationError(code="boom", message="m", details_json=j),
         ),
@@ -841,42 +742,35 @@ JSON_FIELDS: dict[str, tuple[str, str, Callable[[Ctx, str], Message], bool]] = {
 
 
 def _enqueue_write(ctx: Ctx, data_json: str) -> Message:
-    return pb.EnqueueMessageRequest(
-        lane_id=ctx.lane_id,
-        kind=snapshot_pb2.QUEUE_KIND_WRITE,
-        custom=entries_pb2.CustomEntry(custom_type="note", data_json=data_json),
-    )
+    custom = entries_pb2.CustomEntry(custom_type="note", data_json=data_json)
+    return ctx.request(pb.EnqueueMessageRequest, kind=snapshot_pb2.QUEUE_KIND_WRITE, custom=custom)
 
 
 JSON_CASES = [
     pytest.param(field_name, bad, id=f"{field_name}-{bad}")
-    for field_name, (_, _, _, needs_object) in JSON_FIELDS.items()
+    for field_name, (_, _, needs_object) in JSON_FIELDS.items()
     for bad in [*BAD_JSON, *(NOT_AN_OBJECT if needs_object else {})]
 ]
 
 
 @pytest.mark.parametrize(("field_name", "bad"), JSON_CASES)
 async def test_malformed_json(lane_stub, store, field_name: str, bad: str) -> None:
-    state, method, make, _ = JSON_FIELDS[field_name]
+    state, make, _ = JSON_FIELDS[field_name]
     text_value = BAD_JSON.get(bad, NOT_AN_OBJECT.get(bad, ""))
-    case = malformed(state, method, lambda c: make(c, text_value), "INVALID_JSON")
-    ctx = await shared(lane_stub, state)
-    try:
+    case = malformed(state, lambda c: make(c, text_value), "INVALID_JSON")
+    async with lane_in(lane_stub, state) as ctx:
         await assert_malformed(lane_stub, store, case, ctx)
-    except BaseException:
-        forget(ctx)
-        raise
 
 
 @pytest.mark.parametrize("field_name", JSON_FIELDS)
 async def test_valid_json_is_kept_byte_for_byte(lane_stub, field_name: str) -> None:
     # The control case for test_malformed_json: the same request with valid JSON succeeds.
-    state, method, make, _ = JSON_FIELDS[field_name]
+    state, make, _ = JSON_FIELDS[field_name]
     ctx = await build(lane_stub, state)
     valid = '{"n": 18446744073709551623, "f": 1.0, "s": "\\u00e9"}'
     probe = Probe(lane_stub, ctx.lane_id)
     await probe.start()
-    await getattr(lane_stub, method)(make(ctx, valid))
+    await call(lane_stub, make(ctx, valid))
     events = await probe.check()
     # The text is stored and streamed byte for byte (the big integer survives).
     assert any(valid.encode() in e.SerializeToString() for e in events)
@@ -893,285 +787,173 @@ def _set(message: Message, path: str, value: int) -> Message:
     return message
 
 
+def _enum(make: Callable[[Ctx], Message], path: str, value: int) -> Callable[[Ctx], Message]:
+    """``make``'s request with the enum at ``path`` set to ``value`` (see :func:`_set`)."""
+    return lambda ctx: _set(make(ctx), path, value)
+
+
+def _enqueue(kind: int = 0, **fields: Any) -> Callable[[Ctx], Message]:
+    """EnqueueMessage of ``kind`` (a raw int: 0 is none) with ``fields``."""
+    return _enum(lambda c: c.request(pb.EnqueueMessageRequest, **fields), "kind", kind)
+
+
+UNKNOWN_ENUM = "UNKNOWN_ENUM_VALUE"
 ENUM_CASES = {
-    "enqueue_kind_99": malformed(
-        "no_op",
-        "EnqueueMessage",
-        lambda c: _set(pb.EnqueueMessageRequest(lane_id=c.lane_id, message=user("m")), "kind", 99),
-        "UNKNOWN_ENUM_VALUE",
-    ),
-    "enqueue_kind_negative": malformed(
-        "no_op",
-        "EnqueueMessage",
-        lambda c: _set(pb.EnqueueMessageRequest(lane_id=c.lane_id, message=user("m")), "kind", -1),
-        "UNKNOWN_ENUM_VALUE",
-    ),
-    "start_tool_replay_42": malformed(
-        "planned",
-        "StartToolCall",
-        lambda c: _set(_start_tool(c), "replay", 42),
-        "UNKNOWN_ENUM_VALUE",
-    ),
-    "start_run_tool_execution_9": malformed(
-        "no_op",
-        "StartRun",
-        lambda c: _set(_start_run(c), "settings.tool_execution", 9),
-        "UNKNOWN_ENUM_VALUE",
-    ),
-    "start_run_steering_mode_9": malformed(
-        "no_op",
-        "StartRun",
-        lambda c: _set(_start_run(c), "settings.steering_mode", 9),
-        "UNKNOWN_ENUM_VALUE",
-    ),
-    "start_run_follow_up_mode_9": malformed(
-        "no_op",
-        "StartRun",
-        lambda c: _set(_start_run(c), "settings.follow_up_mode", 9),
-        "UNKNOWN_ENUM_VALUE",
-    ),
+    "enqueue_kind_99": malformed("no_op", _enqueue(99, message=user("m")), UNKNOWN_ENUM),
+    "enqueue_kind_negative": malformed("no_op", _enqueue(-1, message=user("m")), UNKNOWN_ENUM),
+    "start_tool_replay_42": malformed("planned", _enum(_start_tool, "replay", 42), UNKNOWN_ENUM),
+    **{
+        f"start_run_{name}_9": malformed(
+            "no_op", _enum(_start_run, f"settings.{name}", 9), UNKNOWN_ENUM
+        )
+        for name in ("tool_execution", "steering_mode", "follow_up_mode")
+    },
     "end_run_status_42": malformed(
-        "may_finish",
-        "EndRun",
-        lambda c: _set(_end_run(c), "status", 42),
-        "UNKNOWN_ENUM_VALUE",
-        "INVALID_STATUS",
+        "may_finish", _enum(_end_run, "status", 42), UNKNOWN_ENUM, "INVALID_STATUS"
     ),
     "settle_stop_reason_99": malformed(
-        "turn",
-        "SettleAssistantMessage",
-        lambda c: _set(_settle(c), "message.stop_reason", 99),
-        "UNKNOWN_ENUM_VALUE",
-        "INVALID_STOP_REASON",
+        "turn", _enum(_settle, "message.stop_reason", 99), UNKNOWN_ENUM, "INVALID_STOP_REASON"
     ),
     "stage_synthetic_cause_99": malformed(
         "planned",
-        "StageToolOutcome",
         lambda c: _stage(c, synthetic=_set(pb.SyntheticOutcome(message="m"), "cause", 99)),
-        "UNKNOWN_ENUM_VALUE",
+        UNKNOWN_ENUM,
     ),
     "update_config_thinking_level_99": malformed(
         "no_op",
-        "UpdateLaneConfig",
-        lambda c: _set(pb.UpdateLaneConfigRequest(lane_id=c.lane_id), "thinking_level", 99),
-        "UNKNOWN_ENUM_VALUE",
+        _enum(lambda c: c.request(pb.UpdateLaneConfigRequest), "thinking_level", 99),
+        UNKNOWN_ENUM,
     ),
     "create_lane_thinking_level_99": malformed(
         "no_lane",
-        "CreateLane",
-        lambda c: _set(pb.CreateLaneRequest(lane_id=c.lane_id), "configuration.thinking_level", 99),
-        "UNKNOWN_ENUM_VALUE",
+        _enum(lambda c: c.request(pb.CreateLaneRequest), "configuration.thinking_level", 99),
+        UNKNOWN_ENUM,
     ),
 }
 
+
+def _end_run_with(**fields: Any) -> Callable[[Ctx], Message]:
+    return lambda c: c.request(pb.EndRunRequest, **fields)
+
+
+def _start_run_with(*prompt: messages_pb2.AgentMessage) -> Callable[[Ctx], Message]:
+    return lambda c: c.request(pb.StartRunRequest, prompt=prompt)
+
+
+STEER = snapshot_pb2.QUEUE_KIND_STEER
+WRITE = snapshot_pb2.QUEUE_KIND_WRITE
 OTHER_MALFORMED = {
     "settle_duplicate_tool_call_ids": malformed(
         "turn",
-        "SettleAssistantMessage",
         lambda c: _settle_blocks(c, tool_call("c0", "t", {}), tool_call("c0", "u", {})),
         "DUPLICATE_TOOL_CALL_ID",
     ),
     "settle_stop_reason_pending": malformed(
         "turn",
-        "SettleAssistantMessage",
-        lambda c: _set(_settle(c), "message.stop_reason", messages_pb2.STOP_REASON_PENDING),
+        _enum(_settle, "message.stop_reason", messages_pb2.STOP_REASON_PENDING),
         "INVALID_STOP_REASON",
     ),
     "settle_stop_reason_unspecified": malformed(
         "turn",
-        "SettleAssistantMessage",
-        lambda c: _set(_settle(c), "message.stop_reason", messages_pb2.STOP_REASON_UNSPECIFIED),
+        _enum(_settle, "message.stop_reason", messages_pb2.STOP_REASON_UNSPECIFIED),
         "INVALID_STOP_REASON",
     ),
     "settle_without_message": malformed(
-        "turn",
-        "SettleAssistantMessage",
-        lambda c: pb.SettleAssistantMessageRequest(
-            lane_id=c.lane_id, operation_id=c.operation_id, turn_id=c.turn_id
-        ),
-        "MISSING_FIELD",
+        "turn", lambda c: c.request(pb.SettleAssistantMessageRequest), "MISSING_FIELD"
     ),
     "start_run_assistant_prompt": malformed(
         "no_op",
-        "StartRun",
-        lambda c: pb.StartRunRequest(
-            lane_id=c.lane_id,
-            prompt=[messages_pb2.AgentMessage(assistant=assistant(text("hi"), stop=STOP))],
-        ),
+        _start_run_with(messages_pb2.AgentMessage(assistant=assistant(text("hi"), stop=STOP))),
         "INVALID_MESSAGE",
     ),
     "start_run_tool_result_prompt": malformed(
         "no_op",
-        "StartRun",
-        lambda c: pb.StartRunRequest(
-            lane_id=c.lane_id,
-            prompt=[
-                user("ok"),
-                messages_pb2.AgentMessage(
-                    tool_result=messages_pb2.ToolResultMessage(tool_call_id="c", tool_name="t")
-                ),
-            ],
+        _start_run_with(
+            user("ok"),
+            messages_pb2.AgentMessage(
+                tool_result=messages_pb2.ToolResultMessage(tool_call_id="c", tool_name="t")
+            ),
         ),
         "INVALID_MESSAGE",
     ),
     "start_run_empty_message_prompt": malformed(
-        "no_op",
-        "StartRun",
-        lambda c: pb.StartRunRequest(lane_id=c.lane_id, prompt=[messages_pb2.AgentMessage()]),
-        "INVALID_MESSAGE",
+        "no_op", _start_run_with(messages_pb2.AgentMessage()), "INVALID_MESSAGE"
     ),
-    "start_run_no_prompt_empty_inbox": malformed(
-        "no_op", "StartRun", lambda c: pb.StartRunRequest(lane_id=c.lane_id), "EMPTY_PROMPT"
-    ),
+    "start_run_no_prompt_empty_inbox": malformed("no_op", _start_run_with(), "EMPTY_PROMPT"),
     "end_run_failed_without_error": malformed(
-        "may_finish",
-        "EndRun",
-        lambda c: pb.EndRunRequest(lane_id=c.lane_id, operation_id=c.operation_id, status=FAILED),
-        "INVALID_ERROR",
+        "may_finish", _end_run_with(status=FAILED), "INVALID_ERROR"
     ),
     "end_run_completed_with_error": malformed(
         "may_finish",
-        "EndRun",
-        lambda c: pb.EndRunRequest(
-            lane_id=c.lane_id,
-            operation_id=c.operation_id,
-            status=COMPLETED,
-            error=snapshot_pb2.OperationError(code="x", message="y"),
-        ),
+        _end_run_with(status=COMPLETED, error=snapshot_pb2.OperationError(code="x", message="y")),
         "INVALID_ERROR",
     ),
     "end_run_failed_error_without_code": malformed(
         "may_finish",
-        "EndRun",
-        lambda c: pb.EndRunRequest(
-            lane_id=c.lane_id,
-            operation_id=c.operation_id,
-            status=FAILED,
-            error=snapshot_pb2.OperationError(message="no code"),
-        ),
+        _end_run_with(status=FAILED, error=snapshot_pb2.OperationError(message="no code")),
         "MISSING_FIELD",
     ),
-    "end_run_status_unspecified": malformed(
-        "may_finish",
-        "EndRun",
-        lambda c: pb.EndRunRequest(lane_id=c.lane_id, operation_id=c.operation_id),
-        "INVALID_STATUS",
-    ),
+    "end_run_status_unspecified": malformed("may_finish", _end_run_with(), "INVALID_STATUS"),
     "end_run_status_declined": malformed(
         "may_finish",
-        "EndRun",
-        lambda c: pb.EndRunRequest(
-            lane_id=c.lane_id,
-            operation_id=c.operation_id,
-            status=snapshot_pb2.OPERATION_RESULT_STATUS_DECLINED,
-        ),
+        _end_run_with(status=snapshot_pb2.OPERATION_RESULT_STATUS_DECLINED),
         "INVALID_STATUS",
     ),
     "stage_without_outcome": malformed(
-        "pending",
-        "StageToolOutcome",
-        lambda c: pb.StageToolOutcomeRequest(
-            lane_id=c.lane_id, operation_id=c.operation_id, tool_call_id="c0"
-        ),
-        "MISSING_FIELD",
+        "pending", lambda c: c.request(pb.StageToolOutcomeRequest), "MISSING_FIELD"
     ),
     "stage_executed_without_result": malformed(
         "pending",
-        "StageToolOutcome",
         lambda c: _stage(c, executed=pb.ExecutedOutcome(is_error=True)),
         "MISSING_FIELD",
     ),
     "stage_synthetic_without_cause": malformed(
         "planned",
-        "StageToolOutcome",
         lambda c: _stage(c, synthetic=pb.SyntheticOutcome(message="why")),
         "MISSING_FIELD",
     ),
     "stage_denied_without_message": malformed(
-        "planned",
-        "StageToolOutcome",
-        lambda c: _stage(c, **_synthetic(pb.SYNTHETIC_CAUSE_DENIED)),
-        "MISSING_FIELD",
+        "planned", _synthetic(pb.SYNTHETIC_CAUSE_DENIED), "MISSING_FIELD"
     ),
     "stage_invalid_arguments_without_message": malformed(
-        "planned",
-        "StageToolOutcome",
-        lambda c: _stage(c, **_synthetic(pb.SYNTHETIC_CAUSE_INVALID_ARGUMENTS)),
-        "MISSING_FIELD",
+        "planned", _synthetic(pb.SYNTHETIC_CAUSE_INVALID_ARGUMENTS), "MISSING_FIELD"
     ),
     "update_tool_without_partial_result": malformed(
-        "pending",
-        "UpdateToolCall",
-        lambda c: pb.UpdateToolCallRequest(
-            lane_id=c.lane_id, operation_id=c.operation_id, tool_call_id="c0"
-        ),
-        "MISSING_FIELD",
+        "pending", lambda c: c.request(pb.UpdateToolCallRequest), "MISSING_FIELD"
     ),
     "record_usage_without_usage": malformed(
-        "no_op", "RecordUsage", lambda c: pb.RecordUsageRequest(lane_id=c.lane_id), "MISSING_FIELD"
+        "no_op", lambda c: c.request(pb.RecordUsageRequest), "MISSING_FIELD"
     ),
-    "enqueue_without_kind": malformed(
-        "no_op",
-        "EnqueueMessage",
-        lambda c: pb.EnqueueMessageRequest(lane_id=c.lane_id, message=user("m")),
-        "MISSING_FIELD",
-    ),
-    "enqueue_steer_without_message": malformed(
-        "no_op",
-        "EnqueueMessage",
-        lambda c: pb.EnqueueMessageRequest(lane_id=c.lane_id, kind=snapshot_pb2.QUEUE_KIND_STEER),
-        "INVALID_MESSAGE",
-    ),
+    "enqueue_without_kind": malformed("no_op", _enqueue(message=user("m")), "MISSING_FIELD"),
+    "enqueue_steer_without_message": malformed("no_op", _enqueue(STEER), "INVALID_MESSAGE"),
     "enqueue_steer_assistant_message": malformed(
         "no_op",
-        "EnqueueMessage",
-        lambda c: pb.EnqueueMessageRequest(
-            lane_id=c.lane_id,
-            kind=snapshot_pb2.QUEUE_KIND_STEER,
-            message=messages_pb2.AgentMessage(assistant=assistant(text("x"), stop=STOP)),
+        _enqueue(
+            STEER, message=messages_pb2.AgentMessage(assistant=assistant(text("x"), stop=STOP))
         ),
         "INVALID_MESSAGE",
     ),
     "enqueue_write_without_custom": malformed(
-        "no_op",
-        "EnqueueMessage",
-        lambda c: pb.EnqueueMessageRequest(
-            lane_id=c.lane_id, kind=snapshot_pb2.QUEUE_KIND_WRITE, message=user("m")
-        ),
-        "INVALID_MESSAGE",
+        "no_op", _enqueue(WRITE, message=user("m")), "INVALID_MESSAGE"
     ),
     "enqueue_write_without_custom_type": malformed(
-        "no_op", "EnqueueMessage", lambda c: _write_without_type(c), "MISSING_FIELD"
+        "no_op", _enqueue(WRITE, custom=entries_pb2.CustomEntry(data_json="{}")), "MISSING_FIELD"
     ),
 }
-
-
-def _write_without_type(ctx: Ctx) -> Message:
-    return pb.EnqueueMessageRequest(
-        lane_id=ctx.lane_id,
-        kind=snapshot_pb2.QUEUE_KIND_WRITE,
-        custom=entries_pb2.CustomEntry(data_json="{}"),
-    )
 
 
 @pytest.mark.parametrize("name", [*ENUM_CASES, *OTHER_MALFORMED])
 async def test_malformed_request(lane_stub, store, name: str) -> None:
     case = ENUM_CASES.get(name) or OTHER_MALFORMED[name]
-    ctx = await shared(lane_stub, case.state)
-    try:
+    async with lane_in(lane_stub, case.state) as ctx:
         await assert_malformed(lane_stub, store, case, ctx)
-    except BaseException:
-        forget(ctx)
-        raise
 
 
 async def test_no_prompt_with_only_a_write_queued_is_empty(lane_stub, store) -> None:
     # A WRITE item is captured by StartRun but is not a conversational message.
     ctx = await build(lane_stub, "no_op")
     await lane_stub.EnqueueMessage(_enqueue_write(ctx, "{}"))
-    case = malformed(
-        "no_op", "StartRun", lambda c: pb.StartRunRequest(lane_id=c.lane_id), "EMPTY_PROMPT"
-    )
+    case = malformed("no_op", lambda c: pb.StartRunRequest(lane_id=c.lane_id), "EMPTY_PROMPT")
     await assert_malformed(lane_stub, store, case, ctx)
 
 
@@ -1263,52 +1045,23 @@ TARGET_STATES = {
 def base_request(method: str, ctx: Ctx) -> Message:
     """A valid request for ``method`` against ``ctx`` (in TARGET_STATES[method])."""
     if method == "StartRun":
-        return pb.StartRunRequest(
-            lane_id=ctx.lane_id,
+        return replace(ctx, request_id="fuzz-start").request(
+            pb.StartRunRequest,
             prompt=[user("fuzz me"), _custom('{"k": [1, 2.5, "x"]}')],
             settings=pb.RunSettings(steering_mode=pb.DELIVERY_MODE_ONE_AT_A_TIME),
-            request_id="fuzz-start",
         )
     if method == "SettleAssistantMessage":
-        request = _settle_blocks(ctx, tool_call("c0", "t", {"a": 1}), tool_call("c1", "u", {}))
-        request.request_id = "fuzz-settle"  # type: ignore[attr-defined]
-        return request
-    return pb.StageToolOutcomeRequest(
-        lane_id=ctx.lane_id,
-        operation_id=ctx.operation_id,
-        tool_call_id="c0",
-        executed=pb.ExecutedOutcome(
-            result=result("out", details_json='{"exit": 0}', added_tool_names=["x"]),
-            is_error=False,
-        ),
-        request_id="fuzz-stage",
+        calls = tool_call("c0", "t", {"a": 1}), tool_call("c1", "u", {})
+        return _settle_blocks(replace(ctx, request_id="fuzz-settle"), *calls)
+    outcome = pb.ExecutedOutcome(
+        result=result("out", details_json='{"exit": 0}', added_tool_names=["x"]), is_error=False
     )
-
-
-Mutation = tuple[str, int, int, bytes]  # (kind, position, bit or length, new bytes)
-
-
-def mutate(base: bytes, mutations: list[Mutation]) -> bytes:
-    """Apply bit flips, truncations, insertions, deletions and overwrites to ``base``."""
-    data = bytearray(base)
-    for kind, position, amount, patch in mutations:
-        at = position % max(len(data), 1)
-        if kind == "flip" and data:
-            data[at] ^= 1 << (amount % 8)
-        elif kind == "truncate":
-            del data[at:]
-        elif kind == "insert":
-            data[at:at] = patch
-        elif kind == "delete" and data:
-            del data[at : at + 1 + amount % 4]
-        elif kind == "overwrite" and data:
-            data[at : at + len(patch)] = patch
-    return bytes(data)
+    return _stage(replace(ctx, request_id="fuzz-stage"), executed=outcome)
 
 
 mutation_lists = st.lists(
     st.tuples(
-        st.sampled_from(["flip", "truncate", "insert", "delete", "overwrite"]),
+        st.sampled_from(MUTATION_KINDS),
         st.integers(0, 1 << 16),
         st.integers(0, 255),
         st.binary(min_size=1, max_size=4),
@@ -1375,35 +1128,45 @@ FUZZ_SETTINGS = settings(
 )
 
 
+#: A method and the mutations of its request's bytes, for the tests below.
+MUTATED_REQUESTS = given(method=st.sampled_from(sorted(REQUEST_TYPES)), mutations=mutation_lists)
+
+
 @pytest.fixture(scope="module")
 def fuzz_state() -> dict[str, Any]:
     return {}
 
 
+async def send_mutated(
+    fuzzer: Fuzzer, method: str, mutations: list[Mutation], *, parses: bool
+) -> tuple[grpc.StatusCode, bytes]:
+    """Send ``method``'s request mutated by ``mutations`` if the bytes still decode as one
+    (``parses``), or if they no longer do; return the answer's code and the bytes."""
+    body = await fuzzer.body(method, mutations)
+    assume(_parses(method, body) == parses)
+    return await fuzzer.send(method, body), body
+
+
 @FUZZ_SETTINGS
-@given(method=st.sampled_from(sorted(REQUEST_TYPES)), mutations=mutation_lists)
+@MUTATED_REQUESTS
 async def test_mutated_requests_get_only_documented_codes(
     lane_stub, lane_channel, fuzz_state, method: str, mutations: list[Mutation]
 ) -> None:
     fuzzer = fuzz_state.setdefault("parsing", Fuzzer(lane_stub, lane_channel))
-    body = await fuzzer.body(method, mutations)
-    assume(_parses(method, body))
-    code = await fuzzer.send(method, body)
+    code, body = await send_mutated(fuzzer, method, mutations, parses=True)
     event(f"{method} {code.name}")
     assert code in DOCUMENTED, f"{method} answered {code.name} for {body!r}"
 
 
 @settings(FUZZ_SETTINGS, max_examples=50, phases=[Phase.explicit, Phase.generate])
-@given(method=st.sampled_from(sorted(REQUEST_TYPES)), mutations=mutation_lists)
+@MUTATED_REQUESTS
 async def test_undecodable_requests_are_invalid_argument(
     lane_stub, lane_channel, fuzz_state, method: str, mutations: list[Mutation]
 ) -> None:
     # Bytes that are not a valid request message are a malformed request: INVALID_ARGUMENT,
     # never UNKNOWN or INTERNAL (docs/contract.md: Requests and errors), and nothing changes.
     fuzzer = fuzz_state.setdefault("undecodable", Fuzzer(lane_stub, lane_channel))
-    body = await fuzzer.body(method, mutations)
-    assume(not _parses(method, body))
-    code = await fuzzer.send(method, body)
+    code, body = await send_mutated(fuzzer, method, mutations, parses=False)
     assert code == Code.INVALID_ARGUMENT, f"{method} answered {code.name} for {body!r}"
 
 

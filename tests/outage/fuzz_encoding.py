@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -123,16 +124,21 @@ def with_unknown_field(draw: Draw, message: Message) -> bytes:
     return message.SerializeToString() + _record(number, wire, payload)
 
 
-def mutated(draw: Draw, data: bytes) -> bytes:
+#: One edit of encoded bytes: (kind, position, amount, patch). At ``position`` (modulo the
+#: length): flip bit ``amount % 8``, truncate, insert ``patch``, delete ``1 + amount % 4``
+#: bytes, or overwrite with ``patch``.
+Mutation = tuple[str, int, int, bytes]
+MUTATION_KINDS = ("flip", "truncate", "insert", "delete", "overwrite")
+
+
+def mutate(data: bytes, mutations: Iterable[Mutation]) -> bytes:
+    """``data`` with each of ``mutations`` applied in turn (test_refusals' mutated-bytes cases
+    use it too)."""
     buffer = bytearray(data)
-    for _ in range(draw(st.integers(1, 4))):
-        # Every parameter is drawn whatever the buffer holds (see any_index).
-        kind = draw(st.sampled_from(("flip", "truncate", "insert", "delete", "overwrite")))
-        at = draw(st.integers(0, 1 << 16)) % max(len(buffer), 1)
-        amount = draw(st.integers(0, 7))
-        patch = draw(st.binary(min_size=1, max_size=4))
+    for kind, position, amount, patch in mutations:
+        at = position % max(len(buffer), 1)
         if kind == "flip" and buffer:
-            buffer[at] ^= 1 << amount
+            buffer[at] ^= 1 << (amount % 8)
         elif kind == "truncate":
             del buffer[at:]
         elif kind == "insert":
@@ -142,6 +148,19 @@ def mutated(draw: Draw, data: bytes) -> bytes:
         elif kind == "overwrite" and buffer:
             buffer[at : at + len(patch)] = patch
     return bytes(buffer)
+
+
+def mutated(draw: Draw, data: bytes) -> bytes:
+    """``data`` with one to four drawn mutations."""
+    mutations: list[Mutation] = []
+    for _ in range(draw(st.integers(1, 4))):
+        # Every parameter is drawn whatever the buffer holds (see any_index).
+        kind = draw(st.sampled_from(MUTATION_KINDS))
+        position = draw(st.integers(0, 1 << 16))
+        amount = draw(st.integers(0, 7))
+        patch = draw(st.binary(min_size=1, max_size=4))
+        mutations.append((kind, position, amount, patch))
+    return mutate(data, mutations)
 
 
 def padded_to(data: bytes, size: int) -> bytes:
