@@ -62,8 +62,8 @@ from grpc_status import rpc_status
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from lane.client.reducer import fold
-from lane.v1 import events_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import snapshot_pb2
 
 from tests.outage.fuzz_encoding import (
     mutated,
@@ -88,6 +88,7 @@ from tests.outage.fuzz_values import (
     overwrite,
 )
 from tests.outage.fuzz_world import LANE_STATES, LaneRef, Stub, World, build_lane, populate
+from tests.support.lanes import events_between
 
 __all__ = [
     "METHODS",
@@ -96,6 +97,7 @@ __all__ = [
     "World",
     "documented_reasons",
     "drive",
+    "fuzz",
     "populate",
 ]
 
@@ -575,9 +577,10 @@ class Fuzzer:
             return
         try:
             events = await asyncio.wait_for(
-                _events_between(self.stub, lane_id, before.revision, fresh.revision), 30
+                events_between(self.stub, lane_id, before.revision, fresh.revision), 30
             )
-        except (grpc.aio.AioRpcError, TimeoutError, DecodeError) as error:
+        # AssertionError: the resume sent something other than events and heartbeats.
+        except (grpc.aio.AioRpcError, TimeoutError, DecodeError, AssertionError) as error:
             self.stats.violations.append(
                 f"lane {lane_id!r}: events {before.revision + 1}..{fresh.revision} "
                 f"unreadable: {error!r}"[:600]
@@ -618,22 +621,6 @@ class Fuzzer:
         await asyncio.gather(*(self._check_lane(lane) for lane in sorted(self.captures)))
 
 
-async def _events_between(
-    stub: Stub, lane_id: str, after: int, until: int
-) -> list[events_pb2.HarnessEvent]:
-    found: list[events_pb2.HarnessEvent] = []
-    call = stub.WatchLane(pb.WatchLaneRequest(lane_id=lane_id, after_revision=after))
-    try:
-        async for response in call:
-            if response.WhichOneof("item") == "event_group":
-                found.extend(response.event_group.events)
-                if found[-1].revision >= until:
-                    break
-    finally:
-        call.cancel()
-    return found
-
-
 def invalid_stored_values(message: Message, path: str = "") -> list[str]:
     """Unknown enum numbers and invalid ``*_json`` texts anywhere in ``message`` (tool-call
     arguments excepted: a response cut for length, or a streaming partial, may cut them)."""
@@ -660,6 +647,36 @@ def _refuse_constant(name: str) -> object:
 
 
 # -- driving hypothesis -----------------------------------------------------------------------
+
+
+async def fuzz(
+    channel: grpc.aio.Channel,
+    stub: Stub,
+    *,
+    requests: int,
+    batch_size: int,
+    seed_value: int,
+    on_batch: Callable[[Stats], None] | None = None,
+) -> Stats:
+    """A whole run against the server behind ``channel``: the world's lanes built
+    (:func:`populate`) and captured, ``requests`` requests sent (:func:`drive`, from a thread of
+    its own), then every lane checked once more."""
+    world = World()
+    await populate(stub, world)
+    fuzzer = Fuzzer(channel, stub, world)
+    await fuzzer.baseline()
+    loop = asyncio.get_running_loop()
+    await asyncio.to_thread(
+        drive,
+        fuzzer,
+        loop,
+        requests=requests,
+        batch_size=batch_size,
+        seed_value=seed_value,
+        on_batch=on_batch,
+    )
+    await fuzzer.check_all()
+    return fuzzer.stats
 
 
 def drive(

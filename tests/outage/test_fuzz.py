@@ -16,17 +16,17 @@ server mints are not, so neither are the exact bytes.
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import grpc
 import pytest
+from lane.client.testing import Aim, LaneScript
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
-from tests.integration.lanes import Probe, error_reason, new_lane_id, user
+from tests.integration.lanes import Probe, error_reason, user
 from tests.integration.servers import extra_server
-from tests.outage.fuzzing import METHODS, Fuzzer, World, drive, populate
+from tests.outage.fuzzing import METHODS, fuzz
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -46,23 +46,11 @@ async def test_random_and_mutated_requests_get_only_documented_answers(
     async with extra_server(fresh_database_url) as (running, stub):
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
         try:
-            world = World()
-            await populate(stub, world)
-            fuzzer = Fuzzer(channel, stub, world)
-            await fuzzer.baseline()
-            loop = asyncio.get_running_loop()
-            await asyncio.to_thread(
-                drive,
-                fuzzer,
-                loop,
-                requests=REQUESTS,
-                batch_size=BATCH_SIZE,
-                seed_value=SEED,
+            stats = await fuzz(
+                channel, stub, requests=REQUESTS, batch_size=BATCH_SIZE, seed_value=SEED
             )
-            await fuzzer.check_all()
         finally:
             await channel.close()
-    stats = fuzzer.stats
     print("\n" + stats.report())
     assert stats.sent >= REQUESTS >= 5000
     assert set(stats.by_method) == set(METHODS), "an RPC got no request"
@@ -82,15 +70,15 @@ async def test_usage_totals_beyond_int64_are_not_an_internal_error(lane_stub) ->
     # Found by the fuzzer: RecordUsage adds the row to the lane's totals (int64 fields); a sum
     # beyond int64 raised ValueError in service/lane/server/domain/usage.py add_usage and was
     # answered INTERNAL. Each request is valid on its own; the refusal must be a documented one.
-    lane = new_lane_id("usage-overflow")
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane))
+    lane = await LaneScript.create(lane_stub, prefix="usage-overflow")
+    aim = Aim(lane.lane_id)
     await lane_stub.RecordUsage(
-        pb.RecordUsageRequest(lane_id=lane, usage=messages_pb2.Usage(input=1))
+        aim.request(pb.RecordUsageRequest, usage=messages_pb2.Usage(input=1))
     )
-    before = await lane_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane))
+    before = await lane.snapshot()
     try:
         await lane_stub.RecordUsage(
-            pb.RecordUsageRequest(lane_id=lane, usage=messages_pb2.Usage(input=2**63 - 1))
+            aim.request(pb.RecordUsageRequest, usage=messages_pb2.Usage(input=2**63 - 1))
         )
     except grpc.aio.AioRpcError as error:
         assert error.code() in (
@@ -99,11 +87,10 @@ async def test_usage_totals_beyond_int64_are_not_an_internal_error(lane_stub) ->
             grpc.StatusCode.RESOURCE_EXHAUSTED,
         ), f"{error.code().name}: {error.details()}"
         assert error_reason(error)
-        after = await lane_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane))
-        assert after.snapshot == before.snapshot, "a refused command changed the lane"
+        assert await lane.snapshot() == before, "a refused command changed the lane"
         return
-    probe = Probe(lane_stub, lane)
-    probe.snapshot = before.snapshot
+    probe = Probe(lane_stub, lane.lane_id)
+    probe.snapshot = before
     await probe.check()
 
 
@@ -113,8 +100,7 @@ async def test_a_lane_filled_by_accepted_requests_still_captures(lane_stub) -> N
     # with gRPC's own RESOURCE_EXHAUSTED "Sent message larger than max" (no ErrorInfo), and
     # so does a watcher's snapshot and any event group over the limit. Either the request that
     # would overflow is refused (the limits in README.md), or the lane still captures.
-    lane = new_lane_id("big-lane")
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane))
+    lane = (await LaneScript.create(lane_stub, prefix="big-lane")).lane_id
     accepted = 0
     for index in range(3):
         big = user(f"{index}" + "x" * (3 << 19))  # 1.5 MiB of text
