@@ -54,6 +54,16 @@ _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 # -- codecs -------------------------------------------------------------------------------
 
 
+#: JSON bodies up to this size are parsed on the event loop (a few milliseconds at most);
+#: larger ones in a worker thread.
+JSON_ON_LOOP_BYTES = 64 * 1024
+
+
+def _json_to_bytes(text: bytes, request_type: type[Message]) -> bytes:
+    message = json_format.Parse(text, request_type(), ignore_unknown_fields=True)
+    return bytes(message.SerializeToString())
+
+
 @dataclass(frozen=True, slots=True)
 class _JsonRequest:
     """A JSON request body, parsed only once the call is authenticated."""
@@ -269,16 +279,17 @@ class _Method:
             else StreamType.UNARY,
         )
 
-    def request_bytes(self, payload: bytes | _JsonRequest, context: HttpContext) -> bytes:
+    async def request_bytes(self, payload: bytes | _JsonRequest, context: HttpContext) -> bytes:
         """The request as the bytes the gRPC handler decodes. A JSON body that is not a valid
         request raises the refusal the gRPC port gives undecodable bytes (the token first)."""
         if isinstance(payload, bytes):
             return payload
         try:
-            message = json_format.Parse(
-                payload.text, self.request_type(), ignore_unknown_fields=True
-            )
-            return bytes(message.SerializeToString())
+            if len(payload.text) <= JSON_ON_LOOP_BYTES:
+                return _json_to_bytes(payload.text, self.request_type)
+            # protobuf's JSON parser is Python: a few microseconds per JSON object, seconds for
+            # a large body of empty objects. In a thread the event loop keeps getting turns.
+            return await asyncio.to_thread(_json_to_bytes, payload.text, self.request_type)
         except Exception:  # whatever the JSON holds, the answer is a refusal, never a crash
             pass
         start = time.perf_counter()
@@ -299,7 +310,7 @@ class _Method:
 
     async def unary(self, payload: bytes | _JsonRequest, ctx: RequestContext[Any, Any]) -> Any:
         context = HttpContext(_metadata(ctx), _deadline(ctx))
-        data = self.request_bytes(payload, context)
+        data = await self.request_bytes(payload, context)
         try:
             answer = await self.handler(data, context)
         except grpc.aio.AbortError:
@@ -312,7 +323,7 @@ class _Method:
         self, payload: bytes | _JsonRequest, ctx: RequestContext[Any, Any]
     ) -> AsyncIterator[Any]:
         context = HttpContext(_metadata(ctx), _deadline(ctx))
-        data = self.request_bytes(payload, context)
+        data = await self.request_bytes(payload, context)
         # The handler runs as its own task, writing into the context's outbox; this generator
         # sends each message and only then lets its write return.
         task = asyncio.create_task(self.handler(data, context))
