@@ -5,12 +5,23 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from lane.client.model import ModelRequest
+from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2
 
 # Every name, rather than a list kept in step with driver_tools by hand.
 from tests.support.driver_tools import *  # noqa: F403
+from tests.support.lanes import Probe
+
+
+async def started_probe(stub: Any, lane_id: str) -> Probe:
+    """Create the lane and follow it with a :class:`Probe` (fold == capture) from its start."""
+    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    probe = Probe(stub, lane_id)
+    await probe.start()
+    return probe
 
 
 class HangingModel:

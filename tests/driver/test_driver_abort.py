@@ -23,6 +23,7 @@ from tests.driver.support import (
     returns,
     rows,
     snapshot,
+    started_probe,
     step,
     text_of,
     tool,
@@ -30,7 +31,7 @@ from tests.driver.support import (
     until,
     until_aborted,
 )
-from tests.integration.lanes import Probe, new_lane_id
+from tests.integration.lanes import new_lane_id
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -52,9 +53,7 @@ async def abort_when_running(stub: Any, lane: str, call_ids: dict[str, str]) -> 
 
 async def test_abort_mid_sequential_batch_cancels_planned_calls(lane_stub) -> None:
     lane = new_lane_id("abort-seq")
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane))
-    probe = Probe(lane_stub, lane)
-    await probe.start()
+    probe = await started_probe(lane_stub, lane)
     recorder = Recorder()
 
     async def stubborn(args: dict[str, Any], ctx: ToolContext) -> ToolResultLike:

@@ -20,6 +20,7 @@ from tests.driver.support import (
     returns,
     rows,
     snapshot,
+    started_probe,
     step,
     text_of,
     tool,
@@ -27,19 +28,12 @@ from tests.driver.support import (
     until,
     waits_for,
 )
-from tests.integration.lanes import Probe, kinds, new_lane_id
+from tests.integration.lanes import kinds, new_lane_id
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 COMPLETED = snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED
 FAILED = snapshot_pb2.OPERATION_RESULT_STATUS_FAILED
-
-
-async def started_probe(stub: Any, lane_id: str) -> Probe:
-    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
-    probe = Probe(stub, lane_id)
-    await probe.start()
-    return probe
 
 
 async def test_parallel_batch_a_later_call_settles_first_and_waits_for_placement(

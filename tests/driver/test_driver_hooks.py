@@ -29,13 +29,14 @@ from tests.driver.support import (
     returns,
     rows,
     snapshot,
+    started_probe,
     step,
     text_of,
     tool,
     until,
     until_aborted,
 )
-from tests.integration.lanes import Probe, new_lane_id
+from tests.integration.lanes import new_lane_id
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -59,9 +60,7 @@ def echo_tool(recorder: Recorder, seen: list[dict[str, Any]]) -> Any:
 
 async def test_before_tool_replaces_arguments_revalidated(lane_stub) -> None:
     lane = new_lane_id("hook-replace")
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane))
-    probe = Probe(lane_stub, lane)
-    await probe.start()
+    probe = await started_probe(lane_stub, lane)
     recorder, seen = Recorder(), list[dict[str, Any]]()
 
     def rewrite(event: BeforeToolEvent) -> BeforeToolDecision:

@@ -9,12 +9,11 @@ import asyncio
 import pytest
 from lane.client.driver import Driver
 from lane.client.model import ModelError, ModelRequest, assistant_message
-from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
-from tests.driver.support import open_operation_id, snapshot, until
+from tests.driver.support import open_operation_id, snapshot, started_probe, until
 from tests.driver.test_driver_recovery import crash
-from tests.integration.lanes import Probe, kinds, new_lane_id
+from tests.integration.lanes import kinds, new_lane_id
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -37,9 +36,7 @@ class BusyOnce:
 
 async def test_a_driver_taking_over_a_run_with_a_scheduled_retry_starts_it(lane_stub) -> None:
     lane = new_lane_id("retry-takeover")
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane))
-    probe = Probe(lane_stub, lane)
-    await probe.start()
+    probe = await started_probe(lane_stub, lane)
     model = BusyOnce(retry_after=1.0)
     first = asyncio.create_task(Driver(lane_stub, lane, lease_seconds=1).run("go", model))
     operation_id = await open_operation_id(lane_stub, lane)

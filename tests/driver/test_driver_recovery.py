@@ -24,12 +24,13 @@ from tests.driver.support import (
     operation_state,
     returns,
     snapshot,
+    started_probe,
     step,
     text_of,
     tool,
     until,
 )
-from tests.integration.lanes import Probe, new_lane_id
+from tests.integration.lanes import new_lane_id
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -72,9 +73,7 @@ async def rows_ready(stub: Any, lane: str, expected: dict[str, str]) -> None:
 
 async def test_a_second_driver_replays_safe_calls_and_interrupts_never_calls(lane_stub) -> None:
     lane = new_lane_id("recover")
-    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane))
-    probe = Probe(lane_stub, lane)
-    await probe.start()
+    probe = await started_probe(lane_stub, lane)
     recorder = Recorder()
     script = [
         step("three", ("launch", {"n": 1}), ("fetch", {"n": 2}), ("quick", {"n": 3})),
