@@ -5,7 +5,8 @@
   ``lane_channel``, ``lane_stub``);
 - ``tests.support.lanes``: messages, reading the event log, fold == capture (``Probe``),
   error details; lifecycles in one line per step are ``lane.client.testing``'s ``LaneScript``;
-- ``tests.support.servers``: more service instances (``extra_server``);
+- ``tests.support.servers``: more service instances (``extra_server``, ``serve``), the HTTP
+  port (``http_server``, ``http_server_stub``), ``lane serve`` as a process (``serving``);
 - ``tests.support.clock``: a clock tests move forward instead of sleeping;
 - ``tests.support.driver_tools``: recording tools and polling for the driver SDK's tests.
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
-import psycopg
 import pytest
 from google.protobuf import text_format
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +28,7 @@ from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
 from lane.server.app.config import Settings
 from lane.server.app.server import RunningServer, start_server
+from lane.server.testing import scratch_database
 from tests.integration.lanes import assistant, result, text, tool_call, user
 
 T = TypeVar("T")
@@ -54,16 +54,15 @@ class BackgroundServers:
 
 @pytest.fixture(scope="module")
 def background(database_url: str) -> Iterator[BackgroundServers]:
-    name = f"lane_prop_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = psycopg.conninfo.make_conninfo(database_url, dbname=name)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
 
     def run(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
+
+    database = scratch_database(database_url, prefix="lane_prop")
+    dsn = run(database.__aenter__())
 
     # One process with NOTIFY, one polling only: watchers on either see commits of both.
     servers = [
@@ -84,10 +83,9 @@ def background(database_url: str) -> Iterator[BackgroundServers]:
     finally:
         for server in servers:
             run(server.stop(0.5))
+        run(database.__aexit__(None, None, None))
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 # -- the schedule ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Random and mutated requests for every LaneService RPC, checked against the documented errors.
 
 Shared by ``tests/outage/test_fuzz.py`` (CI: a few thousand requests) and
-``bench/fuzz_requests.py`` (as many as asked). See docs/contract.md. The parts:
+``python -m tests.outage.soak`` (as many as asked). See docs/contract.md. The parts:
 :mod:`~tests.outage.fuzz_world` (lanes and ids), :mod:`~tests.outage.fuzz_values` (field values,
 random messages), :mod:`~tests.outage.fuzz_templates` (plausible requests),
 :mod:`~tests.outage.fuzz_encoding` (raw wire tricks); this module draws cases, sends them and

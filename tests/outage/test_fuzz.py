@@ -5,7 +5,7 @@ Every RPC of lane_service.proto gets thousands of generated requests (see
 the documented codes with an ErrorInfo whose reason docs/errors.md lists — never UNKNOWN,
 INTERNAL or DATA_LOSS; every lane a request named must still capture without a fault, fold to
 its capture, and hold no invalid value. test_refusals has the small, per-case version of the
-mutated-bytes test; this is the large-scale one. ``python -m bench.fuzz_requests`` runs the
+mutated-bytes test; this is the large-scale one. ``python -m tests.outage.soak`` runs the
 same generator for as many requests as asked.
 
 The server is one of its own on a fresh database (the generator creates lanes with odd ids that
