@@ -33,13 +33,13 @@ from connectrpc.protocol import ProtocolType
 from google.protobuf import message_factory
 from google.rpc import error_details_pb2
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import snapshot_pb2
+from lane.v1 import messages_pb2, snapshot_pb2
 from pyqwest import Client as HttpClient
 from pyqwest import HTTPTransport, HTTPVersion
 
 from lane.server.app.config import Settings
 from lane.server.app.server import RunningServer, start_server
-from tests.integration.lanes import error_info, new_lane_id, user
+from tests.integration.lanes import error_info, new_lane_id, text, user
 from tests.integration.test_tls import issue, pem, pem_key
 
 SERVICE = pb.DESCRIPTOR.services_by_name["LaneService"]
@@ -120,9 +120,13 @@ async def http_client(version: Any, **tls: Any) -> AsyncIterator[HttpClient]:
         await transport.aclose()
 
 
-def curl(*args: str) -> subprocess.CompletedProcess[str]:
+def curl(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["curl", "-sS", "--max-time", "30", *args], capture_output=True, text=True, check=False
+        ["curl", "-sS", "--max-time", "30", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        input=input,
     )
 
 
@@ -343,6 +347,48 @@ async def test_limits_validation_and_metrics_as_on_the_grpc_port(
             ),
         )
         assert answered("OK") == before + 1
+
+
+async def test_large_json_bodies_are_read_as_small_ones(
+    http_server: RunningServer, http_server_stub: Any
+) -> None:
+    # JSON bodies over 64 KiB are parsed off the event loop: the same answers as on it.
+    lane_id = new_lane_id("json")
+    await http_server_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    follow_up = snapshot_pb2.QUEUE_KIND_FOLLOW_UP
+    async with http_client(HTTPVersion.HTTP1) as http:
+        caller = Caller(
+            f"http://127.0.0.1:{http_server.http_port}", ProtocolType.CONNECT, "json", http
+        )
+        long_text = "y" * (100 << 10)
+        await caller(
+            "EnqueueMessage",
+            pb.EnqueueMessageRequest(lane_id=lane_id, kind=follow_up, message=user(long_text)),
+        )
+        snapshot = (
+            await http_server_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+        ).snapshot
+        (queued,) = snapshot.queues
+        assert queued.message.user.content[0].text.text == long_text
+        refusals = {
+            "PAYLOAD_TOO_LARGE": user("x" * (600 << 10)),
+            "TOO_MANY_CONTENT_BLOCKS": messages_pb2.AgentMessage(
+                user=messages_pb2.UserMessage(content=[text("")] * 5000)
+            ),
+        }
+        for reason, message in refusals.items():
+            request = pb.EnqueueMessageRequest(lane_id=lane_id, kind=follow_up, message=message)
+            with pytest.raises(ConnectError) as refused:
+                await caller("EnqueueMessage", request)
+            assert connect_reason(refused.value) == reason
+        body = '{"laneId": "' + "z" * (100 << 10)  # not JSON
+        url = f"http://127.0.0.1:{http_server.http_port}/lane.v1.LaneService/EnqueueMessage"
+        answer = await asyncio.to_thread(
+            curl, "-d", "@-", "-H", "content-type: application/json", url, input=body
+        )
+        assert json.loads(answer.stdout)["code"] == "invalid_argument", answer.stdout
+    after = await http_server_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    assert after.snapshot == snapshot  # the refusals changed nothing
 
 
 async def test_buf_curl_protocol_connect(http_server: RunningServer, http_server_stub: Any) -> None:
