@@ -184,10 +184,10 @@ async def test_a_request_of_4_mib_is_accepted_one_byte_more_is_refused_by_grpc(
 # -- counts ----------------------------------------------------------------------------------
 
 
-async def open_turn(stub: Any, lane_id: str) -> tuple[RunScript, str]:
-    """A run on ``lane_id`` with an open turn: (the run, the turn id)."""
-    run = await LaneScript(stub, lane_id).start_run("go")
-    return run, await run.start_turn()
+async def open_turn(stub: Any) -> tuple[RunScript, str, str]:
+    """A run on a new lane with an open turn: (the run, the turn id, the lane id)."""
+    run = await (await LaneScript.create(stub, prefix="limits")).start_run("go")
+    return run, await run.start_turn(), run.lane.lane_id
 
 
 async def probed_lane(stub: Any) -> tuple[LaneScript, Probe]:
@@ -213,8 +213,7 @@ async def test_too_many_tool_calls_or_content_blocks_are_refused_and_change_noth
     lane_stub,
 ) -> None:
     stub = lane_stub
-    lane_id = await new_lane(stub)
-    run, turn_id = await open_turn(stub, lane_id)
+    run, turn_id, lane_id = await open_turn(stub)
 
     def settle(message: messages_pb2.AssistantMessage) -> Any:
         return run.settle(turn_id, message=message)
@@ -274,8 +273,7 @@ async def test_too_many_tool_calls_or_content_blocks_are_refused_and_change_noth
 
 async def test_a_batch_at_the_call_limit_runs_to_its_end(lane_stub) -> None:
     stub = lane_stub
-    lane_id = await new_lane(stub)
-    run, turn_id = await open_turn(stub, lane_id)
+    run, turn_id, lane_id = await open_turn(stub)
     probe = Probe(stub, lane_id)
     await probe.start()
     ids = [f"c{i}" for i in range(MAX_TOOL_CALLS)]
@@ -430,8 +428,7 @@ async def test_results_adding_up_past_the_run_end_are_refused_and_the_run_goes_o
     lane_stub,
 ) -> None:
     stub = lane_stub
-    lane_id = await new_lane(stub)
-    run, turn_id = await open_turn(stub, lane_id)
+    run, turn_id, lane_id = await open_turn(stub)
     await run.settle(turn_id, tool_calls=["a", "b", "c"])
     for name in ("a", "b", "c"):
         await run.call(name).start()
