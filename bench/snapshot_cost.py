@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import random
@@ -63,14 +62,15 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import psycopg
-from lane.v1 import entries_pb2, lane_service_pb2_grpc, messages_pb2, snapshot_pb2
+from lane.client.testing import LaneScript, RunScript, ToolCallSpec
+from lane.v1 import entries_pb2, lane_service_pb2_grpc, messages_pb2
 from lane.v1 import lane_service_pb2 as pb
 
 from bench.commit_throughput import (
@@ -144,13 +144,9 @@ class Builder:
     def _block(self, low: float, high: float) -> messages_pb2.ContentBlock:
         return messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=self._text(low, high)))
 
-    async def _call(self, method: Callable[..., Any], request: Any) -> Any:
-        self.rpcs += 1
-        return await method(request, timeout=RPC_TIMEOUT_SECONDS)
-
     async def build(self, lane_id: str, entries: int) -> None:
-        stub = self.stub
-        await self._call(stub.CreateLane, pb.CreateLaneRequest(lane_id=lane_id))
+        lane = await LaneScript.create(self.stub, lane_id)
+        self.rpcs += 1
         placed = 0
         while placed < entries:
             # A run places its prompts, its tool turns (an assistant entry and a result per
@@ -161,86 +157,35 @@ class Builder:
             turns = min(self.turns_per_run, (remaining - prompts - 1) // (self.calls + 1))
             if remaining - prompts - 1 - turns * (self.calls + 1) == 1:
                 prompts += -1 if prompts > 1 else 1
-            prompt = [
-                messages_pb2.AgentMessage(
-                    user=messages_pb2.UserMessage(content=[self._block(200, 1500)])
-                )
-                for _ in range(prompts)
-            ]
-            run = await self._call(
-                stub.StartRun, pb.StartRunRequest(lane_id=lane_id, prompt=prompt)
-            )
+            run = await lane.start_run(*(self._text(200, 1500) for _ in range(prompts)))
+            self.rpcs += 1
             placed += prompts
             for _ in range(turns):
-                await self._turn(lane_id, run.operation_id, self.calls)
+                await self._turn(run, self.calls)
                 placed += self.calls + 1
-            await self._turn(lane_id, run.operation_id, 0)
+            await self._turn(run, 0)
             placed += 1
-            await self._call(
-                stub.EndRun,
-                pb.EndRunRequest(
-                    lane_id=lane_id,
-                    operation_id=run.operation_id,
-                    status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED,
-                ),
-            )
+            await run.end()
+            self.rpcs += 1
 
-    async def _turn(self, lane_id: str, run_id: str, calls: int) -> None:
-        stub = self.stub
-        turn = await self._call(
-            stub.StartTurn, pb.StartTurnRequest(lane_id=lane_id, operation_id=run_id)
-        )
-        ids = []
-        blocks = [self._block(200, 2000)]
+    async def _turn(self, run: RunScript, calls: int) -> None:
+        words = self._text(200, 2000)
+        ids: list[str] = []
+        asked: list[ToolCallSpec] = []
         for _ in range(calls):
             self.next_call += 1
             ids.append(f"call-{self.next_call}")
-            arguments = json.dumps({"cmd": self._text(100, 400), "timeout": 30})
-            blocks.append(
-                messages_pb2.ContentBlock(
-                    tool_call=messages_pb2.ToolCallContent(
-                        id=ids[-1], name="shell", arguments_json=arguments
-                    )
-                )
-            )
-        message = messages_pb2.AssistantMessage(
-            content=blocks,
-            api="bench",
-            provider="scripted",
-            model="m1",
-            usage=messages_pb2.Usage(input=self.rng.randint(1000, 90000), output=500),
-            stop_reason=messages_pb2.STOP_REASON_TOOL_USE
-            if calls
-            else messages_pb2.STOP_REASON_STOP,
-        )
-        await self._call(
-            stub.SettleAssistantMessage,
-            pb.SettleAssistantMessageRequest(
-                lane_id=lane_id, operation_id=run_id, turn_id=turn.turn_id, message=message
-            ),
-        )
+            asked.append((ids[-1], "shell", {"cmd": self._text(100, 400), "timeout": 30}))
+        usage = messages_pb2.Usage(input=self.rng.randint(1000, 90000), output=500)
+        turn = await run.turn(words, tool_calls=asked, usage=usage)
+        self.rpcs += 2  # StartTurn and SettleAssistantMessage
         for call_id in ids:
-            await self._call(
-                stub.StartToolCall,
-                pb.StartToolCallRequest(
-                    lane_id=lane_id,
-                    operation_id=run_id,
-                    tool_call_id=call_id,
-                    arguments_json='{"cmd": "make test", "timeout": 30}',
-                ),
-            )
-            result = messages_pb2.ToolResult(content=[self._block(200, 4000)])
-            staged = await self._call(
-                stub.StageToolOutcome,
-                pb.StageToolOutcomeRequest(
-                    lane_id=lane_id,
-                    operation_id=run_id,
-                    tool_call_id=call_id,
-                    executed=pb.ExecutedOutcome(result=result),
-                ),
-            )
-            if list(staged.placed_tool_call_ids) != [call_id]:
-                raise RuntimeError(f"{call_id} was not placed at once: {staged}")
+            arguments = {"cmd": "make test", "timeout": 30}
+            call = await turn.call(call_id).start(arguments).stage(self._text(200, 4000))
+            self.rpcs += 2
+            assert call.staged is not None
+            if list(call.staged.placed_tool_call_ids) != [call_id]:
+                raise RuntimeError(f"{call_id} was not placed at once: {call.staged}")
 
 
 # -- the baseline: select and encode the same rows --------------------------------------------

@@ -54,20 +54,24 @@ import re
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from lane.client.testing import Aim, LaneScript, assistant, result, tool_call, user
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
 from bench.commit_throughput import provision_database
 from bench.entry import add_database_url, run_benchmark, server_tree, stop_process
 from lane.server.domain.limits import MAX_TOOL_CALLS
+
+if TYPE_CHECKING:
+    from lane.v1.lane_service_pb2_grpc import LaneServiceAsyncStub
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGET_WAIT_SECONDS = 0.050
@@ -227,33 +231,9 @@ async def probe_process(address: str, lane_id: str) -> AsyncIterator[Probe]:
 # -- the load ---------------------------------------------------------------------------------
 
 
-def tool_calls(count: int) -> list[messages_pb2.ContentBlock]:
-    return [
-        messages_pb2.ContentBlock(
-            tool_call=messages_pb2.ToolCallContent(
-                id=f"call-{i}", name="shell", arguments_json=json.dumps({"cmd": f"echo {i}"})
-            )
-        )
-        for i in range(count)
-    ]
-
-
-def assistant(
-    blocks: Sequence[messages_pb2.ContentBlock], stop: int
-) -> messages_pb2.AssistantMessage:
-    return messages_pb2.AssistantMessage(
-        content=blocks,
-        api="bench",
-        provider="scripted",
-        model="m1",
-        stop_reason=stop,  # type: ignore[arg-type]
-    )
-
-
-def result(value: str) -> messages_pb2.ToolResult:
-    return messages_pb2.ToolResult(
-        content=[messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=value))]
-    )
+def tool_calls(count: int) -> messages_pb2.AssistantMessage:
+    """An assistant message asking for ``count`` shell calls, ``call-0`` on."""
+    return assistant(*(tool_call(f"call-{i}", "shell", {"cmd": f"echo {i}"}) for i in range(count)))
 
 
 @dataclass(frozen=True)
@@ -299,23 +279,23 @@ def _refusal(error: grpc.aio.AioRpcError) -> str:
     return code
 
 
-async def run_scenario(stub: Any, scenario: Scenario, probe: Probe) -> Outcome:
+async def run_scenario(stub: LaneServiceAsyncStub, scenario: Scenario, probe: Probe) -> Outcome:
     outcome = Outcome(scenario.name)
     message = scenario.message()
-    lane_id = f"stall-{uuid.uuid4().hex[:8]}"
+    lane = await LaneScript.create(stub, prefix="stall")
     wait = RPC_TIMEOUT_SECONDS
-    await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id), timeout=wait)
     await probe.start()
     await asyncio.sleep(0.3)  # the probes' steady state before the load
     try:
-        start = pb.StartRunRequest(lane_id=lane_id, prompt=[_user("go")])
+        # Every command below is timed, so each request is built from the ids and sent here,
+        # with its timeout, rather than through the script's steps.
+        start = Aim(lane.lane_id).request(pb.StartRunRequest, prompt=[user("go")])
         run, _ = await timed(outcome, "StartRun", stub.StartRun(start, timeout=wait))
-        op = run.operation_id
-        turn_request = pb.StartTurnRequest(lane_id=lane_id, operation_id=op)
+        aim = Aim(lane.lane_id, run.operation_id)
+        turn_request = aim.request(pb.StartTurnRequest)
         turn, _ = await timed(outcome, "StartTurn", stub.StartTurn(turn_request, timeout=wait))
-        settle = pb.SettleAssistantMessageRequest(
-            lane_id=lane_id, operation_id=op, turn_id=turn.turn_id, message=message
-        )
+        in_turn = replace(aim, turn_id=turn.turn_id)
+        settle = in_turn.request(pb.SettleAssistantMessageRequest, message=message)
         label = f"SettleAssistantMessage ({_describe(message)})"
         _, error = await timed(outcome, label, stub.SettleAssistantMessage(settle, timeout=wait))
         got = None if error is None else _refusal(error)
@@ -324,49 +304,49 @@ async def run_scenario(stub: Any, scenario: Scenario, probe: Probe) -> Outcome:
         elif scenario.refusal is not None and (got is None or scenario.refusal not in got):
             outcome.problem = f"expected {scenario.refusal}, got {got or 'OK'}"
 
-        ids = {"lane_id": lane_id, "operation_id": op}
-        one_call = assistant(tool_calls(1), messages_pb2.STOP_REASON_TOOL_USE)
-        commands: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
+        call_0 = replace(aim, tool_call_id="call-0")
+        commands: list[tuple[str, Callable[..., Awaitable[Any]], Message]] = []
         if error is not None:  # the batch was refused: settle a one-call message instead
-            settle_one = pb.SettleAssistantMessageRequest(
-                turn_id=turn.turn_id, message=one_call, **ids
-            )
+            settle_one = in_turn.request(pb.SettleAssistantMessageRequest, message=tool_calls(1))
             commands.append(
-                (
-                    "SettleAssistantMessage (1 call)",
-                    lambda: stub.SettleAssistantMessage(settle_one, timeout=wait),
-                )
+                ("SettleAssistantMessage (1 call)", stub.SettleAssistantMessage, settle_one)
             )
-        start_0 = pb.StartToolCallRequest(tool_call_id="call-0", arguments_json="{}", **ids)
-        update_0 = pb.UpdateToolCallRequest(
-            tool_call_id="call-0", partial_result=result("half"), checkpoint=True, **ids
-        )
-        stage_0 = pb.StageToolOutcomeRequest(
-            tool_call_id="call-0", executed=pb.ExecutedOutcome(result=result("done")), **ids
-        )
-        start_1 = pb.StartToolCallRequest(tool_call_id="call-1", arguments_json="{}", **ids)
-        end = pb.EndRunRequest(status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED, **ids)
         commands += [
-            ("StartToolCall", lambda: stub.StartToolCall(start_0, timeout=wait)),
-            ("UpdateToolCall (checkpoint)", lambda: stub.UpdateToolCall(update_0, timeout=wait)),
-            ("StageToolOutcome", lambda: stub.StageToolOutcome(stage_0, timeout=wait)),
+            (
+                "StartToolCall",
+                stub.StartToolCall,
+                call_0.request(pb.StartToolCallRequest, arguments_json="{}"),
+            ),
+            (
+                "UpdateToolCall (checkpoint)",
+                stub.UpdateToolCall,
+                call_0.request(
+                    pb.UpdateToolCallRequest, partial_result=result("half"), checkpoint=True
+                ),
+            ),
+            (
+                "StageToolOutcome",
+                stub.StageToolOutcome,
+                call_0.request(
+                    pb.StageToolOutcomeRequest, executed=pb.ExecutedOutcome(result=result("done"))
+                ),
+            ),
         ]
         if error is None:
-            commands.append(("StartToolCall", lambda: stub.StartToolCall(start_1, timeout=wait)))
-        commands.append(("EndRun ABORTED", lambda: stub.EndRun(end, timeout=wait)))
-        for label, command in commands:
-            _, failed = await timed(outcome, label, command())
+            start_1 = replace(aim, tool_call_id="call-1").request(
+                pb.StartToolCallRequest, arguments_json="{}"
+            )
+            commands.append(("StartToolCall", stub.StartToolCall, start_1))
+        aborted = aim.request(pb.EndRunRequest, status=snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
+        commands.append(("EndRun ABORTED", stub.EndRun, aborted))
+        for label, method, request in commands:
+            _, failed = await timed(outcome, label, method(request, timeout=wait))
             if failed is not None and outcome.problem is None:
                 outcome.problem = f"{label} was refused: {_refusal(failed)}"
         await asyncio.sleep(0.3)  # anything the service still does after the last answer
     finally:
         outcome.probes = await probe.stop()
     return outcome
-
-
-def _user(value: str) -> messages_pb2.AgentMessage:
-    block = messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=value))
-    return messages_pb2.AgentMessage(user=messages_pb2.UserMessage(content=[block]))
 
 
 def _describe(message: messages_pb2.AssistantMessage) -> str:
@@ -465,19 +445,18 @@ async def run(args: argparse.Namespace) -> int:
     if args.probe:
         return await probe_main(*args.probe)
     root = args.service_root.resolve()
-    use = messages_pb2.STOP_REASON_TOOL_USE
     before = args.without_count_limits
     over = None if before else "TOO_MANY_TOOL_CALLS"
     huge = "PAYLOAD_TOO_LARGE" if before else "TOO_MANY_CONTENT_BLOCKS"
     scenarios = [
         Scenario(
             f"largest allowed batch ({args.largest} calls)",
-            lambda: assistant(tool_calls(args.largest), use),
+            lambda: tool_calls(args.largest),
             None,
         ),
         Scenario(
             f"{args.over:,} tool calls (over the limit)",
-            lambda: assistant(tool_calls(args.over), use),
+            lambda: tool_calls(args.over),
             over,
         ),
         Scenario("a million empty text blocks (4 MiB)", _million_blocks, huge),
@@ -492,13 +471,10 @@ async def run(args: argparse.Namespace) -> int:
             grpc.aio.insecure_channel(address, options=_OPTIONS) as channel,
         ):
             stub = lane_service_pb2_grpc.LaneServiceStub(channel)
-            idle_lane = f"idle-{uuid.uuid4().hex[:8]}"
-            await stub.CreateLane(pb.CreateLaneRequest(lane_id=idle_lane))
-            await stub.StartRun(pb.StartRunRequest(lane_id=idle_lane, prompt=[_user("hello")]))
-            async with probe_process(address, idle_lane) as probe:
-                await run_scenario(
-                    stub, Scenario("warm-up", lambda: assistant(tool_calls(4), use), None), probe
-                )
+            idle = await LaneScript.create(stub, prefix="idle")
+            await idle.start_run("hello")
+            async with probe_process(address, idle.lane_id) as probe:
+                await run_scenario(stub, Scenario("warm-up", lambda: tool_calls(4), None), probe)
                 print(f"baseline: probes alone for {args.idle_seconds:g} s ...", flush=True)
                 await probe.start()
                 await asyncio.sleep(args.idle_seconds)
@@ -513,7 +489,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def _million_blocks() -> messages_pb2.AssistantMessage:
-    message = assistant([], messages_pb2.STOP_REASON_STOP)
+    message = assistant(stop=messages_pb2.STOP_REASON_STOP)
     empty = messages_pb2.ContentBlock(text=messages_pb2.TextContent())
     message.content.extend([empty] * 1_000_000)
     return message
