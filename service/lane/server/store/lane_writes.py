@@ -83,7 +83,10 @@ def _rows(
 ) -> str:
     """A FROM item yielding ``rows`` as ``alias(column, ...)``: one array parameter per column
     unnested, or, for the usual single row, one plain parameter per column (psycopg dumps an
-    array parameter at several times the cost of a scalar)."""
+    array parameter at several times the cost of a scalar).
+
+    Arrays go in binary (``%(name)b``): in text, every bytea element is written out as hex and
+    escaped — 20 ms for the 1,300 event bodies of a 256-call EndRun, 0.6 ms in binary."""
     names = [f"{alias}_{column}" for column, _ in columns]
     if len(rows) == 1:
         params.update(zip(names, rows[0], strict=True))
@@ -94,7 +97,7 @@ def _rows(
         return f"(SELECT {values}) AS {alias}"
     params.update(zip(names, (list(column) for column in zip(*rows, strict=True)), strict=True))
     arrays = ", ".join(
-        f"%({name})s::{sql_type}[]" for name, (_, sql_type) in zip(names, columns, strict=True)
+        f"%({name})b::{sql_type}[]" for name, (_, sql_type) in zip(names, columns, strict=True)
     )
     return f"unnest({arrays}) AS {alias}({', '.join(column for column, _ in columns)})"
 
