@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 
 import grpc
 import psycopg
-from lane.v1 import events_pb2, lane_service_pb2_grpc, messages_pb2
+from lane.client.testing import LaneScript
+from lane.v1 import events_pb2, lane_service_pb2_grpc
 from lane.v1 import lane_service_pb2 as pb
 
 from bench.commit_throughput import (
@@ -371,25 +372,12 @@ async def _create_lanes(
     lanes = [f"{prefix}-{i:05d}" for i in range(count)]
     gate = asyncio.Semaphore(16)
     text = ("lorem ipsum dolor sit amet " * (prompt_bytes // 27 + 1))[:prompt_bytes]
-    prompt = [
-        messages_pb2.AgentMessage(
-            user=messages_pb2.UserMessage(
-                content=[messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=text))]
-            )
-        )
-        for _ in range(prompts)
-    ]
 
     async def create(lane_id: str) -> None:
         async with gate:
-            await stub.CreateLane(
-                pb.CreateLaneRequest(lane_id=lane_id), timeout=RPC_TIMEOUT_SECONDS
-            )
-            if prompt:
-                await stub.StartRun(
-                    pb.StartRunRequest(lane_id=lane_id, prompt=prompt),
-                    timeout=RPC_TIMEOUT_SECONDS,
-                )
+            lane = await LaneScript.create(stub, lane_id)
+            if prompts:
+                await lane.start_run(*[text] * prompts)
 
     await asyncio.gather(*(create(lane) for lane in lanes))
     return lanes
