@@ -113,6 +113,7 @@ from psycopg import sql
 from bench import replay
 from bench.entry import (
     add_database_url,
+    add_server_options,
     open_channels,
     run_benchmark,
     server_tree,
@@ -541,6 +542,38 @@ async def _prepare_baseline_table(url: str, clients: int) -> None:
         await conn.execute("SELECT setval('bench_rows_id_seq', %s)", (clients,))
 
 
+async def run_pgbench(
+    db: Database, command: Sequence[str], label: str, env: Mapping[str, str] | None = None
+) -> tuple[int, float, CpuUse]:
+    """Run pgbench ``command`` to its end: the transactions it processed, its rate (its
+    ``tps`` line) and the CPU it and the cluster used (sampled once the cluster's backends
+    have exited, so their time is counted). ``label`` names it when it fails."""
+    times_before = os.times()
+    children_before = _cluster_children(db.postmaster)
+    sample = cpu_sample({}, db.postmaster)
+    process = await asyncio.create_subprocess_exec(
+        *command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        out, err = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    output = out.decode() + err.decode()
+    tps, processed = _TPS.search(output), _PROCESSED.search(output)
+    if process.returncode != 0 or tps is None or processed is None:
+        raise RuntimeError(f"{label} failed (exit {process.returncode}):\n{output}")
+    await settle_cluster(db.postmaster, children_before)
+    after = cpu_sample({}, db.postmaster)
+    times_after = os.times()
+    child = (times_after.children_user - times_before.children_user) + (
+        times_after.children_system - times_before.children_system
+    )
+    use = cpu_use(sample, after, {"pgbench": child})
+    return int(processed.group(1)), float(tps.group(1)), use
+
+
 async def run_baseline(
     db: Database, clients: int, seconds: float, statement: str, work_dir: Path
 ) -> Baseline:
@@ -548,37 +581,17 @@ async def run_baseline(
     await _prepare_baseline_table(db.url, clients)
     pgbench = shutil.which("pgbench")
     before_commits = await committed_transactions(db.url)
-    times_before = os.times()
-    children_before = _cluster_children(db.postmaster)
-    sample = cpu_sample({}, db.postmaster)
     if pgbench is not None:
         script = work_dir / f"baseline_{statement}.sql"
         script.write_text(_BASELINE_STATEMENTS[statement] + "\n")
         command = [pgbench, "-n", "-c", str(clients), "-j", str(clients)]
         command += ["-T", str(max(1, round(seconds))), "-f", str(script), db.url]
-        process = await asyncio.create_subprocess_exec(
-            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        try:
-            out, err = await process.communicate()
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-        output = out.decode() + err.decode()
-        tps, processed = _TPS.search(output), _PROCESSED.search(output)
-        if process.returncode != 0 or tps is None or processed is None:
-            raise RuntimeError(f"pgbench failed (exit {process.returncode}):\n{output}")
-        await settle_cluster(db.postmaster, children_before)
-        after = cpu_sample({}, db.postmaster)
-        times_after = os.times()
-        child = (times_after.children_user - times_before.children_user) + (
-            times_after.children_system - times_before.children_system
-        )
-        use = cpu_use(sample, after, {"pgbench": child})
+        transactions, rate, use = await run_pgbench(db, command, "pgbench")
         method = f"pgbench -c {clients} -j {clients} -T {round(seconds)}, {statement}"
-        transactions, rate = int(processed.group(1)), float(tps.group(1))
     else:
+        times_before = os.times()
+        children_before = _cluster_children(db.postmaster)
+        sample = cpu_sample({}, db.postmaster)
         transactions, elapsed = await asyncio.to_thread(
             _psycopg_baseline, db.url, clients, seconds, statement
         )
@@ -701,31 +714,7 @@ async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> 
         statements = replay_db.no_statements is None
         async with await psycopg.AsyncConnection.connect(replay_db.url, autocommit=True) as conn:
             counters_before = await read_db_counters(conn, statements)
-            times_before = os.times()
-            children_before = _cluster_children(db.postmaster)
-            sample = cpu_sample({}, db.postmaster)
-            process = await asyncio.create_subprocess_exec(
-                *command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-            )
-            try:
-                out, err = await process.communicate()
-            finally:
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
-            output = out.decode() + err.decode()
-            tps, processed = _TPS.search(output), _PROCESSED.search(output)
-            if process.returncode != 0 or tps is None or processed is None:
-                raise RuntimeError(
-                    f"pgbench (replay) failed (exit {process.returncode}):\n{output}"
-                )
-            await settle_cluster(db.postmaster, children_before)
-            after = cpu_sample({}, db.postmaster)
-            times_after = os.times()
-            child = (times_after.children_user - times_before.children_user) + (
-                times_after.children_system - times_before.children_system
-            )
-            use = cpu_use(sample, after, {"pgbench": child})
+            runs, tps, use = await run_pgbench(db, command, "pgbench (replay)", env)
             await asyncio.sleep(1.5)  # as counted_commits: let the stats settle
             counters = await read_db_counters(conn, statements) - counters_before
             cur = await conn.execute(
@@ -735,7 +724,6 @@ async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> 
             )
             row = await cur.fetchone()
             complete, lanes = (int(row[0]), int(row[1])) if row else (0, 0)
-    runs = int(processed.group(1))
     return Replay(
         method=f"pgbench -M prepared -c {clients} -j {clients} -T {round(args.seconds)}"
         + (
@@ -745,7 +733,7 @@ async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> 
         ),
         runs=runs,
         commits=runs * script.commits,
-        commits_per_second=float(tps.group(1)) * script.commits,
+        commits_per_second=tps * script.commits,
         commits_per_run=script.commits,
         transactions_per_run=script.transactions,
         postgres_counted=counters.transactions,
@@ -2015,16 +2003,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="send a request_id with every command (the answer is stored for retries)",
     )
-    parser.add_argument(
-        "--notify", choices=("on", "off"), default="on", help="the service's LANE_NOTIFY"
-    )
-    parser.add_argument(
-        "--py-spy",
-        type=Path,
-        metavar="FILE",
-        help="profile the server with py-spy during the window (FILE.svg: flame graph,"
-        " FILE.json: speedscope, else collapsed stacks); profiling slows the server",
-    )
+    add_server_options(parser)
     parser.add_argument(
         "--workers",
         type=int,

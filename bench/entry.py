@@ -1,6 +1,6 @@
-"""What every service benchmark shares: the database option, the entry point (parse, run,
-clean up on Ctrl-C or SIGTERM), where a checkout keeps its server package, and stopping the
-server processes it started."""
+"""What every service benchmark shares: the database option (and the server options of those
+that time a window), the entry point (parse, run, clean up on Ctrl-C or SIGTERM), where a
+checkout keeps its server package, and stopping the server processes it started."""
 
 from __future__ import annotations
 
@@ -24,6 +24,20 @@ def add_database_url(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("LANE_BENCH_DATABASE_URL") or None,
         help="PostgreSQL server URL, role with CREATEDB (default: $LANE_BENCH_DATABASE_URL,"
         " else an embedded pgserver in a temp dir)",
+    )
+
+
+def add_server_options(parser: argparse.ArgumentParser) -> None:
+    """``--notify`` and ``--py-spy``, for a benchmark that times the service over a window."""
+    parser.add_argument(
+        "--notify", choices=("on", "off"), default="on", help="the service's LANE_NOTIFY"
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="FILE",
+        help="profile the server with py-spy during the window (FILE.svg: flame graph,"
+        " FILE.json: speedscope, else collapsed stacks); profiling slows the server",
     )
 
 

@@ -57,7 +57,6 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import psycopg
@@ -77,7 +76,7 @@ from bench.commit_throughput import (
     settle_cluster,
     start_profiler,
 )
-from bench.entry import add_database_url, run_benchmark
+from bench.entry import add_database_url, add_server_options, run_benchmark
 from bench.watchers import FleetResult, percentiles, start_fleet
 
 TARGET_P99_SECONDS = 0.020  # docs/contract.md, Targets
@@ -640,16 +639,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="how long the watchers may take to receive the last commits (60)",
     )
     add_database_url(parser)
-    parser.add_argument(
-        "--notify", choices=("on", "off"), default="on", help="the service's LANE_NOTIFY"
-    )
-    parser.add_argument(
-        "--py-spy",
-        type=Path,
-        metavar="FILE",
-        help="profile the server with py-spy during the window (FILE.svg: flame graph,"
-        " FILE.json: speedscope, else collapsed stacks); profiling slows the server",
-    )
+    add_server_options(parser)
     args = parser.parse_args(argv)
     if min(args.lanes, args.watchers, args.senders, args.channels) < 1:
         parser.error("--lanes, --watchers, --senders and --channels must be at least 1")
