@@ -12,6 +12,7 @@ from lane.client.testing import LaneScript, RunScript, ToolCallSpec
 from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
+from lane.server.store.commit_step import OFF_LOOP_BATCH_CALLS
 from tests.support.lanes import Probe, error_reason, kinds, new_lane_id, result, user
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -245,3 +246,42 @@ async def test_concurrent_commands_on_one_lane_get_consecutive_revisions(lane_st
 async def test_event_kinds_cover_the_catalog() -> None:
     # The envelope's oneof is the catalog: 28 kinds (docs/contract.md, Commits and their events).
     assert len(events_pb2.HarnessEvent.DESCRIPTOR.oneofs_by_name["kind"].fields) == 28
+
+
+async def test_a_large_batch_commits_as_a_small_one(lane_stub) -> None:
+    # Commands on a lane whose batch has OFF_LOOP_BATCH_CALLS calls or more are worked out in
+    # a worker thread: the same commits, answers and recorded answers as on the event loop.
+    probe = Probe(lane_stub, new_lane_id())
+    count = OFF_LOOP_BATCH_CALLS + 8
+    ids = [f"c{i:02d}" for i in range(count)]
+    run = await open_batch(lane_stub, probe, *ids)
+    for call_id in ids[:5]:
+        await run.call(call_id).start()
+    await probe.check(ids[:5])
+    for call_id in ids[1:5]:  # later calls finish first: staged, not yet placed
+        await run.call(call_id).stage(f"done {call_id}")
+    await probe.check(ids[:5])
+    assert placed_results(probe.snapshot) == []
+    await run.call(ids[0]).stage("done c00")
+    await probe.check()
+    assert placed_results(probe.snapshot) == ids[:5]
+    # A retried request id gets the answer recorded in the thread.
+    request = run.call(ids[5]).aim.request(pb.StartToolCallRequest, arguments_json="{}")
+    request.request_id = "large-batch-retry"
+    answer = await lane_stub.StartToolCall(request)
+    assert await lane_stub.StartToolCall(request) == answer
+    await probe.check([ids[5]])
+    # Ending the run settles and places every unfinished call in one commit.
+    await run.end(snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
+    await probe.check()
+    assert placed_results(probe.snapshot) == ids
+
+
+def placed_results(snapshot: snapshot_pb2.LaneSnapshot) -> list[str]:
+    """The tool call ids of the tool results in the transcript, in transcript order."""
+    return [
+        entry.message.message.tool_result.tool_call_id
+        for entry in snapshot.transcript
+        if entry.WhichOneof("payload") == "message"
+        and entry.message.message.HasField("tool_result")
+    ]

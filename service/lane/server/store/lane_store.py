@@ -26,6 +26,7 @@ from lane.server.domain.transition import Transition
 from lane.server.store import notify
 from lane.server.store.clock import Clock, system_clock
 from lane.server.store.codec import decode
+from lane.server.store.commit_step import Decide, recorded, worked_out
 from lane.server.store.event_log import EventGroup
 from lane.server.store.lane_cache import LaneCache
 from lane.server.store.lane_reads import (
@@ -41,7 +42,6 @@ from lane.server.store.lane_removal import delete_lane_rows, record_answer
 from lane.server.store.lane_transfer import read_export, write_import
 from lane.server.store.lane_writes import (
     CommitStatement,
-    RecordedAnswer,
     commit_statement,
     insert_lane,
     run_commit,
@@ -53,8 +53,6 @@ A = TypeVar("A")
 
 log = logging.getLogger(__name__)
 
-#: ``decide(state, now) -> (transition, answer)``: a pure domain step plus the command's answer.
-Decide = Callable[[LaneState, datetime], tuple[Transition, A]]
 #: Called after every commit that appended events, with the lane and its events as written
 #: (the hub hands them to the lane's watchers from memory). Called in commit order per lane, in
 #: the lane's turn (``LaneCache.turn``): must not block, and must not keep the list it is given
@@ -119,14 +117,6 @@ _RECONCILABLE = (
     " AND (coalesce(lease_expires, 'epoch'), operation_id) > (%(after)s, %(after_id)s)"
     " ORDER BY coalesce(lease_expires, 'epoch'), operation_id LIMIT %(limit)s"
 )
-
-
-def _recorded(request: Recording[A] | None, answer: A) -> list[RecordedAnswer]:
-    """The answer a command records under its request's key (none without a request id)."""
-    if request is None:
-        return []
-    key = request.key
-    return [RecordedAnswer(key.request_id, key.method, key.digest, request.encode(answer))]
 
 
 def _reused_id(exc: psycopg.errors.UniqueViolation, transition: Transition) -> LaneError:
@@ -297,13 +287,11 @@ class Store:
         version: its answer (in a 1-tuple: an answer may be anything), or None when it must run
         under the lock instead."""
         try:
-            transition, answer = decide(cached.state, self.clock())
-            check_commit(cached.state, transition)
+            transition, answer, statement = await worked_out(
+                lane, cached.state, cached.version, decide, self.clock(), request
+            )
         except LaneError:
             return None  # the state may be stale: refuse only what the lock confirms
-        statement = commit_statement(
-            lane, cached.state, transition, cached.version, _recorded(request, answer)
-        )
         async with self.pool.connection() as conn:
             if statement is None:
                 # Nothing to write: the answer holds if the state it came from is current.
@@ -335,10 +323,9 @@ class Store:
                     replay = await replayed_answer(conn, lane, request.key, request.form)
                     if replay is not None:
                         return request.decode(replay)
-                transition, answer = decide(loaded.state, self.clock())
-                check_commit(loaded.state, transition)  # refuses what could never be delivered
-                statement = commit_statement(
-                    lane, loaded.state, transition, loaded.version, _recorded(request, answer)
+                # The commit rule refuses what could never be delivered.
+                transition, answer, statement = await worked_out(
+                    lane, loaded.state, loaded.version, decide, self.clock(), request
                 )
                 if statement is not None and not await run_commit(conn, statement):
                     raise RuntimeError(f"lane {lane} changed under its row lock")
@@ -388,7 +375,7 @@ class Store:
                     loaded.state,
                     transition,
                     loaded.version,
-                    _recorded(request, result),
+                    recorded(request, result),
                 )
                 if statement is not None:
                     await run_commit(conn, statement)
@@ -441,8 +428,8 @@ class Store:
                     require_no_operation(loaded.state)
                 result = answer(loaded.state)
                 await delete_lane_rows(conn, lane)
-                for recorded in _recorded(request, result):
-                    await record_answer(conn, lane, recorded)
+                for kept in recorded(request, result):
+                    await record_answer(conn, lane, kept)
             self.cache.forget(lane)
         for listener in self._delete_listeners:
             listener(lane)
