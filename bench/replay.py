@@ -276,7 +276,9 @@ def record(lane_id: str, calls: int, turns: int) -> RecordedRun:
 
 # -- the pgbench script -----------------------------------------------------------------------
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+#: A named parameter, ``%(name)s`` or ``%(name)b`` (arrays go to psycopg in binary; pgbench
+#: sends every value as text, which the statement's casts read alike).
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]|%%")
 #: pgbench's limit of parameters per SQL command (MAX_ARGS, the statement itself included).
 PGBENCH_MAX_PARAMETERS = 255
 
@@ -336,7 +338,7 @@ class ReplayScript:
 
 
 def replay_script(recorded: RecordedRun, commits_per_transaction: int = 1) -> ReplayScript:
-    """Turn ``recorded`` into a pgbench script: each ``%(name)s`` becomes ``:ns`` for the
+    """Turn ``recorded`` into a pgbench script: each ``%(name)s`` (or ``b``) becomes ``:ns`` for the
     namespace, ``NULL`` for a null, else a variable holding the recorded value (equal values
     share one). ``commits_per_transaction`` > 1 wraps that many consecutive commit statements in
     one transaction: what PostgreSQL would spend if the service committed several commands in
