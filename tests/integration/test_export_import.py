@@ -13,9 +13,11 @@ from typing import Any
 
 import grpc
 import pytest
+from lane.client.testing import LaneScript
 from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
+from lane.server.api.transfer_rpcs import EXPORT_PIECE_BYTES
 from lane.server.app.server import RunningServer
 from tests.integration.lanes import (
     Probe,
@@ -218,3 +220,20 @@ async def test_a_bad_file_is_refused_and_creates_nothing(lane_stub: Stub) -> Non
         with pytest.raises(grpc.aio.AioRpcError) as missing:
             await lane_stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND, label
+
+
+async def test_a_large_lane_is_exported_in_pieces_of_whole_lines(lane_stub: Stub) -> None:
+    original = new_lane_id("export-large")
+    lane = await LaneScript.create(lane_stub, original)
+    # Three runs with a prompt of 400 KiB each: an export file of several pieces.
+    for n in range(3):
+        run = await lane.start_run(str(n) * (400 << 10))
+        await run.turn("done")
+        await run.end()
+    pieces = [p.data async for p in lane_stub.ExportLane(pb.ExportLaneRequest(lane_id=original))]
+    assert len(pieces) >= 2
+    for piece in pieces[:-1]:
+        assert len(piece) >= EXPORT_PIECE_BYTES and piece.endswith(b"\n")
+    imported = await import_file(lane_stub, new_lane_id("imported-large"), b"".join(pieces))
+    copy = await snapshot_of(lane_stub, imported.lane_id)
+    assert list(copy.transcript) == list((await snapshot_of(lane_stub, original)).transcript)
