@@ -56,22 +56,23 @@ async def start_call(stub: Any, lane_id: str, run: str, token: int, call: str) -
     )
 
 
-async def test_commands_after_the_first_commit_on_the_kept_lane(
-    lane_stub: Any, lane_server: RunningServer
-) -> None:
-    probe = Probe(lane_stub, new_lane_id("cache"))
-    run, token = await leased_batch(lane_stub, probe, "c0")
-    await start_call(lane_stub, probe.lane_id, run, token, "c0")
-    registry = lane_server.registry
-    optimistic, locked = commits(registry, "optimistic"), commits(registry, "locked")
-    for n in range(5):
-        await update(lane_stub, probe.lane_id, run, token, "c0", f"step {n}")
-    assert commits(registry, "optimistic") - optimistic == 5
-    assert commits(registry, "locked") == locked
-    events = await probe.check(active=["c0"])
-    assert [e.tool_update.partial_result.content[0].text.text for e in events[-5:]] == [
-        f"step {n}" for n in range(5)
-    ]
+async def test_commands_after_the_first_commit_on_the_kept_lane(fresh_database_url: str) -> None:
+    # A server of its own on a database of its own: the commit counters are the process's, and
+    # the shared server's upkeep (other tests' lanes) would add to them.
+    async with extra_server(fresh_database_url) as (running, stub):
+        probe = Probe(stub, new_lane_id("cache"))
+        run, token = await leased_batch(stub, probe, "c0")
+        await start_call(stub, probe.lane_id, run, token, "c0")
+        registry = running.registry
+        optimistic, locked = commits(registry, "optimistic"), commits(registry, "locked")
+        for n in range(5):
+            await update(stub, probe.lane_id, run, token, "c0", f"step {n}")
+        assert commits(registry, "optimistic") - optimistic == 5
+        assert commits(registry, "locked") == locked
+        events = await probe.check(active=["c0"])
+        assert [e.tool_update.partial_result.content[0].text.text for e in events[-5:]] == [
+            f"step {n}" for n in range(5)
+        ]
 
 
 async def test_two_processes_alternating_on_one_lane_lose_nothing(
