@@ -20,32 +20,9 @@ from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from bench.micro import per_await, per_call
 from lane.server import logs, traces
 from lane.server.api.instrument import method_metrics, observed
-
-ROUNDS = 100_000
-
-
-def per_call(run: Callable[[], None], rounds: int = ROUNDS) -> float:
-    """Microseconds per call of ``run`` (best of three)."""
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(rounds):
-            run()
-        best = min(best, time.perf_counter() - start)
-    return best / rounds * 1e6
-
-
-async def per_await(run: Callable[[], Awaitable[Any]], rounds: int = ROUNDS) -> float:
-    """Microseconds per awaited call of ``run`` (best of three)."""
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(rounds):
-            await run()
-        best = min(best, time.perf_counter() - start)
-    return best / rounds * 1e6
 
 
 async def handler(data: Any, context: Any) -> Any:

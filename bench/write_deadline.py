@@ -13,30 +13,17 @@ bookkeeping (``lane.server.api.write_deadline``). Prints; asserts nothing. A few
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
 
 import uvloop
 
+from bench.micro import ROUNDS, per_await
 from lane.server.api.write_deadline import WriteDeadline
 
-ROUNDS = 100_000
 DEADLINE_SECONDS = 30.0
 
 
 async def _write() -> None:
     await asyncio.sleep(0)
-
-
-async def per_write(run: Callable[[], Awaitable[None]], rounds: int = ROUNDS) -> float:
-    """Microseconds per awaited ``run()`` (best of three)."""
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(rounds):
-            await run()
-        best = min(best, time.perf_counter() - start)
-    return best / rounds * 1e6
 
 
 async def _in_timeout_scope() -> None:
@@ -56,9 +43,9 @@ async def main() -> None:
         finally:
             deadline.end(task)
 
-    bare = await per_write(_write)
-    scoped = await per_write(_in_timeout_scope)
-    sweep = await per_write(swept)
+    bare = await per_await(_write)
+    scoped = await per_await(_in_timeout_scope)
+    sweep = await per_await(swept)
     print(f"per write, best of 3 x {ROUNDS:,} (uvloop):")
     print(f"  bare write (baseline)          {bare:6.2f} µs")
     print(f"  inside asyncio.timeout         {scoped:6.2f} µs  (+{scoped - bare:.2f})")
