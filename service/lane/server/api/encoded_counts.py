@@ -14,6 +14,11 @@ Those other fields are capped too (:data:`MAX_OTHER_FIELDS`), so a request padde
 millions of unknown or repeated scalar fields cannot keep the walk itself going. Requests up
 to :data:`CHECKED_FROM_BYTES` are decoded without the walk: at most a few milliseconds of
 decoding however they are made.
+
+Counted from the bytes, a value the decoder would drop still counts: an encoding that sets two
+members of a oneof (the last one wins when decoded) is counted with both. The decoder pays for
+both as well. No request type that can hold a counted field holds itself, so the walk's
+depth is that of the message types.
 """
 
 from __future__ import annotations
