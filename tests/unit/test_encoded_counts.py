@@ -5,6 +5,7 @@ without decoding a request that holds too many elements."""
 from __future__ import annotations
 
 import pytest
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +18,7 @@ from lane.server.api.encoded_counts import (
     MAX_OTHER_FIELDS,
     check_encoded_counts,
 )
-from lane.server.api.validation import check_counts
+from lane.server.api.validation import check_counts, count_plan
 from lane.server.domain.errors import InvalidArgument
 from lane.server.domain.limits import MAX_CONTENT_BLOCKS, MAX_REQUEST_MESSAGES, MAX_TOOL_NAMES
 
@@ -140,3 +141,16 @@ def test_small_requests_and_invalid_bytes_are_left_to_the_decoder() -> None:
     check_encoded_counts(truncated, pb.SettleAssistantMessageRequest)
     group = settle([]).SerializeToString() + varint(1000 << 3 | 3)
     check_encoded_counts(group, pb.SettleAssistantMessageRequest)
+
+
+def test_no_request_type_that_holds_a_count_holds_itself() -> None:
+    # The walk recurses once per nested message: a type that held itself would let a request
+    # nest as deep as its bytes allow. A proto change that adds one must bound the walk first.
+    def walk(descriptor: Descriptor, seen: tuple[str, ...]) -> None:
+        assert descriptor.full_name not in seen, " -> ".join((*seen, descriptor.full_name))
+        for field in count_plan(descriptor).descend:
+            assert field.message_type is not None
+            walk(field.message_type, (*seen, descriptor.full_name))
+
+    for method in pb.DESCRIPTOR.services_by_name["LaneService"].methods:
+        walk(method.input_type, ())
