@@ -23,8 +23,10 @@ and K workers on one port) on a scratch database. Then, in order:
    DEADLINE_EXCEEDED is sent again, the same request with the same request id, with capped
    exponential backoff, for at most ``--give-up-seconds``; the retries and every error code
    seen are counted. A command's latency runs from its first attempt to its acknowledgement
-   (retries included). After ``--warmup`` seconds the window of ``--seconds`` is measured;
-   then the drivers finish their turn and stop.
+   (retries included). With ``--sessions`` each driver sends its commands over one DriveLane
+   stream of its own (``LaneSession``, the Python SDK's default) instead, and nothing refused
+   is sent again. After ``--warmup`` seconds the window of ``--seconds`` is measured; then the
+   drivers finish their turn and stop.
 4. **Nothing acknowledged lost.** For every lane, the revision the last acknowledged command
    returned must be <= the lane's revision in ``GetLaneSnapshot`` (a lane ahead of its driver
    is only possible after a command that was never acknowledged), and every watcher must reach
@@ -52,6 +54,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lane.client.errors import lane_error
+from lane.client.session import LaneSession
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc
 
@@ -168,9 +171,15 @@ async def run_mix(args: argparse.Namespace, db: Database, service: ServiceProces
                 turns_per_run=args.turns,
                 request_ids=True,
                 retries=retries,
+                session=(
+                    LaneSession(stubs[i % len(stubs)], request_ids=True) if args.sessions else None
+                ),
             )
             for i in range(args.drivers)
         ]
+        for driver in drivers:
+            if driver.session is not None:
+                watching.push_async_callback(driver.session.aclose)
         print(f"creating {len(drivers)} lanes ...", flush=True)
         creating = asyncio.Semaphore(16)
 
@@ -301,8 +310,9 @@ def report(
         )
         or "-"
     )
+    transport = "each over a DriveLane session" if args.sessions else "unary RPCs, retries"
     lines = [
-        f"load mix: {args.drivers} drivers (one lane each, request ids, retries) and"
+        f"load mix: {args.drivers} drivers (one lane each, request ids, {transport}) and"
         f" {args.watchers:,} watchers on their lanes; window {result.seconds:.1f} s after"
         f" {args.warmup:g} s warm-up; {args.turns} turns x {args.calls} tool calls per run;"
         f" NOTIFY {args.notify}; drivers on {args.channels} channels",
@@ -403,6 +413,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=float,
         default=3.0,
         help="how long the Health/Check floor runs (default 3)",
+    )
+    parser.add_argument(
+        "--sessions",
+        action="store_true",
+        help="each driver sends its commands over one DriveLane session (LaneSession, as the"
+        " Python SDK does by default) instead of one unary RPC per command; a refused command"
+        " is not sent again",
     )
     parser.add_argument("--calls", type=int, default=4, help="tool calls per turn (default 4)")
     parser.add_argument("--turns", type=int, default=5, help="tool turns per run (default 5)")
