@@ -16,7 +16,7 @@ from lane.server.api.errors import unary
 from lane.server.commands import lanes
 from lane.server.domain import limits
 from lane.server.domain.errors import InvalidArgument
-from lane.server.store.lane_store import LaneRow
+from lane.server.store.store_reads import LaneRow
 
 
 def lane_summary(row: LaneRow) -> pb.LaneSummary:

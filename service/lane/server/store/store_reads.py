@@ -1,0 +1,215 @@
+"""The store's reads of a lane: snapshots (whole, or outlined then read a page at a time), the
+head and retention floor, where a resumed watch stands, the event log, listings. None takes the
+lane's row lock or writes; :class:`~lane.server.store.lane_store.Store` is these and its
+commands."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from lane.v1 import entries_pb2, snapshot_pb2
+from psycopg_pool import AsyncConnectionPool
+
+from lane.server import metrics
+from lane.server.domain.capture import capture
+from lane.server.domain.errors import NotFound
+from lane.server.domain.state import Operation
+from lane.server.store.codec import decode
+from lane.server.store.event_log import EventGroup
+from lane.server.store.lane_reads import (
+    load_entry_bodies,
+    load_events,
+    load_lane,
+    load_transcript_index,
+)
+from lane.server.store.lane_ref import LANE_SCAN, LaneRef
+
+
+class SnapshotOutline(NamedTuple):
+    """A lane's snapshot with an empty transcript, and its transcript as (entry id, encoded
+    size) pairs, oldest first."""
+
+    snapshot: snapshot_pb2.LaneSnapshot
+    transcript: list[tuple[str, int]]
+
+
+class LaneRow(NamedTuple):
+    """A lane as ListLanes shows it: its head and its open operation, if any."""
+
+    lane_id: str
+    revision: int
+    tip_id: str
+    #: The open operation's id ('' when none is open).
+    operation_id: str
+    #: Whether the open operation was asked to abort.
+    cancel_requested: bool
+
+
+class ResumePoint(NamedTuple):
+    """Where a watch resuming after a revision stands (:meth:`Store.resume_point`)."""
+
+    head: int
+    floor: int
+    #: (first, last) revisions of the event group the revision is inside of; None when it is a
+    #: group boundary (the end of a group, the floor, or the head).
+    inside_group: tuple[int, int] | None
+
+
+# The lane's head and floor; and, when the event at %(after)s is not its group's last, its
+# group's end and the revision before the group (the previous group's last event, found by
+# scanning back at most one group's events).
+_RESUME_POINT = (
+    "SELECT l.revision, l.retention_floor, e.group_end,"
+    " (SELECT coalesce(max(p.revision), l.retention_floor) FROM events p"
+    "   WHERE p.namespace = l.namespace AND p.lane_id = l.lane_id"
+    "   AND p.revision <= %(after)s AND p.group_end < e.group_end)"
+    " FROM lanes l LEFT JOIN events e"
+    "   ON e.namespace = l.namespace AND e.lane_id = l.lane_id AND e.revision = %(after)s"
+    " WHERE l.namespace = %(ns)s AND l.lane_id = %(lane)s"
+)
+
+
+def lane_not_found(lane: LaneRef) -> NotFound:
+    """The refusal for a lane that does not exist (in the caller's namespace: a lane of
+    another namespace gets exactly this answer)."""
+    return NotFound("LANE_NOT_FOUND", f"lane {lane.lane_id} does not exist", laneId=lane.lane_id)
+
+
+class StoreReads:
+    """The lane reads of :class:`~lane.server.store.lane_store.Store` (module docstring)."""
+
+    pool: AsyncConnectionPool
+    #: Reads of the event log by this store (:meth:`read_events`); also counted, for all
+    #: stores of the process, by ``lane_event_log_reads_total``.
+    event_log_reads: int
+
+    async def snapshot_outline(self, lane: LaneRef) -> SnapshotOutline:
+        """Capture the lane without its transcript's bodies, in one REPEATABLE READ
+        transaction: the snapshot, and the transcript's entry ids with their encoded sizes.
+        Entries never change once written, so :meth:`entry_bodies` may read them later, a page
+        at a time, and still complete exactly this snapshot."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            state = await load_lane(conn, lane, lock=False, with_last_result=True)
+            if state is None:
+                raise lane_not_found(lane)
+            transcript = await load_transcript_index(conn, lane, state.tip_id)
+        return SnapshotOutline(capture(state, []), transcript)
+
+    async def entry_bodies(self, lane: LaneRef, entry_ids: Sequence[str]) -> list[bytes]:
+        """The encoded entries ``entry_ids`` of the lane, in that order."""
+        async with self.pool.connection() as conn:
+            return await load_entry_bodies(conn, lane, entry_ids)
+
+    async def snapshot(self, lane: LaneRef) -> snapshot_pb2.LaneSnapshot:
+        """Capture the lane, transcript included."""
+        return await self.complete_snapshot(lane, await self.snapshot_outline(lane))
+
+    async def complete_snapshot(
+        self, lane: LaneRef, outline: SnapshotOutline
+    ) -> snapshot_pb2.LaneSnapshot:
+        """``outline``'s snapshot with its transcript read in (the outline is used up)."""
+        bodies = await self.entry_bodies(lane, [entry_id for entry_id, _ in outline.transcript])
+        snapshot = outline.snapshot
+        snapshot.transcript.extend(decode(entries_pb2.Entry, body) for body in bodies)
+        return snapshot
+
+    async def list_lanes(
+        self, namespace: str, page_size: int, after_lane_id: str
+    ) -> tuple[list[LaneRow], str]:
+        """The namespace's lanes in id order after ``after_lane_id`` (at most ``page_size``);
+        the last one's id when more follow ('' at the end)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                LANE_SCAN + "SELECT l.lane_id, l.revision, l.tip_id, l.current_operation_id,"
+                " o.cancel_requested FROM lanes l"
+                " LEFT JOIN operations o ON o.namespace = l.namespace AND o.lane_id = l.lane_id"
+                "  AND o.operation_id = l.current_operation_id"
+                # Code-point order whatever the database's collation, so pages are stable.
+                ' WHERE l.namespace = %s AND l.lane_id > %s COLLATE "C"'
+                ' ORDER BY l.lane_id COLLATE "C" LIMIT %s',
+                (namespace, after_lane_id, page_size + 1),
+            )
+            rows = await cur.fetchall()
+        found = [
+            LaneRow(lane_id, revision, tip_id or "", operation_id or "", bool(cancelled))
+            for lane_id, revision, tip_id, operation_id, cancelled in rows[:page_size]
+        ]
+        return found, found[-1].lane_id if len(rows) > page_size else ""
+
+    async def lane_head(self, lane: LaneRef) -> tuple[int, int]:
+        """The lane's (head revision, retention floor)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT revision, retention_floor FROM lanes"
+                " WHERE namespace = %(ns)s AND lane_id = %(lane)s",
+                lane.params,
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise lane_not_found(lane)
+        return row[0], row[1]
+
+    async def resume_point(self, lane: LaneRef, after_revision: int) -> ResumePoint:
+        """Where a watch resuming after ``after_revision`` stands: the lane's head and
+        retention floor, and the group ``after_revision`` is inside of, if it is inside one."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_RESUME_POINT, {**lane.params, "after": after_revision})
+            row = await cur.fetchone()
+        if row is None:
+            raise lane_not_found(lane)
+        head, floor, group_end, before_group = row
+        inside = group_end is not None and group_end != after_revision
+        return ResumePoint(head, floor, (before_group + 1, group_end) if inside else None)
+
+    async def lane_heads(self, lanes: Iterable[LaneRef]) -> dict[LaneRef, int]:
+        """The head revisions of ``lanes``, in one statement (lanes that do not exist are left
+        out)."""
+        lanes = list(lanes)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                LANE_SCAN + "SELECT l.namespace, l.lane_id, l.revision"
+                " FROM unnest(%s::text[], %s::text[]) AS w(namespace, lane_id)"
+                " JOIN lanes l USING (namespace, lane_id)",
+                ([lane.namespace for lane in lanes], [lane.lane_id for lane in lanes]),
+            )
+            rows = await cur.fetchall()
+        return {LaneRef(namespace, lane_id): revision for namespace, lane_id, revision in rows}
+
+    async def read_events(
+        self, lane: LaneRef, after_revision: int, limit: int, max_bytes: int
+    ) -> list[EventGroup]:
+        """Whole event groups after ``after_revision``: at least one group when any exists,
+        then more while they start within ``limit`` events and ``max_bytes`` bytes (so the read
+        holds at most ``max_bytes`` plus one group). Counted in :attr:`event_log_reads`."""
+        self.event_log_reads += 1
+        metrics.current.event_log_reads.inc()
+        async with self.pool.connection() as conn:
+            rows = await load_events(conn, lane, after_revision, limit, max_bytes)
+        groups: list[EventGroup] = []
+        group_end = None
+        for revision, end, body, commit_time in rows:
+            if end != group_end:
+                groups.append(EventGroup(revision, [], commit_time))
+                group_end = end
+            groups[-1].bodies.append(body)
+        return groups
+
+    async def open_operation(self, lane: LaneRef) -> Operation | None:
+        """The lane's open operation as stored (no lock)."""
+        async with self.pool.connection() as conn:
+            state = await load_lane(conn, lane, lock=False)
+        if state is None:
+            raise lane_not_found(lane)
+        return state.operation
+
+    async def entry_exists(self, lane: LaneRef, entry_id: str) -> bool:
+        """Whether the lane has the entry (entries are immutable and never deleted)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT 1 FROM entries"
+                " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND entry_id = %(entry)s",
+                {**lane.params, "entry": entry_id},
+            )
+            return await cur.fetchone() is not None
