@@ -22,8 +22,9 @@ from lane.server.app import event_loop
 from lane.server.app.config import ConfigError, Settings
 from lane.server.app.native_logs import route_native_stderr
 from lane.server.app.server import StartupError, start_server
-from lane.server.app.supervisor import WorkerRole, supervise
+from lane.server.app.supervisor import supervise
 from lane.server.app.tracing import check_tracing, start_tracing, stop_tracing
+from lane.server.app.worker_role import WorkerRole
 from lane.server.logs import configure as configure_log_format
 
 _log = logging.getLogger(__name__)

@@ -16,10 +16,11 @@ The mechanism, and why
   and gRPC does not survive ``fork``, so workers are fresh interpreters, not forked copies.)
   Other systems' ``SO_REUSEPORT`` does not balance (macOS gives every connection to one
   socket): there, the supervisor warns and runs the workers anyway.
-- **A worker is the ordinary service process.** Each is ``python -m lane.server.app`` started with
-  :data:`WORKER_VARIABLE` set: the single-process service (its own store pool, hub with its
-  LISTEN connection, watchers, maintenance tasks and metrics endpoint), bound with
-  ``SO_REUSEPORT``, its log lines tagged ``[worker K pid P]``. No lane state that matters for
+- **A worker is the ordinary service process.** Each is ``python -m lane.server.app`` started
+  with :data:`~lane.server.app.worker_role.WORKER_VARIABLE` set (worker_role.py): the
+  single-process service (its own store pool, hub with its LISTEN connection, watchers,
+  maintenance tasks and metrics endpoint), bound with ``SO_REUSEPORT``, its log lines tagged
+  ``[worker K pid P]``. No lane state that matters for
   correctness lives in a process, so it does not matter which worker serves a call: a commit
   made through one reaches watchers on the others by the hub's NOTIFY doorbell naming the lane
   (or, with ``LANE_NOTIFY=off`` or a lost doorbell, by polling), exactly as between hosts.
@@ -30,7 +31,7 @@ The mechanism, and why
   checks that nothing listens there yet (so a second service on the same port still fails
   loudly instead of silently sharing it), picks a free port for port 0, and keeps a socket
   bound to it with ``SO_REUSEPORT`` (bound, never listening: it takes no connections) for as
-  long as it runs, so the port stays the workers' while they come and go.
+  long as it runs, so the port stays the workers' while they come and go (shared_port.py).
 - **Replacing workers.** A worker that exits while nobody asked it to is logged at WARNING and
   replaced. One that had reported itself serving is replaced at once; one that died during its
   start-up is retried after a delay that doubles each time (from
@@ -54,28 +55,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
 
-from lane.server.app.config import ConfigError, Settings, mask_password
+from lane.server.app.config import Settings, mask_password
 from lane.server.app.embedded import EmbeddedPostgres, start_embedded
 from lane.server.app.server import StartupError, check_database, transport_description
+from lane.server.app.shared_port import reserve_port
+from lane.server.app.worker_role import READY, WORKER_VARIABLE
 from lane.server.store import Store
 
 _log = logging.getLogger(__name__)
-
-#: Set in a worker's environment by its supervisor: ``number:ready_fd:supervisor_pid``. Not a
-#: setting: a process started with it by hand would wait for a supervisor that is not there.
-WORKER_VARIABLE = "_LANE_WORKER"
 
 #: Start-up failures in a row (over all workers) after which the supervisor gives up.
 MAX_START_FAILURES = 5
@@ -87,9 +83,6 @@ DRAIN_MARGIN_SECONDS = 30.0
 #: Database connections a worker holds besides its pool (``LANE_DB_POOL_SIZE``): the hub's
 #: LISTEN and doorbell connections. Only for the start-up warning below.
 HUB_CONNECTIONS = 2
-
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_READY = b"ready\n"
 
 
 def supervise(settings: Settings) -> int:
@@ -398,7 +391,7 @@ async def _read_ready(read_fd: int) -> bool:
     pipe = os.fdopen(read_fd, "rb", buffering=0)
     transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
     try:
-        return await reader.read() == _READY
+        return await reader.read() == READY
     finally:
         transport.close()
 
@@ -424,137 +417,3 @@ def worker_metrics_listen(listen: str | None, number: int) -> str | None:
         return None
     host, _, port = listen.rpartition(":")
     return listen if int(port) == 0 else f"{host}:{int(port) + number - 1}"
-
-
-def reserve_port(listen: str) -> tuple[list[socket.socket], str]:
-    """Check that nothing listens on ``listen`` (``host:port``), pick a free port for port 0,
-    and bind a socket with ``SO_REUSEPORT`` to each of its addresses; return the sockets (keep
-    them open) and ``host:port`` with the port resolved.
-
-    Raises :class:`StartupError` when the port is taken.
-    """
-    host, _, port_text = listen.rpartition(":")
-    name = host.removeprefix("[").removesuffix("]")
-    try:
-        infos = socket.getaddrinfo(
-            name, int(port_text), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except OSError as err:
-        raise StartupError(f"cannot listen on {listen}: {err}") from None
-    addresses = list(dict.fromkeys((info[0], str(info[4][0])) for info in infos))
-    requested = int(port_text)
-    error: OSError | None = None
-    # Port 0: the free port found may be taken before it is reserved; then try another.
-    for _ in range(10 if requested == 0 else 1):
-        try:
-            port = _probe(addresses, requested)
-        except OSError as err:
-            error = err
-            continue
-        try:
-            return _bind_reserved(addresses, port), f"{host}:{port}"
-        except OSError as err:
-            if requested != 0:
-                # Nothing listens (the probe said so), but an earlier server's connections in
-                # TIME_WAIT still hold the port without SO_REUSEPORT: go ahead unreserved.
-                _log.info("port %d not reserved (%s); the workers bind it anyway", port, err)
-                return [], f"{host}:{port}"
-            error = err
-    raise StartupError(f"cannot listen on {listen}: {error}")
-
-
-def _probe(addresses: Sequence[tuple[socket.AddressFamily, str]], port: int) -> int:
-    """Bind each address as a listening server would (``SO_REUSEADDR``, which TIME_WAIT
-    connections allow but any listening socket refuses); return the port bound."""
-    for family, address in addresses:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((address, port))
-            port = probe.getsockname()[1]
-    return port
-
-
-def _bind_reserved(
-    addresses: Sequence[tuple[socket.AddressFamily, str]], port: int
-) -> list[socket.socket]:
-    """Sockets bound with ``SO_REUSEPORT`` alone: workers (also ``SO_REUSEPORT``) may bind the
-    port beside them, no other server can (gRPC's ``SO_REUSEADDR`` is no pass while a socket
-    without it holds the port)."""
-    held: list[socket.socket] = []
-    try:
-        for family, address in addresses:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            held.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((address, port))
-    except OSError:
-        for sock in held:
-            sock.close()
-        raise
-    return held
-
-
-# -- the worker's side -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WorkerRole:
-    """What a worker process learns from :data:`WORKER_VARIABLE`."""
-
-    number: int
-    ready_fd: int
-    supervisor_pid: int
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> WorkerRole | None:
-        """The role given by the supervisor, or None in a process started otherwise."""
-        value = environ.get(WORKER_VARIABLE, "").strip()
-        if not value:
-            return None
-        try:
-            number, ready_fd, supervisor_pid = (int(part) for part in value.split(":"))
-        except ValueError:
-            raise ConfigError(WORKER_VARIABLE, value, "expected number:fd:pid") from None
-        return cls(number, ready_fd, supervisor_pid)
-
-    def attach(self, log_format: str) -> None:
-        """Tag this process's log lines, die with the supervisor, keep the pipe to ourselves.
-
-        Call after logging is configured."""
-        tag = _WorkerTag(self.number, os.getpid(), rename=log_format == "text")
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(tag)
-        os.set_inheritable(self.ready_fd, False)
-        if sys.platform == "linux":
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != self.supervisor_pid:
-            # The supervisor died before the line above took effect.
-            _log.error("supervisor (pid %d) is gone: exiting", self.supervisor_pid)
-            os._exit(1)
-
-    def report_ready(self) -> None:
-        """Tell the supervisor this worker serves (once)."""
-        with contextlib.suppress(OSError):
-            os.write(self.ready_fd, _READY)
-        with contextlib.suppress(OSError):
-            os.close(self.ready_fd)
-
-
-class _WorkerTag(logging.Filter):
-    """Marks a worker's log records: ``text`` appends ``[worker K pid P]`` to the logger name,
-    ``json`` adds the fields ``worker`` and ``pid``."""
-
-    def __init__(self, number: int, pid: int, *, rename: bool) -> None:
-        super().__init__()
-        self.number = number
-        self.pid = pid
-        self.rename = rename
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, "worker", None) is None:  # once, whatever the number of handlers
-            record.worker = self.number
-            record.pid = self.pid
-            if self.rename:
-                record.name = f"{record.name}[worker {self.number} pid {self.pid}]"
-        return True
