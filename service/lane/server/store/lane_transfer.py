@@ -3,6 +3,7 @@ transaction. The file format is the domain's (``service/lane/server/domain/expor
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC
 from typing import Any
 
@@ -41,18 +42,30 @@ async def read_export(conn: Conn, lane: LaneRef) -> LaneExport | None:
     floor_row = await (await conn.execute(_FLOOR, params)).fetchone()
     assert floor_row is not None
     export = LaneExport(lane.lane_id, floor_row[0], capture(state, []))
-    cur = await conn.execute(_ENTRIES, params)
-    export.entries = [decode(entries_pb2.Entry, body) for (body,) in await cur.fetchall()]
-    cur = await conn.execute(_USAGE_ROWS, params)
-    export.usage_rows = [decode(events_pb2.UsageRow, body) for (body,) in await cur.fetchall()]
-    cur = await conn.execute(_EVENTS, params)
+    # Binary rows (bytea as text is hex, twice the bytes to parse), decoded in a worker
+    # thread: a long lane is many thousands of messages, which would hold the event loop.
+    entries = await (await conn.execute(_ENTRIES, params, binary=True)).fetchall()
+    usage_rows = await (await conn.execute(_USAGE_ROWS, params, binary=True)).fetchall()
+    events = await (await conn.execute(_EVENTS, params, binary=True)).fetchall()
+    await asyncio.to_thread(_fill, export, entries, usage_rows, events)
+    return export
+
+
+def _fill(
+    export: LaneExport,
+    entries: list[tuple[bytes]],
+    usage_rows: list[tuple[bytes]],
+    events: list[tuple[int, bytes]],
+) -> None:
+    """Decode the rows into ``export``: its entries, usage rows and event groups."""
+    export.entries = [decode(entries_pb2.Entry, body) for (body,) in entries]
+    export.usage_rows = [decode(events_pb2.UsageRow, body) for (body,) in usage_rows]
     group_end = None
-    for end, body in await cur.fetchall():
+    for end, body in events:
         if end != group_end:
             export.event_groups.append([])
             group_end = end
         export.event_groups[-1].append(decode(events_pb2.HarnessEvent, body))
-    return export
 
 
 async def write_import(conn: Conn, lane: LaneRef, export: LaneExport) -> None:
