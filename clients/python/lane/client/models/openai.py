@@ -92,16 +92,9 @@ async def _events(create: Any, **params: Any) -> AsyncIterator[Any]:
         await stream.close()
 
 
-class OpenAIChatModel:
-    """A model answering through Chat Completions (see the module doc).
-
-    ``client``: an ``openai.AsyncOpenAI`` of your own (then ``base_url`` and ``api_key`` are
-    unused; give it ``max_retries=0``). ``system``: the system message. ``max_tokens``: the
-    answer's limit (``max_completion_tokens``; None: the server's default). ``options``: more
-    request parameters, as the SDK takes them (``temperature=0.2``, ...).
-    """
-
-    api = "openai-chat-completions"
+class _OpenAIModel:
+    """What both OpenAI APIs' models are made of: the model name, the SDK client, the system
+    text, the answer's token limit, the provider named on their messages, more parameters."""
 
     def __init__(
         self,
@@ -121,6 +114,18 @@ class OpenAIChatModel:
         self.max_tokens = max_tokens
         self.provider = provider
         self.options = options
+
+
+class OpenAIChatModel(_OpenAIModel):
+    """A model answering through Chat Completions (see the module doc).
+
+    ``client``: an ``openai.AsyncOpenAI`` of your own (then ``base_url`` and ``api_key`` are
+    unused; give it ``max_retries=0``). ``system``: the system message. ``max_tokens``: the
+    answer's limit (``max_completion_tokens``; None: the server's default). ``options``: more
+    request parameters, as the SDK takes them (``temperature=0.2``, ...).
+    """
+
+    api = "openai-chat-completions"
 
     def messages(self, request: ModelRequest) -> list[dict[str, Any]]:
         """The request's transcript as Chat Completions messages."""
@@ -252,7 +257,7 @@ class OpenAIChatModel:
         return build.settle(stop, finish)
 
 
-class OpenAIResponsesModel:
+class OpenAIResponsesModel(_OpenAIModel):
     """A model answering through the Responses API (see the module doc).
 
     ``client``, ``base_url``, ``api_key``, ``system`` (the ``instructions``), ``options``: as
@@ -267,22 +272,11 @@ class OpenAIResponsesModel:
         self,
         model: str,
         *,
-        client: openai.AsyncOpenAI | None = None,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        system: str | None = None,
-        max_tokens: int | None = None,
         reasoning_effort: str | None = None,
-        provider: str = "openai",
-        **options: Any,
+        **settings: Any,
     ) -> None:
-        self.model = model
-        self.client = _client(client, base_url, api_key)
-        self.system = system
-        self.max_tokens = max_tokens
+        super().__init__(model, **settings)
         self.reasoning_effort = reasoning_effort
-        self.provider = provider
-        self.options = options
 
     def input(self, request: ModelRequest) -> list[dict[str, Any]]:
         """The request's transcript as Responses input items."""
