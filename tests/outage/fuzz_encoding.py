@@ -12,20 +12,13 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
+from lane.server.api.framing import varint
 from tests.outage.fuzz_values import Draw, any_index
 
 
 def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    """``value`` as a varint, a negative one as its 64-bit two's complement (as int64s are)."""
+    return varint(value & ((1 << 64) - 1))
 
 
 def _record(number: int, wire_type: int, payload: bytes) -> bytes:

@@ -18,6 +18,7 @@ from lane.server.api.encoded_counts import (
     MAX_OTHER_FIELDS,
     check_encoded_counts,
 )
+from lane.server.api.framing import length_delimited, varint
 from lane.server.api.validation import check_counts, count_plan
 from lane.server.domain.errors import InvalidArgument
 from lane.server.domain.limits import MAX_CONTENT_BLOCKS, MAX_REQUEST_MESSAGES, MAX_TOOL_NAMES
@@ -32,19 +33,6 @@ def reason(check: object, *args: object) -> str | None:
     except InvalidArgument as error:
         return error.reason
     return None
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def length_delimited(number: int, payload: bytes) -> bytes:
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 def field_number(message: type[Message], name: str) -> int:
