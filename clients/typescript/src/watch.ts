@@ -22,6 +22,7 @@
  */
 import { clone } from "@bufbuild/protobuf";
 import { Code, type CallOptions, type Client } from "@connectrpc/connect";
+import { sleep } from "./commands.js";
 import { LANE_ERROR_DOMAIN, LaneError, Reason, laneErrorFrom, reasonName } from "./errors.js";
 import type { HarnessEvent } from "./gen/lane/v1/events_pb.js";
 import type { LaneService, WatchLaneResponse } from "./gen/lane/v1/lane_service_pb.js";
@@ -340,19 +341,3 @@ function aborted(signal: AbortSignal | undefined): boolean {
   return signal?.aborted === true;
 }
 
-/** Wait `ms`, or less when `signal` aborts. */
-function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal?.aborted === true) {
-      resolve();
-      return;
-    }
-    const done = (): void => {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal?.addEventListener("abort", done, { once: true });
-  });
-}

@@ -36,6 +36,7 @@ import {
   type Hooks,
   type ScriptStep,
 } from "../src/index.js";
+import { sleep } from "../src/commands.js";
 
 type Json = Record<string, unknown>;
 
@@ -44,17 +45,6 @@ const STOP_REASONS: Record<string, StopReason> = {
   length: StopReason.LENGTH,
   tool_use: StopReason.TOOL_USE,
 };
-
-const sleep = (ms: number, signal?: AbortSignal): Promise<void> =>
-  new Promise((resolve) => {
-    const done = (): void => {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal?.addEventListener("abort", done, { once: true });
-  });
 
 function script(steps: Json[]): ScriptStep[] {
   return steps.map((step) => ({
