@@ -29,11 +29,6 @@ class WriteDeadline:
         self._cut: set[asyncio.Task[object]] = set()
         self._sweep: asyncio.Task[None] | None = None
 
-    @property
-    def seconds(self) -> float:
-        """How long a write may wait for the client."""
-        return self._seconds
-
     def begin(self, task: asyncio.Task[object]) -> None:
         """Note that ``task`` starts a write now."""
         loop = task.get_loop()
