@@ -86,7 +86,8 @@ def _rows(
     array parameter at several times the cost of a scalar).
 
     Arrays go in binary (``%(name)b``): in text, every bytea element is written out as hex and
-    escaped — 20 ms for the 1,300 event bodies of a 256-call EndRun, 0.6 ms in binary."""
+    escaped (bench/statement_dump.py: 0.53 x the time for a 256-call settlement, 0.71 x for an
+    ordinary commit)."""
     names = [f"{alias}_{column}" for column, _ in columns]
     if len(rows) == 1:
         params.update(zip(names, rows[0], strict=True))
