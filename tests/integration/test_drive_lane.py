@@ -39,7 +39,7 @@ from lane.v1 import entries_pb2, events_pb2, lane_service_pb2_grpc, messages_pb2
 from lane.v1 import lane_service_pb2 as pb
 
 from lane.server.api.drive import MAX_COMMANDS_IN_FLIGHT
-from lane.server.app.server import RunningServer, start_server
+from lane.server.app.server import RunningServer
 from tests.driver.support import returns, step, tool
 from tests.integration.lanes import (
     assistant,
@@ -51,6 +51,7 @@ from tests.integration.lanes import (
     tool_call,
     user,
 )
+from tests.support.servers import restartable
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -702,29 +703,22 @@ async def test_a_stream_cut_mid_flight_loses_and_doubles_nothing(
 
 
 async def test_a_session_rides_out_a_service_restart(fresh_database_url: str) -> None:
-    first = await start_server(fresh_database_url, listen="127.0.0.1:0")
-    port = first.port
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    stub = lane_service_pb2_grpc.LaneServiceStub(channel)
     lane = new_lane_id("restart")
-    second: RunningServer | None = None
-    try:
-        async with LaneSession(stub, retry_seconds=30) as session:
-            await session.call(pb.CreateLaneRequest(lane_id=lane))
-            await session.call(usage(lane, 1))
-            stopping = time.monotonic()
-            await first.stop(grace=5.0)
-            # The session ended promptly (UNAVAILABLE SERVER_SHUTTING_DOWN), not after the grace.
-            assert time.monotonic() - stopping < 4.0
-            pending = asyncio.ensure_future(session.call(usage(lane, 2)))
-            await asyncio.sleep(0.3)
-            second = await start_server(fresh_database_url, listen=f"127.0.0.1:{port}")
-            assert (await asyncio.wait_for(pending, 30)).revision == 3
-            assert session.streams_opened >= 2
-    finally:
-        await channel.close()
-        if second is not None:
-            await second.stop(grace=0.5)
+    async with (
+        restartable(fresh_database_url) as service,
+        LaneSession(service.stub, retry_seconds=30) as session,
+    ):
+        await session.call(pb.CreateLaneRequest(lane_id=lane))
+        await session.call(usage(lane, 1))
+        stopping = time.monotonic()
+        await service.stop(grace=5.0)
+        # The session ended promptly (UNAVAILABLE SERVER_SHUTTING_DOWN), not after the grace.
+        assert time.monotonic() - stopping < 4.0
+        pending = asyncio.ensure_future(session.call(usage(lane, 2)))
+        await asyncio.sleep(0.3)
+        await service.restart()
+        assert (await asyncio.wait_for(pending, 30)).revision == 3
+        assert session.streams_opened >= 2
 
 
 # -- the in-flight bound --------------------------------------------------------------------------

@@ -36,9 +36,9 @@ from lane.client.errors import LaneError, lane_error, status_error
 from lane.client.testing import LaneScript
 from lane.limits import MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
+from lane.v1 import snapshot_pb2
 
-from lane.server.app.server import RunningServer, start_server
+from lane.server.app.server import RunningServer
 from tests.integration.lanes import events_between, new_lane_id, user
 from tests.integration.test_drive_lane import (
     METHOD_OF,
@@ -55,6 +55,7 @@ from tests.integration.test_drive_lane import (
     waiting_on_locks,
 )
 from tests.integration.typescript_driver import TYPESCRIPT_DIR
+from tests.support.servers import restartable
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -322,26 +323,18 @@ async def test_a_stream_cut_mid_flight_loses_and_doubles_nothing(
 async def test_a_session_rides_out_a_service_restart(
     fresh_database_url: str, tmp_path: Path
 ) -> None:
-    first = await start_server(fresh_database_url, listen="127.0.0.1:0")
-    port = first.port
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    stub = lane_service_pb2_grpc.LaneServiceStub(channel)
     lane = new_lane_id("ts-restart")
-    second: RunningServer | None = None
-    try:
-        async with node_session(f"127.0.0.1:{port}", tmp_path) as node:
+    async with restartable(fresh_database_url) as service:
+        async with node_session(f"127.0.0.1:{service.port}", tmp_path) as node:
             await node.call(pb.CreateLaneRequest(lane_id=lane))
             await node.call(usage(lane, 1))
-            await first.stop(grace=5.0)  # ends the stream UNAVAILABLE SERVER_SHUTTING_DOWN
+            # Ends the stream UNAVAILABLE SERVER_SHUTTING_DOWN.
+            await service.stop(grace=5.0)
             pending = node.submit(usage(lane, 2))
-            second = await start_server(fresh_database_url, listen=f"127.0.0.1:{port}")
+            await service.restart()
             assert (await asyncio.wait_for(pending, 30)).revision == 3
             assert (await node.close())["streamsOpened"] >= 2
-        assert await revision(stub, lane) == 3
-    finally:
-        await channel.close()
-        if second is not None:
-            await second.stop(grace=0.5)
+        assert await revision(service.stub, lane) == 3
 
 
 # -- sizes ----------------------------------------------------------------------------------------

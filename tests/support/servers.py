@@ -6,6 +6,7 @@ service processes.
   clock and reconciler settings by keyword);
 - fixtures ``http_server`` / ``http_server_stub`` (one per test module): a service with both
   ports (gRPC and HTTP), auth off, and a gRPC stub to it;
+- :func:`restartable`: a service that a test stops and starts again on the same port;
 - :func:`serving` and :func:`stop_process`: for a service run as a child process.
 """
 
@@ -16,6 +17,7 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
@@ -73,6 +75,49 @@ async def extra_server(
     )
     async with serve(settings, listen=listen, watch=watch, clock=clock) as served:
         yield served
+
+
+@dataclass
+class Restartable:
+    """A service on ``database_url`` whose port outlives it: :meth:`restart` starts a new
+    server on the same port (a client's channel reconnects to it)."""
+
+    database_url: str
+    server: RunningServer
+    #: A stub on an insecure channel to the port.
+    stub: Stub
+
+    @property
+    def port(self) -> int:
+        """The port every server of this service listens on."""
+        return self.server.port
+
+    #: Whether the current server was stopped (by :meth:`stop`).
+    stopped: bool = False
+
+    async def stop(self, grace: float) -> None:
+        """Stop the running server (its port stays this service's)."""
+        self.stopped = True
+        await self.server.stop(grace=grace)
+
+    async def restart(self) -> None:
+        """Start the service again on its port, after :meth:`stop`."""
+        self.server = await start_server(self.database_url, listen=f"127.0.0.1:{self.port}")
+        self.stopped = False
+
+
+@asynccontextmanager
+async def restartable(database_url: str) -> AsyncIterator[Restartable]:
+    """A :class:`Restartable` service; the channel and the last server are closed on exit."""
+    first = await start_server(database_url, listen="127.0.0.1:0")
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{first.port}")
+    service = Restartable(database_url, first, lane_service_pb2_grpc.LaneServiceStub(channel))
+    try:
+        yield service
+    finally:
+        await channel.close()
+        if not service.stopped:
+            await service.server.stop(grace=0.5)
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
