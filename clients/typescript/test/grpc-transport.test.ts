@@ -6,10 +6,8 @@
  */
 import assert from "node:assert/strict";
 import http2 from "node:http2";
-import type { AddressInfo } from "node:net";
 import { after, before, describe, it } from "node:test";
 import { Code, ConnectError, type ConnectRouter } from "@connectrpc/connect";
-import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { createLaneClient } from "../src/client.js";
 import { laneErrorFrom } from "../src/errors.js";
 import { ErrorInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
@@ -20,6 +18,7 @@ import {
 } from "../src/gen/lane/v1/lane_service_pb.js";
 import { watchLane, type RetryInfo, type WatchUpdate } from "../src/watch.js";
 import { LANE, group, head, rows, runningSnapshot, toolStart } from "./fixtures.js";
+import { startGrpcServer, type GrpcServer } from "./grpc-server.js";
 
 /** What the server does for the n-th WatchLane call (0-based). */
 type Behaviour = (
@@ -30,9 +29,7 @@ type Behaviour = (
 
 let behaviours: Behaviour[] = [];
 let requests: WatchLaneRequest[] = [];
-let server: http2.Http2Server;
-let address: string;
-const sessions = new Set<http2.ServerHttp2Session>();
+let server: GrpcServer;
 
 function routes(router: ConnectRouter): void {
   router.service(LaneService, {
@@ -43,26 +40,17 @@ function routes(router: ConnectRouter): void {
         throw new ConnectError("no more scripted calls", Code.FailedPrecondition);
       }
       // The newest session is the one serving this call (one client, one connection at a time).
-      return behaviour(request, [...sessions].at(-1), context.signal);
+      return behaviour(request, [...server.sessions].at(-1), context.signal);
     },
   });
 }
 
 before(async () => {
-  server = http2.createServer(connectNodeAdapter({ routes, grpc: true, connect: false, grpcWeb: false }));
-  server.on("session", (session) => {
-    sessions.add(session);
-    session.on("close", () => sessions.delete(session));
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  address = `127.0.0.1:${(server.address() as AddressInfo).port}`;
+  server = await startGrpcServer(routes);
 });
 
 after(async () => {
-  for (const session of sessions) {
-    session.destroy();
-  }
-  await new Promise<void>((resolve) => server.close(() => resolve()));
+  await server.stop(); // the clients keep their connections open
 });
 
 function script(...list: Behaviour[]): void {
@@ -88,7 +76,7 @@ describe("over a real gRPC connection", () => {
         { desc: ErrorInfoSchema, value: { reason: "LANE_NOT_FOUND", domain: "lane.v1", metadata: { laneId: "lane-1" } } },
       ]);
     });
-    const client = createLaneClient(address);
+    const client = createLaneClient(server.address);
     try {
       for await (const _ of client.watchLane({ laneId: LANE })) {
         assert.fail("no message expected");
@@ -125,7 +113,7 @@ describe("over a real gRPC connection", () => {
     const retries: RetryInfo[] = [];
     const updates: WatchUpdate[] = [];
     const controller = new AbortController();
-    const client = createLaneClient(address);
+    const client = createLaneClient(server.address);
     for await (const update of watchLane(client, LANE, {
       signal: controller.signal,
       backoff: { initialMs: 5, maxMs: 10 },

@@ -5,21 +5,17 @@
  * server that records the headers it gets.
  */
 import assert from "node:assert/strict";
-import http2 from "node:http2";
-import type { AddressInfo } from "node:net";
 import { after, before, describe, it } from "node:test";
 import type { ConnectRouter } from "@connectrpc/connect";
-import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { context, propagation, trace, TraceFlags } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { createLaneClient } from "../src/client.js";
 import { LaneService } from "../src/gen/lane/v1/lane_service_pb.js";
+import { startGrpcServer, type GrpcServer } from "./grpc-server.js";
 
 const seen: (string | null)[] = [];
-let server: http2.Http2Server;
-let address: string;
-const sessions = new Set<http2.ServerHttp2Session>();
+let server: GrpcServer;
 
 function routes(router: ConnectRouter): void {
   router.service(LaneService, {
@@ -32,20 +28,11 @@ function routes(router: ConnectRouter): void {
 before(async () => {
   context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
   propagation.setGlobalPropagator(new W3CTraceContextPropagator());
-  server = http2.createServer(connectNodeAdapter({ routes, grpc: true, connect: false, grpcWeb: false }));
-  server.on("session", (session) => {
-    sessions.add(session);
-    session.on("close", () => sessions.delete(session));
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  address = `127.0.0.1:${(server.address() as AddressInfo).port}`;
+  server = await startGrpcServer(routes);
 });
 
 after(async () => {
-  for (const session of sessions) {
-    session.destroy(); // the clients keep their connections open
-  }
-  await new Promise<void>((resolve) => server.close(() => resolve()));
+  await server.stop(); // the clients keep their connections open
   propagation.disable();
   context.disable();
 });
@@ -54,7 +41,7 @@ const TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736";
 const SPAN_ID = "00f067aa0ba902b7";
 
 async function watchOnce(tracing?: boolean): Promise<string | null | undefined> {
-  const client = createLaneClient(address, tracing === undefined ? {} : { tracing });
+  const client = createLaneClient(server.address, tracing === undefined ? {} : { tracing });
   seen.length = 0;
   for await (const _ of client.watchLane({ laneId: "lane-1" })) {
     assert.fail("no message expected");
