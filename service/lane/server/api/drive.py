@@ -350,7 +350,7 @@ class _Session:
             for start, end in message.batch:
                 if self._in_flight >= MAX_COMMANDS_IN_FLIGHT:
                     await self._free_slot()
-                self._dispatch(view[start:end], None, False, inner=True)
+                self._dispatch(view[start:end], 0, False, inner=True)
 
     async def _free_slot(self) -> None:
         while self._in_flight >= MAX_COMMANDS_IN_FLIGHT:
@@ -360,14 +360,25 @@ class _Session:
     def _dispatch(
         self,
         data: bytes | memoryview,
-        sequence: int | None,
+        sequence: int,
         malformed: bool,
         *,
         inner: bool = False,
     ) -> None:
-        """Start serving one request (a message, or a request of a batch): a command, in its
-        lane's order; or its refusal. Takes a slot."""
+        """Start serving one request: a message read at its top level (its ``sequence``,
+        whether it is ``malformed``), or a request of a batch (``inner``: read here); a
+        command, in its lane's order, or its refusal. Takes a slot."""
         try:
+            if inner:
+                # Read at its top level first: a batch inside is refused before anything in
+                # it is decoded (its requests are counted only as a batch's own).
+                inside = read_request(data)
+                sequence, malformed = inside.sequence, inside.malformed
+                if inside.batch or inside.too_many:
+                    raise InvalidArgument(
+                        "MALFORMED_REQUEST",
+                        "a request of a batch holds a batch itself; a batch holds single requests",
+                    )
             if malformed:
                 raise _malformed()
             # A large request's counts are read from its bytes first: decoding costs per element.
@@ -377,18 +388,7 @@ class _Session:
             except DecodeError:
                 raise _malformed() from None
         except InvalidArgument as refused:
-            if sequence is None:
-                sequence = read_request(data).sequence
             self._refuse(sequence, refused)
-            return
-        if inner and request.batch:
-            self._refuse(
-                request.sequence,
-                InvalidArgument(
-                    "MALFORMED_REQUEST",
-                    "a request of a batch holds a batch itself; a batch holds single requests",
-                ),
-            )
             return
         which = request.WhichOneof("command")
         if which is None:
