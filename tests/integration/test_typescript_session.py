@@ -299,7 +299,6 @@ async def test_the_typescript_session_sends_commands_of_one_turn_together(
     assert after[("read", "batch")] > before[("read", "batch")]
     assert read < len(requests), read  # fewer messages than commands reached the service
     assert (sent["messagesSent"], sent["commandsSent"]) == (read, len(requests))
-    assert after[("written", "batch")] > before[("written", "batch")]
     error = outcomes.pop(2)
     assert isinstance(error, LaneError) and error.reason == "OPERATION_NOT_OPEN"
     for index, lane in enumerate(lanes):

@@ -294,6 +294,7 @@ class _Session:
         """Read and answer until the client half-closes, :meth:`close`, a message over the
         batch bound, or the write deadline; say which."""
         writer = asyncio.create_task(self._write_answers())
+        writer.add_done_callback(self._writer_ended)
         reader = asyncio.create_task(self._read())
         stop = asyncio.create_task(self._stop.wait())
         try:
@@ -301,20 +302,30 @@ class _Session:
             if not reader.done():
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
-                ending = _Ending.TOO_SLOW if self._too_slow else _Ending.SHUTDOWN
+                ending = _Ending.SHUTDOWN
             else:
                 ending = _Ending.HALF_CLOSED if reader.result() else _Ending.TOO_MANY_COMMANDS
             # Every command read is answered (unless the client stopped taking answers).
-            while self._in_flight and not self._too_slow:
+            while self._in_flight and not writer.done():
                 self._answered.clear()
                 await self._answered.wait()
-            return _Ending.TOO_SLOW if self._too_slow else ending
+            if self._too_slow:
+                return _Ending.TOO_SLOW
+            if writer.done():
+                writer.result()  # the writer's failure, if it failed
+                raise RuntimeError("the DriveLane answer writer stopped")
+            return ending
         finally:
             stop.cancel()
             reader.cancel()
             writer.cancel()
             for task in self._running:
                 task.cancel()
+
+    def _writer_ended(self, _: asyncio.Task[None]) -> None:
+        """The writer stops only when the client is cut off (or on a bug): stop serving."""
+        self._answered.set()
+        self._stop.set()
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -507,12 +518,10 @@ class _Session:
                     self._answered.set()
 
     def _cut_off(self) -> None:
-        """The client took no answer for the write deadline: stop reading and answering; the
-        answers waiting are dropped."""
+        """The client took no answer for the write deadline: stop reading and answering (the
+        writer returns); the answers waiting are dropped."""
         self._too_slow = True
         self._answers = []
-        self._answered.set()
-        self._stop.set()
 
 
 def _malformed() -> InvalidArgument:
