@@ -38,7 +38,6 @@ from lane.server.api.framing import length_delimited
 from lane.server.app.server import RunningServer
 from tests.integration.lanes import events_between, kinds, new_lane_id, result
 from tests.integration.test_drive_lane import (
-    DRIVE_PATH,
     created,
     raw_drive,
     revision,
@@ -414,11 +413,8 @@ async def test_a_client_that_never_reads_its_answers_is_cut_off(session_database
         channel = grpc.aio.insecure_channel(
             f"127.0.0.1:{running.port}", options=[("grpc.http2.bdp_probe", 0)]
         )
-        call = channel.stream_stream(
-            DRIVE_PATH,
-            request_serializer=None,
-            response_deserializer=pb.DriveLaneResponse.FromString,
-        )()
+        call = raw_drive(channel)
+        assert running.lane_servicer is not None
         sessions = running.lane_servicer.drive_sessions
         try:
             async with row_locked(session_database_url, written):
