@@ -40,6 +40,7 @@ from lane.v1 import snapshot_pb2
 
 from lane.server.app.server import RunningServer
 from tests.integration.lanes import events_between, new_lane_id, user
+from tests.integration.test_drive_batches import frames
 from tests.integration.test_drive_lane import (
     METHOD_OF,
     SERVICE,
@@ -140,6 +141,30 @@ class NodeSession:
 
     async def call(self, request: Message, via: str = "session") -> Any:
         return await asyncio.wait_for(self.submit(request, via), 60)
+
+    async def burst(self, requests: list[Message]) -> tuple[list[Any], dict[str, Any]]:
+        """Send every request through the session at once (one synchronous loop in Node):
+        their responses or LaneErrors, in order, and the session's counts of what it wrote."""
+        calls = []
+        for request in requests:
+            method = METHOD_OF[request.DESCRIPTOR.full_name]
+            calls.append(
+                {
+                    "method": method[0].lower() + method[1:],
+                    "request": base64.b64encode(request.SerializeToString()).decode(),
+                }
+            )
+        message = await asyncio.wait_for(self._send("burst", calls=calls), 60)
+        outcomes: list[Any] = []
+        for request, answer in zip(requests, message["answers"], strict=True):
+            method = METHOD_OF[request.DESCRIPTOR.full_name]
+            done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            done.set_result(answer)
+            try:
+                outcomes.append(await _decode(method, done))
+            except LaneError as error:
+                outcomes.append(error)
+        return outcomes, message
 
     async def stats(self) -> dict[str, Any]:
         return await asyncio.wait_for(self._send("stats"), 30)
@@ -251,6 +276,33 @@ async def test_a_held_lane_does_not_hold_up_another_and_each_keeps_its_order(
     for index, lane in enumerate(lanes):
         revisions = [a.revision for a in answers[index :: len(lanes)]]
         assert revisions == list(range(2, 22)), lane  # one lane's commands in the order sent
+
+
+# -- batches --------------------------------------------------------------------------------------
+
+
+async def test_the_typescript_session_sends_commands_of_one_turn_together(
+    lane_stub: Any, lane_server: RunningServer, tmp_path: Path
+) -> None:
+    lanes = [new_lane_id(f"ts-turn{n}") for n in range(4)]
+    await created(lane_stub, *lanes)
+    refused = pb.StartTurnRequest(lane_id=lanes[0], operation_id="no-such-run")
+    requests: list[Message] = [usage(lane, n) for n in range(1, 6) for lane in lanes]
+    requests.insert(2, refused)  # among the commands, one the service refuses
+    async with node_session(target_of(lane_server), tmp_path) as node:
+        await node.call(pb.GetLaneSnapshotRequest(lane_id=lanes[0]))  # the stream is up
+        before = frames(lane_server)
+        outcomes, sent = await node.burst(requests)
+        after = frames(lane_server)
+        assert (await node.close())["streamsOpened"] == 1
+    read = sum(after[("read", k)] - before[("read", k)] for k in ("single", "batch"))
+    assert after[("read", "batch")] > before[("read", "batch")]
+    assert read < len(requests), read  # fewer messages than commands reached the service
+    assert (sent["messagesSent"], sent["commandsSent"]) == (read, len(requests))
+    error = outcomes.pop(2)
+    assert isinstance(error, LaneError) and error.reason == "OPERATION_NOT_OPEN"
+    for index, lane in enumerate(lanes):
+        assert [a.revision for a in outcomes[index :: len(lanes)]] == [2, 3, 4, 5, 6], lane
 
 
 # -- the in-flight bound --------------------------------------------------------------------------

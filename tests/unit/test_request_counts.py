@@ -59,6 +59,8 @@ def test_every_repeated_field_of_a_request_is_counted_as_what_it_holds() -> None
             return
         seen.add(name)
         for field in descriptor.fields:  # type: ignore[attr-defined]
+            if field.full_name == "lane.v1.DriveLaneRequest.batch":
+                continue  # not one request's: each request of a batch is counted alone
             if field.is_repeated:
                 found[field.full_name] = v._counted_as(field)
             if field.type == FieldDescriptor.TYPE_MESSAGE:
@@ -79,6 +81,15 @@ def test_every_repeated_field_of_a_request_is_counted_as_what_it_holds() -> None
         "lane.v1.ToolResult.added_tool_names": "names",
         "lane.v1.ToolResultMessage.added_tool_names": "names",
     }
+
+
+def test_a_drive_batch_is_neither_counted_nor_walked_as_one_request() -> None:
+    # The service splits a DriveLane message's batch and counts each request alone
+    # (api/drive.py), so the count walk never nests a request in itself.
+    plan = v.count_plan(pb.DriveLaneRequest.DESCRIPTOR)
+    names = {field.name for field, _ in plan.repeated} | {field.name for field in plan.descend}
+    assert "batch" not in names
+    assert "settle_assistant_message" in names  # the commands are walked as before
 
 
 def settle(*blocks: messages_pb2.ContentBlock) -> pb.SettleAssistantMessageRequest:

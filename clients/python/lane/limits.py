@@ -37,3 +37,13 @@ DEFAULT_MAX_WATCHERS: Final = 10_000
 HEARTBEAT_SECONDS: Final = 10.0
 #: Clients may send keepalive pings this often at most; faster pingers are sent GOAWAY.
 MIN_CLIENT_PING_INTERVAL_MS: Final = 10_000
+
+#: DriveLane: the commands of one stream in flight at once (read by the service, not yet
+#: answered), however they are framed; past it the service stops reading the stream.
+MAX_DRIVE_COMMANDS_IN_FLIGHT: Final = 64
+#: DriveLane: the most commands one DriveLaneRequest carries in its ``batch`` (the in-flight
+#: bound: a batch never waits for more slots than a stream has).
+MAX_DRIVE_BATCH: Final = MAX_DRIVE_COMMANDS_IN_FLIGHT
+#: The header the service sends when it admits a DriveLane stream, valued MAX_DRIVE_BATCH: a
+#: client sends batches only once it has seen it (an older service has no batches).
+DRIVE_BATCH_HEADER: Final = "lane-drive-batch"

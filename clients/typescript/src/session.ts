@@ -25,14 +25,26 @@
  * Retries are those of `withRetries` (`commands.ts`): a request with a `requestId` field gets a
  * fresh request id when it has none; an answer UNAVAILABLE, DEADLINE_EXCEEDED (no answer within
  * `attemptTimeoutMs`) or `DATABASE_BUSY` sends the command again with the same request id.
- * When the stream itself breaks (the connection drops, the server restarts or shuts down), the
- * session opens a new one, after a backoff, and writes every unanswered command on it again,
+ * When the stream itself breaks (the connection drops, the server restarts or shuts down, or
+ * cuts the stream off, SESSION_TOO_SLOW, because its answers went unread for its write
+ * deadline), the session opens a new one, after a backoff, and writes every unanswered command on it again,
  * in the order they were first submitted: commands with a request id (a retry returns the
  * first answer: nothing is lost or done twice) and reads (GetLaneSnapshot, ListLanes,
  * GetOperation). A command without a request id (RenewLease, ReleaseLease) that was written
  * on the broken stream may or may not have been applied, so it is not sent blindly again: it
  * fails UNAVAILABLE (`SessionBroken`). A stream refused as a whole (UNAUTHENTICATED) fails
  * every command waiting on it with that error.
+ *
+ * Batches: the stream's writer takes what is queued each time the transport asks for the next
+ * message. One command waiting goes at once in a message of its own (no window, no timer); several
+ * — commands submitted in the same synchronous run of code (a `Promise.all` of calls), or while
+ * the previous message was being written — go as one message carrying them in its `batch` (at
+ * most the service's batch bound, 64, and 4 MiB). The service serves each command of a batch as
+ * if it came alone: its own answer or refusal, in order with the other commands of its lane.
+ * Batches are sent only once the stream's service said it takes them (its `lane-drive-batch`
+ * header, sent when it admits the stream); to an older service every command goes alone.
+ * Answers come one per message or several in one; each reaches its caller by its sequence.
+ * `messagesSent` and `commandsSent` count what the session wrote.
  *
  * A request too large for a DriveLane message, and a command answered RESOURCE_EXHAUSTED
  * `ANSWER_TOO_LARGE` (it ran; its answer does not fit a stream message), go through the unary
@@ -53,9 +65,14 @@ import type { LaneServiceClient, RequestOf, ResponseOf, UnaryMethod } from "./la
 
 /** The service's bound on a stream's commands in flight (read, not yet answered). */
 export const MAX_COMMANDS_IN_FLIGHT = 64;
+/** The most commands one message carries in its batch, whatever a service's header says. */
+export const MAX_DRIVE_BATCH = 64;
+/** The header a service that takes batches sends when it admits a DriveLane stream. */
+export const DRIVE_BATCH_HEADER = "lane-drive-batch";
 /** gRPC's message limit, the service's too. */
 const MAX_MESSAGE_BYTES = 4 * 1024 * 1024;
-/** What a DriveLaneRequest adds around a command: the sequence and the command's field header. */
+/** What a DriveLaneRequest adds around a command: the sequence and the command's field header
+ *  (and, in a batch, the batch entry's header). */
 const FRAME_BYTES = 32;
 /** Reads: sent again on a new stream although they carry no request id. */
 const READS: ReadonlySet<string> = new Set(["getLaneSnapshot", "listLanes", "getOperation"]);
@@ -118,6 +135,8 @@ interface Pending {
   readonly method: UnaryMethod;
   readonly command: string;
   readonly request: Record<string, unknown>;
+  /** The request's encoded size. */
+  readonly bytes: number;
   /** Written again on a new stream when the stream breaks. */
   readonly resend: boolean;
   /** When a broken stream stops being reopened for it (ms since the epoch). */
@@ -129,13 +148,34 @@ interface Pending {
   reject(error: unknown): void;
 }
 
-/** The requests of one stream: an async iterable the transport pulls from as it writes. */
+/** The commands most recently handed to the transport (a message's worth). */
+interface Queued {
+  readonly message: DriveLaneRequest;
+  readonly bytes: number;
+}
+
+/** The most commands one message may carry per a service's `lane-drive-batch` header value: 1
+ *  without one (a service that takes no batches). */
+function batchBound(value: string | null): number {
+  const bound = Number(value);
+  return value !== null && Number.isInteger(bound) && bound > 1 ? Math.min(bound, MAX_DRIVE_BATCH) : 1;
+}
+
+/**
+ * The requests of one stream: an async iterable the transport pulls from as it writes. Each pull
+ * takes every command queued since the last (up to `batch` and 4 MiB): alone, a message of its
+ * own; several, one message holding them in its `batch`.
+ */
 class Outbox implements AsyncIterable<DriveLaneRequest> {
-  private readonly items: DriveLaneRequest[] = [];
+  private readonly items: Queued[] = [];
   private ended = false;
   private wake: (() => void) | undefined;
+  /** Commands one message may carry (1 until the service's header says more). */
+  batch = 1;
 
-  push(item: DriveLaneRequest): void {
+  constructor(private readonly written: (commands: number) => void) {}
+
+  push(item: Queued): void {
     this.items.push(item);
     this.notify();
   }
@@ -152,11 +192,27 @@ class Outbox implements AsyncIterable<DriveLaneRequest> {
     wake?.();
   }
 
+  /** The next message: the first queued command and those after it that fit beside it. */
+  private take(): DriveLaneRequest {
+    const taken: DriveLaneRequest[] = [];
+    let bytes = 0;
+    while (this.items.length > 0 && taken.length < this.batch) {
+      const item = this.items[0]!;
+      bytes += item.bytes + FRAME_BYTES;
+      if (taken.length > 0 && bytes > MAX_MESSAGE_BYTES) {
+        break;
+      }
+      this.items.shift();
+      taken.push(item.message);
+    }
+    this.written(taken.length);
+    return taken.length === 1 ? taken[0]! : create(DriveLaneRequestSchema, { batch: taken });
+  }
+
   async *[Symbol.asyncIterator](): AsyncIterator<DriveLaneRequest> {
     for (;;) {
-      const item = this.items.shift();
-      if (item !== undefined) {
-        yield item;
+      if (this.items.length > 0) {
+        yield this.take();
       } else if (this.ended) {
         return;
       } else {
@@ -194,6 +250,9 @@ export class LaneSession {
   readonly requestIds: boolean;
   /** Streams opened so far (the first, then one per break). */
   streamsOpened = 0;
+  /** Messages written (one per command, or one per batch), and the commands in them. */
+  messagesSent = 0;
+  commandsSent = 0;
   private readonly headers: CallOptions["headers"];
   /** Unanswered commands, in the order they were first submitted. */
   private readonly pending = new Set<Pending>();
@@ -260,14 +319,15 @@ export class LaneSession {
     }
     const retry = options.retry ?? this.retry;
     const signal = options.signal;
-    if (toBinary(desc.input, request as never).length > MAX_MESSAGE_BYTES - FRAME_BYTES) {
+    const bytes = toBinary(desc.input, request as never).length;
+    if (bytes > MAX_MESSAGE_BYTES - FRAME_BYTES) {
       return this.unary(method, request, retry, signal);
     }
     const resend = hasId || READS.has(method);
     const deadline = Date.now() + (retry.timeoutMs ?? 30_000);
     const attempt = async (timeoutMs: number | undefined): Promise<ResponseOf<K>> => {
       try {
-        return (await this.submit(method, command, request, resend, deadline, timeoutMs, signal)) as ResponseOf<K>;
+        return (await this.submit(method, command, request, bytes, resend, deadline, timeoutMs, signal)) as ResponseOf<K>;
       } catch (thrown) {
         if (laneErrorFrom(thrown).reasonCode === Reason.ANSWER_TOO_LARGE) {
           // It ran; the unary RPC with the same request id reads its recorded answer.
@@ -299,6 +359,7 @@ export class LaneSession {
     method: UnaryMethod,
     command: string,
     request: Record<string, unknown>,
+    bytes: number,
     resend: boolean,
     deadline: number,
     timeoutMs: number | undefined,
@@ -320,6 +381,7 @@ export class LaneSession {
         method,
         command,
         request,
+        bytes,
         resend,
         deadline,
         generation: 0,
@@ -362,7 +424,10 @@ export class LaneSession {
     const generation = ++this.generation;
     const stream: Stream = {
       generation,
-      outbox: new Outbox(),
+      outbox: new Outbox((commands) => {
+        this.messagesSent += 1;
+        this.commandsSent += commands;
+      }),
       stop: new AbortController(),
       reading: Promise.resolve(),
     };
@@ -370,7 +435,13 @@ export class LaneSession {
     this.sent.clear();
     this.queue = [...this.pending];
     this.streamsOpened += 1;
-    const answers = this.service.driveLane(stream.outbox, { signal: stream.stop.signal, headers: this.headers });
+    const answers = this.service.driveLane(stream.outbox, {
+      signal: stream.stop.signal,
+      headers: this.headers,
+      onHeader: (headers) => {
+        stream.outbox.batch = batchBound(headers.get(DRIVE_BATCH_HEADER));
+      },
+    });
     stream.reading = this.read(answers, generation);
     this.pump();
   }
@@ -389,31 +460,26 @@ export class LaneSession {
       const sequence = ++this.sequence;
       pending.generation = stream.generation;
       this.sent.set(sequence, pending);
-      stream.outbox.push(
-        create(DriveLaneRequestSchema, {
+      stream.outbox.push({
+        message: create(DriveLaneRequestSchema, {
           sequence: BigInt(sequence),
           command: { case: pending.command, value: pending.request } as never,
         }),
-      );
+        bytes: pending.bytes,
+      });
     }
   }
 
   private async read(answers: AsyncIterable<DriveLaneResponse>, generation: number): Promise<void> {
     try {
-      for await (const answer of answers) {
+      for await (const message of answers) {
         this.failures = 0;
-        const sequence = Number(answer.sequence);
-        const pending = this.sent.get(sequence);
-        this.sent.delete(sequence);
-        if (pending !== undefined && !pending.settled) {
-          const result = answer.answer;
-          if (result.case === "error") {
-            pending.reject(statusError(result.value));
-          } else if (result.case !== undefined) {
-            pending.resolve(result.value);
-          } else {
-            pending.reject(new LaneError({ code: Code.Unknown, message: "an answer with nothing in it" }));
+        if (message.batch.length > 0) {
+          for (const answer of message.batch) {
+            this.deliver(answer);
           }
+        } else {
+          this.deliver(message);
         }
         this.pump();
       }
@@ -422,6 +488,24 @@ export class LaneSession {
       return;
     }
     this.broken(generation, new LaneError({ code: Code.Unavailable, message: "the stream ended with commands unanswered" }));
+  }
+
+  /** Hand `answer` to the command waiting for its sequence (none: given up on meanwhile). */
+  private deliver(answer: DriveLaneResponse): void {
+    const sequence = Number(answer.sequence);
+    const pending = this.sent.get(sequence);
+    this.sent.delete(sequence);
+    if (pending === undefined || pending.settled) {
+      return;
+    }
+    const result = answer.answer;
+    if (result.case === "error") {
+      pending.reject(statusError(result.value));
+    } else if (result.case !== undefined) {
+      pending.resolve(result.value);
+    } else {
+      pending.reject(new LaneError({ code: Code.Unknown, message: "an answer with nothing in it" }));
+    }
   }
 
   /** The stream of `generation` ended with `error`: fail or keep each unanswered command, and
@@ -433,7 +517,10 @@ export class LaneSession {
     this.drop();
     this.failures += 1;
     // An INTERNAL or UNKNOWN with the service's reason is a refusal; without one, a transport's.
-    const broken = BROKEN.has(error.code) && ((error.code !== Code.Internal && error.code !== Code.Unknown) || !error.reason);
+    // SESSION_TOO_SLOW: the service cut the stream off (answers unread for its write deadline).
+    const broken =
+      (BROKEN.has(error.code) && ((error.code !== Code.Internal && error.code !== Code.Unknown) || !error.reason)) ||
+      error.reasonCode === Reason.SESSION_TOO_SLOW;
     const now = Date.now();
     for (const pending of [...this.pending]) {
       if (!broken || now >= pending.deadline) {

@@ -14,6 +14,10 @@
  *   `LaneClient.call` of a `connectLane(target, { session: true })` client; the answer is
  *   `{"id", "response": base64}` or `{"id", "error": {"code", "reason", "message", "metadata",
  *   "sessionBroken"}}`.
+ * - `{"id", "op": "burst", "calls": [{"method", "request"}, ...]}`: every call through the session
+ *   at once (submitted in one synchronous loop, so the session may batch them); the answer is
+ *   `{"id", "answers": [each as a call's answer], "messagesSent", "commandsSent"}` (what the
+ *   session wrote meanwhile).
  * - `{"id", "op": "stats"}`: `{"id", "streamsOpened", "inFlight", "queued",
  *   "clientStreamsOpened"}` (the last: the LaneClient's own session).
  * - `{"id", "op": "close"}`: closes the session, answers, and exits.
@@ -86,6 +90,17 @@ for await (const text of lines) {
   const op = line["op"];
   if (op === "call") {
     void call(line).then((answer) => reply({ id, ...answer }));
+  } else if (op === "burst") {
+    const [messages, commands] = [session.messagesSent, session.commandsSent];
+    const calls = (line["calls"] as Json[]).map((one) => call(one));
+    void Promise.all(calls).then((answers) =>
+      reply({
+        id,
+        answers,
+        messagesSent: session.messagesSent - messages,
+        commandsSent: session.commandsSent - commands,
+      }),
+    );
   } else if (op === "stats") {
     reply({
       id,

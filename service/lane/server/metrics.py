@@ -17,6 +17,10 @@ the process (as in the tests) get the same one and add to the same series.
     set bounded: each answer's DEBUG log line names it (``service/lane/server/api/instrument.py``).
 ``lane_command_duration_seconds{method}`` (histogram)
     Time from receiving a unary RPC's bytes to its answer, refusals included.
+``lane_drive_frames_total{direction, kind}`` (counter)
+    DriveLane messages: ``direction`` ``read`` (requests) or ``written`` (answers), ``kind``
+    ``single`` (one command or answer) or ``batch`` (several in ``batch``). Commands per
+    message is ``lane_commands_total`` of a session's methods over these.
 ``lane_events_appended_total`` (counter)
     Events committed to the event log (a command that changes nothing appends none).
 ``lane_watchers_active`` (gauge)
@@ -89,6 +93,7 @@ class Metrics:
             buckets=_COMMAND_BUCKETS,
             registry=registry,
         )
+        self.drive_frames = DriveFrames(registry)
         self.events_appended = Counter(
             "lane_events_appended",
             "Events committed to the event log.",
@@ -143,6 +148,22 @@ class Metrics:
             "pg_notification_queue_usage(): the fraction of PostgreSQL's NOTIFY queue in use.",
             registry=registry,
         )
+
+
+class DriveFrames:
+    """``lane_drive_frames_total``'s four series, bound once."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        frames = Counter(
+            "lane_drive_frames",
+            "DriveLane messages read (requests) and written (answers), single or batches.",
+            ["direction", "kind"],
+            registry=registry,
+        )
+        self.read_single = frames.labels("read", "single")
+        self.read_batch = frames.labels("read", "batch")
+        self.written_single = frames.labels("written", "single")
+        self.written_batch = frames.labels("written", "batch")
 
 
 #: The metrics code counts on: registered nowhere until :func:`install` replaces them.

@@ -21,14 +21,26 @@ a fresh request id when it has none; an answer UNAVAILABLE, DEADLINE_EXCEEDED (n
 within ``attempt_timeout``) or RESOURCE_EXHAUSTED ``DATABASE_BUSY`` sends the command again,
 with the same request id, paced and bounded by the session's
 :class:`~lane.client.retry.RetryPolicy` (``retry``; ``retry_seconds`` replaces its timeout).
-When the stream itself breaks (the connection drops, the server restarts or shuts down) the
-session opens a new one and sends every unanswered command again, in the order they were first
-sent: commands with a request id (a retry returns the first answer: nothing is
-lost or done twice) and reads (GetLaneSnapshot, ListLanes, GetOperation). The commands
-without a request id (RenewLease and ReleaseLease, which have none, and every command of a
-session made with ``request_ids=False``) are not sent blindly a second time: they fail with
-UNAVAILABLE (:class:`SessionBroken`). A stream refused as a whole (UNAUTHENTICATED) fails the
+When the stream itself breaks (the connection drops, the server restarts or shuts down, or
+cuts the stream off because its answers went unread for its write deadline) the session opens
+a new one and sends every unanswered command again, in the order they were first sent:
+commands with a request id (a retry returns the first answer: nothing is lost or done twice)
+and reads (GetLaneSnapshot, ListLanes, GetOperation). The commands without a request id
+(RenewLease and ReleaseLease, which have none, and every command of a session made with
+``request_ids=False``) are not sent blindly a second time: they fail with UNAVAILABLE
+(:class:`SessionBroken`). A stream refused as a whole (UNAUTHENTICATED) fails the
 commands on it with that error.
+
+Batches: the session's one writer task sends what is waiting each time it runs. One command
+waiting goes at once in a message of its own (no window, no timer: a lone command is not
+delayed); several — commands issued in the same event-loop turn (the progress reports of
+parallel tools, a stage and the next report), or issued while the previous message was being
+written — go as one message carrying them in its ``batch`` (at most the service's batch bound,
+64, and 4 MiB a message). The service serves each command of a batch as if it came alone: its
+own answer or refusal, in order with the other commands of its lane. Batches are sent only on a
+stream whose service said it takes them (the ``lane-drive-batch`` header it sends when it
+admits the stream); to an older service, or before the header came, every command goes alone.
+Answers arrive one per message or several in one; each reaches its caller by its sequence.
 
 A request too large for a DriveLane message (near the 4 MiB limit) and a command answered
 RESOURCE_EXHAUSTED ``ANSWER_TOO_LARGE`` go through the unary RPC instead (the latter with its
@@ -52,14 +64,18 @@ from lane.client.commands import call as unary_call
 from lane.client.commands import is_retryable, new_request_id
 from lane.client.errors import LaneError, lane_error, reason_name, status_error
 from lane.client.retry import COMMAND_RETRY, RetryPolicy
-from lane.limits import MAX_MESSAGE_BYTES
+from lane.limits import DRIVE_BATCH_HEADER, MAX_DRIVE_BATCH, MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import reasons_pb2
 
 __all__ = ["LaneSession", "SessionBroken"]
 
 _ANSWER_TOO_LARGE = reason_name(reasons_pb2.REASON_ANSWER_TOO_LARGE)
-#: What a DriveLaneRequest adds around a command: the sequence and the command's field header.
+#: The service cut the stream off: the session took no answer for its write deadline (a loop
+#: blocked that long). The stream broke; its commands are sent again as after any break.
+_TOO_SLOW = reason_name(reasons_pb2.REASON_SESSION_TOO_SLOW)
+#: What a DriveLaneRequest adds around a command: the sequence and the command's field header
+#: (and, in a batch, the batch entry's header).
 _FRAME_BYTES = 32
 #: Reads: sent again on a new stream although they carry no request id.
 _READS = frozenset({"GetLaneSnapshot", "ListLanes", "GetOperation"})
@@ -99,14 +115,28 @@ class SessionBroken(LaneError):
     may or may not have been applied), so it was not sent again."""
 
 
+def _batch_bound(metadata: Any) -> int:
+    """The most commands one message may carry on a stream whose service sent ``metadata``
+    as its initial metadata: its ``lane-drive-batch`` header (capped at MAX_DRIVE_BATCH), or 1
+    when it sent none (a service without batches)."""
+    for key, value in metadata or ():
+        if key == DRIVE_BATCH_HEADER:
+            try:
+                return max(1, min(int(value), MAX_DRIVE_BATCH))
+            except ValueError:
+                return 1
+    return 1
+
+
 class _Pending:
     """One command waiting for its answer."""
 
-    __slots__ = ("command", "deadline", "future", "method", "request", "resend")
+    __slots__ = ("command", "deadline", "future", "method", "request", "resend", "size")
 
     def __init__(
         self,
         request: Message,
+        size: int,
         command: str,
         method: str,
         resend: bool,
@@ -114,6 +144,8 @@ class _Pending:
         future: asyncio.Future[Message],
     ) -> None:
         self.request = request
+        #: The request's encoded size.
+        self.size = size
         #: Its DriveLaneRequest field.
         self.command = command
         self.method = method
@@ -156,6 +188,8 @@ class LaneSession:
         self._wake = asyncio.Event()
         self._sequences = itertools.count(1)
         self._stream: Any = None
+        #: Commands one message may carry on the current stream (1 until its service says).
+        self._batch = 1
         self._generation = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._reconnect: asyncio.Task[None] | None = None
@@ -163,6 +197,9 @@ class LaneSession:
         self._closed = False
         #: Streams opened so far (the first, then one per break).
         self.streams_opened = 0
+        #: Messages written (one per command, or one per batch) and commands sent in them.
+        self.messages_sent = 0
+        self.commands_sent = 0
 
     async def __aenter__(self) -> LaneSession:
         return self
@@ -205,14 +242,15 @@ class LaneSession:
                 setattr(request, "request_id", new_request_id())  # noqa: B010
             else:
                 has_id = False
-        if request.ByteSize() > MAX_MESSAGE_BYTES - _FRAME_BYTES:
+        size = request.ByteSize()
+        if size > MAX_MESSAGE_BYTES - _FRAME_BYTES:
             return await self._unary(method, request, retry, timeout)
         resend = has_id or method in _READS
         deadline = retry.deadline()
         attempt = 0
         while True:
             future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-            pending = _Pending(request, field_name, method, resend, deadline, future)
+            pending = _Pending(request, size, field_name, method, resend, deadline, future)
             try:
                 return await self._answer(pending, timeout)
             except SessionBroken:
@@ -261,6 +299,7 @@ class LaneSession:
         self._generation += 1
         generation = self._generation
         self._sent.clear()
+        self._batch = 1  # until this stream's service says it takes batches
         stream = self._stub.DriveLane(metadata=self._metadata)
         self._stream = stream
         self.streams_opened += 1
@@ -275,14 +314,9 @@ class LaneSession:
         try:
             while True:
                 while self._outbox:
-                    pending = self._outbox.popleft()
-                    if pending not in self._pending:
-                        continue  # answered, timed out or given up meanwhile
-                    sequence = next(self._sequences)
-                    self._sent[sequence] = pending
-                    message = pb.DriveLaneRequest(sequence=sequence)
-                    getattr(message, pending.command).CopyFrom(pending.request)
-                    await stream.write(message)
+                    message = self._next_message()
+                    if message is not None:
+                        await stream.write(message)
                 self._wake.clear()
                 await self._wake.wait()
         except grpc.aio.AioRpcError as err:
@@ -291,25 +325,51 @@ class LaneSession:
             # Written after the call ended: the reader reports how it ended.
             self._broken(generation, LaneError(grpc.StatusCode.UNAVAILABLE, "", str(err)))
 
+    def _next_message(self) -> pb.DriveLaneRequest | None:
+        """The next message to write: the first unanswered command of the outbox, and as many
+        after it as one message may carry (the stream's batch bound, 4 MiB); None if none is
+        left."""
+        taken: list[tuple[int, _Pending]] = []
+        size = 0
+        outbox = self._outbox
+        while outbox and len(taken) < self._batch:
+            pending = outbox[0]
+            if pending not in self._pending:
+                outbox.popleft()  # answered, timed out or given up meanwhile
+                continue
+            size += pending.size + _FRAME_BYTES
+            if taken and size > MAX_MESSAGE_BYTES:
+                break
+            outbox.popleft()
+            sequence = next(self._sequences)
+            self._sent[sequence] = pending
+            taken.append((sequence, pending))
+        if not taken:
+            return None
+        self.messages_sent += 1
+        self.commands_sent += len(taken)
+        if len(taken) == 1:
+            return _request(pb.DriveLaneRequest(), *taken[0])
+        message = pb.DriveLaneRequest()
+        for sequence, pending in taken:
+            _request(message.batch.add(), sequence, pending)
+        return message
+
     async def _read(self, stream: Any, generation: int) -> None:
         try:
+            self._batch = _batch_bound(await stream.initial_metadata())
+            if self._batch > 1:
+                self._wake.set()  # what waits may go together now
             while True:
                 answer = await stream.read()
                 if answer is grpc.aio.EOF:
                     break
                 self._failures = 0
-                pending = self._sent.pop(answer.sequence, None)
-                if pending is None or pending.future.done() or pending not in self._pending:
-                    continue  # given up on meanwhile
-                which = answer.WhichOneof("answer")
-                if which == "error":
-                    pending.future.set_exception(status_error(answer.error))
-                elif which is not None:
-                    pending.future.set_result(getattr(answer, which))
+                if answer.batch:
+                    for item in answer.batch:
+                        self._deliver(item)
                 else:
-                    pending.future.set_exception(
-                        LaneError(grpc.StatusCode.UNKNOWN, "", "an answer with nothing in it")
-                    )
+                    self._deliver(answer)
         except grpc.aio.AioRpcError as err:
             self._broken(generation, lane_error(err))
             return
@@ -318,6 +378,21 @@ class LaneSession:
             LaneError(grpc.StatusCode.UNAVAILABLE, "", "the stream ended with commands unanswered"),
         )
 
+    def _deliver(self, answer: pb.DriveLaneResponse) -> None:
+        """Hand ``answer`` to the caller waiting for its sequence (none: given up on)."""
+        pending = self._sent.pop(answer.sequence, None)
+        if pending is None or pending.future.done() or pending not in self._pending:
+            return
+        which = answer.WhichOneof("answer")
+        if which == "error":
+            pending.future.set_exception(status_error(answer.error))
+        elif which is not None:
+            pending.future.set_result(getattr(answer, which))
+        else:
+            pending.future.set_exception(
+                LaneError(grpc.StatusCode.UNKNOWN, "", "an answer with nothing in it")
+            )
+
     def _broken(self, generation: int, error: LaneError) -> None:
         """The stream of ``generation`` ended with ``error``: fail or keep each unanswered
         command, and open a new stream (after a backoff) for those kept."""
@@ -325,10 +400,13 @@ class LaneSession:
             return
         self._drop_stream()
         self._failures += 1
-        broken = error.code in _BROKEN and (
-            error.code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
-            or not error.reason
-        )
+        broken = (
+            error.code in _BROKEN
+            and (
+                error.code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+                or not error.reason
+            )
+        ) or error.reason == _TOO_SLOW
         now = time.monotonic()
         for pending in list(self._pending):
             if pending.future.done():
@@ -399,3 +477,10 @@ class LaneSession:
                 pending.future.set_exception(
                     LaneError(grpc.StatusCode.CANCELLED, "", "the session was closed")
                 )
+
+
+def _request(message: pb.DriveLaneRequest, sequence: int, pending: _Pending) -> pb.DriveLaneRequest:
+    """``message`` made the DriveLaneRequest of ``pending`` under ``sequence``."""
+    message.sequence = sequence
+    getattr(message, pending.command).CopyFrom(pending.request)
+    return message

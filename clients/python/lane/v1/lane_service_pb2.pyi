@@ -2577,7 +2577,9 @@ Global___SetLaneValueResponse: _TypeAlias = SetLaneValueResponse  # noqa: Y015
 
 @_typing.final
 class DriveLaneRequest(_message.Message):
-    """One command of a DriveLane stream: the request message of the unary RPC of the same name."""
+    """One command of a DriveLane stream: the request message of the unary RPC of the same name;
+    or a batch of such requests.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -2614,6 +2616,7 @@ class DriveLaneRequest(_message.Message):
     REPORT_HANDLER_ERROR_FIELD_NUMBER: _builtins.int
     SET_LANE_VALUE_FIELD_NUMBER: _builtins.int
     DELETE_LANE_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Chosen by the client and echoed in the command's answer. The service neither checks nor
     orders by it; keep it unique among the stream's unanswered commands.
@@ -2682,6 +2685,19 @@ class DriveLaneRequest(_message.Message):
     def set_lane_value(self) -> Global___SetLaneValueRequest: ...
     @_builtins.property
     def delete_lane(self) -> Global___DeleteLaneRequest: ...
+    @_builtins.property
+    def batch(self) -> _containers.RepeatedCompositeFieldContainer[Global___DriveLaneRequest]:
+        """Several commands in one message (send only after the stream's `lane-drive-batch` header),
+        each a request with its own `sequence` and command, served exactly as if each had come in
+        a message of its own, in this order: answered under its own sequence (in one answer
+        message or several), applied in order with the other commands of its lane, refused alone.
+        A request of a batch holds one command and no batch; one that holds a batch is answered
+        INVALID_ARGUMENT MALFORMED_REQUEST under its sequence, and a command beside a batch (in the
+        message holding the batch) likewise under the message's sequence; the rest is served. At
+        most 64 requests (the stream's in-flight bound); the 4 MiB message limit bounds the bytes.
+        Fields 36-40 are kept free for the framing of messages over the 4 MiB limit.
+        """
+
     def __init__(
         self,
         *,
@@ -2718,10 +2734,11 @@ class DriveLaneRequest(_message.Message):
         report_handler_error: Global___ReportHandlerErrorRequest | None = ...,
         set_lane_value: Global___SetLaneValueRequest | None = ...,
         delete_lane: Global___DeleteLaneRequest | None = ...,
+        batch: _abc.Iterable[Global___DriveLaneRequest] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "batch", b"batch", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value", "delete_lane"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
@@ -2731,7 +2748,7 @@ Global___DriveLaneRequest: _TypeAlias = DriveLaneRequest  # noqa: Y015
 
 @_typing.final
 class DriveLaneResponse(_message.Message):
-    """The answer to one DriveLaneRequest."""
+    """The answer to one command of a DriveLane stream; or, in `batch`, several answers."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -2769,8 +2786,9 @@ class DriveLaneResponse(_message.Message):
     REPORT_HANDLER_ERROR_FIELD_NUMBER: _builtins.int
     SET_LANE_VALUE_FIELD_NUMBER: _builtins.int
     DELETE_LANE_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
-    """The sequence of the request answered."""
+    """The sequence of the command answered."""
     @_builtins.property
     def error(self) -> _status_pb2.Status:
         """The command was refused or failed: the status code, message and details (one
@@ -2843,6 +2861,16 @@ class DriveLaneResponse(_message.Message):
     def set_lane_value(self) -> Global___SetLaneValueResponse: ...
     @_builtins.property
     def delete_lane(self) -> Global___DeleteLaneResponse: ...
+    @_builtins.property
+    def batch(self) -> _containers.RepeatedCompositeFieldContainer[Global___DriveLaneResponse]:
+        """Several answers in one message: each a DriveLaneResponse with its own sequence and answer,
+        never a batch itself. The service batches answers ready at the same moment, only on a
+        stream whose client has sent a batch (a client that sends one command per message gets one
+        answer per message); at most 64 answers and 4 MiB per message (an answer too large to fit
+        beside others comes alone).
+        Fields 36-40 are kept free for the framing of messages over the 4 MiB limit.
+        """
+
     def __init__(
         self,
         *,
@@ -2880,10 +2908,11 @@ class DriveLaneResponse(_message.Message):
         report_handler_error: Global___ReportHandlerErrorResponse | None = ...,
         set_lane_value: Global___SetLaneValueResponse | None = ...,
         delete_lane: Global___DeleteLaneResponse | None = ...,
+        batch: _abc.Iterable[Global___DriveLaneResponse] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "batch", b"batch", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["error", "create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value", "delete_lane"]  # noqa: Y015
     _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015

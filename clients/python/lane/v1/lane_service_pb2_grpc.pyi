@@ -147,21 +147,32 @@ class LaneServiceStub:
     """A driver session: many commands over one stream, each answered as the unary RPC of the
     same name answers it (same validation, same commit, same refusal), without a call's setup
     per command. The stream is authenticated once, from its metadata; a refused token ends it
-    (UNAUTHENTICATED) before any command is read.
+    (UNAUTHENTICATED) before any command is read. Once admitted, the service sends the header
+    `lane-drive-batch` (the most commands a request may carry, 64): a client may send batches
+    (below) once it has seen it, so an older service that has no batches never gets one.
 
-    Each request carries one command and a `sequence` the client chooses; its answer carries
-    the same sequence. Commands of one lane are applied one at a time, in the order they were
-    sent; commands of different lanes may run concurrently. Answers are sent as each command
-    completes, so they may arrive out of order across lanes (never within one lane).
+    Each command carries a `sequence` the client chooses; its answer carries the same sequence.
+    A request carries one command, or several in `batch` (DriveLaneRequest). Commands of one
+    lane are applied one at a time, in the order they were sent (inside a batch and across
+    requests); commands of different lanes may run concurrently. Answers are sent as each
+    command completes, so they may arrive out of order across lanes (never within one lane).
+    Each command of a batch succeeds or fails alone: a refused one changes nothing and holds
+    up nothing but its lane's later commands' turn.
 
-    At most 64 commands of a stream are in flight (read and not yet answered); beyond that
-    the service reads nothing more from the stream until an answer has been sent (HTTP/2
-    flow control then holds the client's writes back). A request that cannot be decoded or
-    names no command is answered INVALID_ARGUMENT (reason MALFORMED_REQUEST or MISSING_FIELD)
-    under its sequence; the stream goes on. Half-closing ends the stream once every command
-    read is answered. The stream's deadline bounds every command on it. On shutdown the
-    service stops reading, answers what it read, then ends the stream UNAVAILABLE (reason
-    SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new one.
+    At most 64 commands of a stream are in flight (read and not yet answered), however they
+    are framed; beyond that the service reads nothing more from the stream until an answer has
+    been sent (HTTP/2 flow control then holds the client's writes back). A request (or a
+    request of a batch) that cannot be decoded or names no command is answered
+    INVALID_ARGUMENT (reason MALFORMED_REQUEST or MISSING_FIELD) under its sequence; the stream
+    goes on. A request carrying more than 64 commands ends the stream INVALID_ARGUMENT (reason
+    TOO_MANY_COMMANDS), none of them run, after the commands read before it are answered.
+    Half-closing ends the stream once every command read is answered. The stream's deadline
+    bounds every command on it. A client that takes no answer for the service's write deadline
+    (30 s by default) while answers wait is cut off: RESOURCE_EXHAUSTED (reason
+    SESSION_TOO_SLOW); the commands it sent that were already running still commit. On
+    shutdown the service stops reading, answers what it read, then ends the stream UNAVAILABLE
+    (reason SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new
+    one.
     """
 
 @_typing.type_check_only
@@ -283,21 +294,32 @@ class LaneServiceAsyncStub(LaneServiceStub):
     """A driver session: many commands over one stream, each answered as the unary RPC of the
     same name answers it (same validation, same commit, same refusal), without a call's setup
     per command. The stream is authenticated once, from its metadata; a refused token ends it
-    (UNAUTHENTICATED) before any command is read.
+    (UNAUTHENTICATED) before any command is read. Once admitted, the service sends the header
+    `lane-drive-batch` (the most commands a request may carry, 64): a client may send batches
+    (below) once it has seen it, so an older service that has no batches never gets one.
 
-    Each request carries one command and a `sequence` the client chooses; its answer carries
-    the same sequence. Commands of one lane are applied one at a time, in the order they were
-    sent; commands of different lanes may run concurrently. Answers are sent as each command
-    completes, so they may arrive out of order across lanes (never within one lane).
+    Each command carries a `sequence` the client chooses; its answer carries the same sequence.
+    A request carries one command, or several in `batch` (DriveLaneRequest). Commands of one
+    lane are applied one at a time, in the order they were sent (inside a batch and across
+    requests); commands of different lanes may run concurrently. Answers are sent as each
+    command completes, so they may arrive out of order across lanes (never within one lane).
+    Each command of a batch succeeds or fails alone: a refused one changes nothing and holds
+    up nothing but its lane's later commands' turn.
 
-    At most 64 commands of a stream are in flight (read and not yet answered); beyond that
-    the service reads nothing more from the stream until an answer has been sent (HTTP/2
-    flow control then holds the client's writes back). A request that cannot be decoded or
-    names no command is answered INVALID_ARGUMENT (reason MALFORMED_REQUEST or MISSING_FIELD)
-    under its sequence; the stream goes on. Half-closing ends the stream once every command
-    read is answered. The stream's deadline bounds every command on it. On shutdown the
-    service stops reading, answers what it read, then ends the stream UNAVAILABLE (reason
-    SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new one.
+    At most 64 commands of a stream are in flight (read and not yet answered), however they
+    are framed; beyond that the service reads nothing more from the stream until an answer has
+    been sent (HTTP/2 flow control then holds the client's writes back). A request (or a
+    request of a batch) that cannot be decoded or names no command is answered
+    INVALID_ARGUMENT (reason MALFORMED_REQUEST or MISSING_FIELD) under its sequence; the stream
+    goes on. A request carrying more than 64 commands ends the stream INVALID_ARGUMENT (reason
+    TOO_MANY_COMMANDS), none of them run, after the commands read before it are answered.
+    Half-closing ends the stream once every command read is answered. The stream's deadline
+    bounds every command on it. A client that takes no answer for the service's write deadline
+    (30 s by default) while answers wait is cut off: RESOURCE_EXHAUSTED (reason
+    SESSION_TOO_SLOW); the commands it sent that were already running still commit. On
+    shutdown the service stops reading, answers what it read, then ends the stream UNAVAILABLE
+    (reason SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new
+    one.
     """
 
 class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -632,21 +654,32 @@ class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
         """A driver session: many commands over one stream, each answered as the unary RPC of the
         same name answers it (same validation, same commit, same refusal), without a call's setup
         per command. The stream is authenticated once, from its metadata; a refused token ends it
-        (UNAUTHENTICATED) before any command is read.
+        (UNAUTHENTICATED) before any command is read. Once admitted, the service sends the header
+        `lane-drive-batch` (the most commands a request may carry, 64): a client may send batches
+        (below) once it has seen it, so an older service that has no batches never gets one.
 
-        Each request carries one command and a `sequence` the client chooses; its answer carries
-        the same sequence. Commands of one lane are applied one at a time, in the order they were
-        sent; commands of different lanes may run concurrently. Answers are sent as each command
-        completes, so they may arrive out of order across lanes (never within one lane).
+        Each command carries a `sequence` the client chooses; its answer carries the same sequence.
+        A request carries one command, or several in `batch` (DriveLaneRequest). Commands of one
+        lane are applied one at a time, in the order they were sent (inside a batch and across
+        requests); commands of different lanes may run concurrently. Answers are sent as each
+        command completes, so they may arrive out of order across lanes (never within one lane).
+        Each command of a batch succeeds or fails alone: a refused one changes nothing and holds
+        up nothing but its lane's later commands' turn.
 
-        At most 64 commands of a stream are in flight (read and not yet answered); beyond that
-        the service reads nothing more from the stream until an answer has been sent (HTTP/2
-        flow control then holds the client's writes back). A request that cannot be decoded or
-        names no command is answered INVALID_ARGUMENT (reason MALFORMED_REQUEST or MISSING_FIELD)
-        under its sequence; the stream goes on. Half-closing ends the stream once every command
-        read is answered. The stream's deadline bounds every command on it. On shutdown the
-        service stops reading, answers what it read, then ends the stream UNAVAILABLE (reason
-        SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new one.
+        At most 64 commands of a stream are in flight (read and not yet answered), however they
+        are framed; beyond that the service reads nothing more from the stream until an answer has
+        been sent (HTTP/2 flow control then holds the client's writes back). A request (or a
+        request of a batch) that cannot be decoded or names no command is answered
+        INVALID_ARGUMENT (reason MALFORMED_REQUEST or MISSING_FIELD) under its sequence; the stream
+        goes on. A request carrying more than 64 commands ends the stream INVALID_ARGUMENT (reason
+        TOO_MANY_COMMANDS), none of them run, after the commands read before it are answered.
+        Half-closing ends the stream once every command read is answered. The stream's deadline
+        bounds every command on it. A client that takes no answer for the service's write deadline
+        (30 s by default) while answers wait is cut off: RESOURCE_EXHAUSTED (reason
+        SESSION_TOO_SLOW); the commands it sent that were already running still commit. On
+        shutdown the service stops reading, answers what it read, then ends the stream UNAVAILABLE
+        (reason SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new
+        one.
         """
 
 def add_LaneServiceServicer_to_server(servicer: LaneServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -80,6 +80,8 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """INVALID_ARGUMENT"""
     REASON_EXPORT_VERSION_UNSUPPORTED: _Reason.ValueType  # 35
     """INVALID_ARGUMENT"""
+    REASON_TOO_MANY_COMMANDS: _Reason.ValueType  # 36
+    """INVALID_ARGUMENT"""
     REASON_LANE_NOT_FOUND: _Reason.ValueType  # 40
     """NOT_FOUND"""
     REASON_TOOL_CALL_NOT_FOUND: _Reason.ValueType  # 41
@@ -160,6 +162,8 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """RESOURCE_EXHAUSTED"""
     REASON_WATCHER_TOO_SLOW: _Reason.ValueType  # 116
     """RESOURCE_EXHAUSTED"""
+    REASON_SESSION_TOO_SLOW: _Reason.ValueType  # 117
+    """RESOURCE_EXHAUSTED"""
     REASON_SERVER_SHUTTING_DOWN: _Reason.ValueType  # 120
     """UNAVAILABLE"""
     REASON_UNAVAILABLE: _Reason.ValueType  # 121
@@ -236,6 +240,8 @@ REASON_PAYLOAD_TOO_LARGE: Reason.ValueType  # 33
 REASON_INVALID_EXPORT: Reason.ValueType  # 34
 """INVALID_ARGUMENT"""
 REASON_EXPORT_VERSION_UNSUPPORTED: Reason.ValueType  # 35
+"""INVALID_ARGUMENT"""
+REASON_TOO_MANY_COMMANDS: Reason.ValueType  # 36
 """INVALID_ARGUMENT"""
 REASON_LANE_NOT_FOUND: Reason.ValueType  # 40
 """NOT_FOUND"""
@@ -316,6 +322,8 @@ REASON_DATABASE_BUSY: Reason.ValueType  # 114
 REASON_ANSWER_TOO_LARGE: Reason.ValueType  # 115
 """RESOURCE_EXHAUSTED"""
 REASON_WATCHER_TOO_SLOW: Reason.ValueType  # 116
+"""RESOURCE_EXHAUSTED"""
+REASON_SESSION_TOO_SLOW: Reason.ValueType  # 117
 """RESOURCE_EXHAUSTED"""
 REASON_SERVER_SHUTTING_DOWN: Reason.ValueType  # 120
 """UNAVAILABLE"""

@@ -3,10 +3,12 @@
 A unary RPC costs the service a few hundred microseconds of gRPC and asyncio work besides the
 command itself (a new call, its metadata, its handler task); a message on an open stream is one
 read and one write (``bench.commit_throughput --sessions``: about 200 µs less service CPU per
-command). DriveLane carries the same commands: each request holds the request message of
-one unary RPC (its ``command`` oneof field is named as the method) and a ``sequence`` the
-client chose; each answer holds the same sequence and the unary RPC's response in the field of
-the same name, or the ``google.rpc.Status`` the unary RPC would have ended with (``error``).
+command), and a message carrying a batch of commands one read for them all. DriveLane carries
+the same commands: each request holds the request message of one unary RPC (its ``command``
+oneof field is named as the method) and a ``sequence`` the client chose, or a ``batch`` of such
+requests; each answer holds the same sequence and the unary RPC's response in the field of the
+same name, or the ``google.rpc.Status`` the unary RPC would have ended with (``error``); an
+answer message may carry a ``batch`` of answers.
 
 One implementation per command: a command is served by its method's unary handler itself, the
 function :func:`~lane.server.api.errors.unary` wraps
@@ -17,21 +19,49 @@ stored answer, is the unary call's. Its exceptions go through the same error tab
 as :mod:`servicer` does for unary calls. Each command has the log scope and the
 ``lane_commands_total`` / ``lane_command_duration_seconds`` series of its method, as a unary call
 does, and, with traces on, a span of its own, a child of the stream's span (``rpc_spans.py``).
+A command of a batch is served exactly as the same command in a message of its own.
 
 The stream:
 
 - **Auth** once, from the stream's metadata, with the servicer's :class:`Authenticator`: a
   refused token ends the stream with the unary status (UNAUTHENTICATED) before anything is
-  read. Every command then runs in the token's namespace.
+  read. Every command then runs in the token's namespace. An admitted stream is sent the
+  header :data:`~lane.limits.DRIVE_BATCH_HEADER` (the batch bound) at once: clients send
+  batches only after it, so a client never sends one to an older service.
+- **Batches** (``drive_frames.py``): a message is read at its top level, and each request of
+  its batch decoded, counted and served as a message of its own would be, in order. A request
+  of a batch holding a batch itself, and a command beside a batch, are answered
+  INVALID_ARGUMENT ``MALFORMED_REQUEST`` under their sequence; the others are served. A
+  message carrying more than :data:`~lane.limits.MAX_DRIVE_BATCH` requests is not served at
+  all: the stream answers what it read before and ends INVALID_ARGUMENT ``TOO_MANY_COMMANDS``
+  (answering each of them would cost as much as the message's size allows, and no client
+  that reads the header sends one).
 - **Order.** Commands naming the same ``lane_id`` run one at a time, in the order they were
-  read; the next starts once the previous one is answered, so one lane's answers are also sent
-  in order. Commands of different lanes (and ListLanes, which names none) run concurrently;
-  answers are sent as each completes, with their sequence.
+  read (inside a batch and across messages); the next starts once the previous one's answer
+  is ready, so one lane's answers are also sent in order. One task serves a lane's commands
+  while it has any waiting (:meth:`_Session._run_lane`), so a burst of one lane's commands
+  costs one task, not one each. Commands of different lanes (and ListLanes, which names
+  none) run concurrently; answers are sent as each completes, with their sequence.
+- **Answers** go out through one writer task per stream (:meth:`_Session._write_answers`).
+  To a client that has sent a batch, the answers ready when the writer runs — those
+  completed in the same event-loop turn, and those that came while the previous write was
+  in progress — go out as one message (at most MAX_DRIVE_BATCH answers and 4 MiB each;
+  ``drive_frames.answer_messages``); a lone answer goes as a single message. A client that
+  sends one command per message gets one answer per message.
 - **Bound.** At most :data:`MAX_COMMANDS_IN_FLIGHT` commands of a stream are in flight: read
-  and not yet answered (their answer not yet handed to gRPC). The reader takes a slot before
-  it reads the next message and a command gives its slot back once its answer is written, so
-  past the bound the service reads nothing more and HTTP/2 flow control holds the client's
-  writes back: nothing is buffered without bound.
+  and not yet answered (their answer not yet handed to gRPC), however they were framed. The
+  reader waits for a free slot before it reads a message and before each further command of
+  a batch, and a command gives its slot back once its answer is written, so past the bound
+  the service reads nothing more and HTTP/2 flow control holds the client's writes back:
+  nothing is buffered without bound. A batch larger than the free slots is served as slots
+  free up: its first commands run while the reader waits for the next slot (the commands
+  holding slots need nothing from the reader to finish), so a batch never deadlocks.
+- **Write deadline.** An answer write that the client does not take for the servicer's write
+  deadline (``LANE_WATCH_WRITE_DEADLINE_SECONDS``, shared with WatchLane; one sweep for both,
+  ``write_deadline.py``) ends the stream RESOURCE_EXHAUSTED ``SESSION_TOO_SLOW``: the
+  commands running then still commit (a transaction runs to its end when its caller goes,
+  ``store/lane_store.py``), the answers waiting are dropped, and the stream's memory (at most
+  its in-flight answers) is freed at once, whenever the client reads again.
 - **Malformed** requests are answered, not fatal: bytes that do not decode as a
   DriveLaneRequest get INVALID_ARGUMENT ``MALFORMED_REQUEST`` under the sequence found in them
   (0 if none), a request naming no command INVALID_ARGUMENT ``MISSING_FIELD`` (``command``).
@@ -48,9 +78,10 @@ The stream:
 from __future__ import annotations
 
 import asyncio
-import functools
+import enum
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,33 +89,38 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 from google.rpc import code_pb2
+from lane.limits import DRIVE_BATCH_HEADER, MAX_DRIVE_BATCH, MAX_DRIVE_COMMANDS_IN_FLIGHT
 from lane.v1 import lane_service_pb2 as pb
 
-from lane.server import logs, traces
+from lane.server import logs, metrics, traces
 from lane.server.api.auth import caller_namespace
 from lane.server.api.base import ServicerBase
 from lane.server.api.call import Call, Context
+from lane.server.api.drive_frames import (
+    ERROR_FIELD,
+    Answer,
+    answer,
+    answer_messages,
+    read_request,
+)
 from lane.server.api.encoded_counts import check_encoded_counts
 from lane.server.api.errors import error_answer, implementation, rich_status, status_of
-from lane.server.api.framing import length_delimited, varint
 from lane.server.api.instrument import MethodMetrics, bind_answer, bind_request, method_metrics
 from lane.server.api.rpc_spans import start_command
 from lane.server.api.validation import check_counts
+from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cut_off
 from lane.server.domain.errors import InvalidArgument
 from lane.server.domain.limits import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
 #: Commands of one stream read and not yet answered, at most; past it the stream is not read.
-MAX_COMMANDS_IN_FLIGHT = 64
+MAX_COMMANDS_IN_FLIGHT = MAX_DRIVE_COMMANDS_IN_FLIGHT
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["LaneService"]
 _REQUEST = pb.DriveLaneRequest.DESCRIPTOR
 _RESPONSE = pb.DriveLaneResponse.DESCRIPTOR
-#: The field number of DriveLaneResponse.error.
-ERROR_FIELD = _RESPONSE.fields_by_name["error"].number
-_SEQUENCE_FIELD = _RESPONSE.fields_by_name["sequence"].number
-_LENGTH_DELIMITED = 2
+_BATCH_HEADER = ((DRIVE_BATCH_HEADER, str(MAX_DRIVE_BATCH)),)
 
 Handler = Callable[[Any, Any, Call], Awaitable[Message]]
 
@@ -112,13 +148,16 @@ def command_table(servicer_type: type[Any]) -> dict[str, _Command]:
         request_type = field.message_type
         assert request_type is not None  # every field of the oneof is a message
         method = methods[request_type.full_name]
-        answer = _RESPONSE.fields_by_name[field.name]
-        if answer.message_type is not method.output_type or answer.number != field.number:
+        answer_field = _RESPONSE.fields_by_name[field.name]
+        if (
+            answer_field.message_type is not method.output_type
+            or answer_field.number != field.number
+        ):
             raise TypeError(f"DriveLaneResponse.{field.name} is not {method.name}'s answer")
         table[field.name] = _Command(
             method=method.name,
             handler=implementation(getattr(servicer_type, method.name)),
-            answer_field=answer.number,
+            answer_field=answer_field.number,
             addressed="lane_id" in request_type.fields_by_name,
             metrics=method_metrics(method.name),
         )
@@ -142,6 +181,20 @@ class DriveSessions:
             session.close()
 
 
+class _Ending(enum.Enum):
+    """Why a stream stopped reading."""
+
+    #: The client half-closed: every command read was answered.
+    HALF_CLOSED = enum.auto()
+    #: Shutdown: every command read was answered.
+    SHUTDOWN = enum.auto()
+    #: A message carried more than MAX_DRIVE_BATCH commands: every command read before it was
+    #: answered.
+    TOO_MANY_COMMANDS = enum.auto()
+    #: The client took no answer for the write deadline.
+    TOO_SLOW = enum.auto()
+
+
 class DriveRpcs(ServicerBase):
     """The DriveLane RPC (module doc). A mixin of the servicer, beside the unary groups whose
     handlers it calls."""
@@ -156,16 +209,17 @@ class DriveRpcs(ServicerBase):
         if refusal is not None:
             await context.abort_with_status(refusal)
         logs.bind(namespace=caller_namespace())
-        session = _Session(self, self._drive_commands, context)
+        await context.send_initial_metadata(_BATCH_HEADER)
+        session = _Session(self, self._drive_commands, context, self.write_deadline)
         sessions = self.drive_sessions
         if sessions.closing:
             session.close()
         sessions._open.add(session)
         try:
-            shutting_down = await session.serve()
+            ending = await session.serve()
         finally:
             sessions._open.discard(session)
-        if shutting_down:
+        if ending is _Ending.SHUTDOWN:
             await context.abort_with_status(
                 status_of(
                     code_pb2.UNAVAILABLE,
@@ -174,68 +228,178 @@ class DriveRpcs(ServicerBase):
                     {},
                 )
             )
+        elif ending is _Ending.TOO_MANY_COMMANDS:
+            await context.abort_with_status(
+                status_of(
+                    code_pb2.INVALID_ARGUMENT,
+                    "TOO_MANY_COMMANDS",
+                    f"a DriveLane message carried more than {MAX_DRIVE_BATCH} commands in its"
+                    " batch, the most one may carry: none of them ran; the commands sent before"
+                    " it were answered",
+                    {"limit": str(MAX_DRIVE_BATCH)},
+                )
+            )
+        elif ending is _Ending.TOO_SLOW:
+            seconds = self.watch_settings.write_deadline_seconds
+            await end_cut_off(
+                context,
+                status_of(
+                    code_pb2.RESOURCE_EXHAUSTED,
+                    "SESSION_TOO_SLOW",
+                    f"the client took no answer for {seconds:g}s; the stream is ended (the"
+                    " commands that were running still commit): send the unanswered commands"
+                    " again, with their request ids, on a new stream",
+                    {"deadlineSeconds": f"{seconds:g}"},
+                ),
+            )
+
+
+#: A command waiting for its turn: its sequence, how it is served, its request.
+_Queued = tuple[int, _Command, Message]
 
 
 class _Session:
     """One DriveLane stream being served."""
 
-    def __init__(self, servicer: Any, commands: dict[str, _Command], context: Context) -> None:
+    def __init__(
+        self,
+        servicer: Any,
+        commands: dict[str, _Command],
+        context: Context,
+        deadline: WriteDeadline,
+    ) -> None:
         self._servicer = servicer
         self._commands = commands
         self._context = context
-        self._slots = asyncio.Semaphore(MAX_COMMANDS_IN_FLIGHT)
-        self._write_lock = asyncio.Lock()
-        #: The last command read of each lane id: the next one of the lane runs after it.
-        self._tails: dict[str, asyncio.Task[None]] = {}
+        self._deadline = deadline
+        #: Commands read and not yet answered (their answer not yet written).
+        self._in_flight = 0
+        #: Set when an answer was written (a slot freed) and when the stream stops answering.
+        self._answered = asyncio.Event()
+        #: The commands of each lane that has a task serving them, waiting for their turn.
+        self._lanes: dict[str, deque[_Queued]] = {}
         self._running: set[asyncio.Task[None]] = set()
-        self._closed = asyncio.Event()
+        #: Answers ready and not yet written, in the order they became ready.
+        self._answers: list[Answer] = []
+        self._answer_ready = asyncio.Event()
+        #: The client has sent a batch: answers ready together go out as one message.
+        self._batching = False
+        self._stop = asyncio.Event()
+        self._too_slow = False
 
     def close(self) -> None:
-        self._closed.set()
+        self._stop.set()
 
-    async def serve(self) -> bool:
-        """Read and answer until the client half-closes (False) or :meth:`close` (True)."""
+    async def serve(self) -> _Ending:
+        """Read and answer until the client half-closes, :meth:`close`, a message over the
+        batch bound, or the write deadline; say which."""
+        writer = asyncio.create_task(self._write_answers())
+        writer.add_done_callback(self._writer_ended)
         reader = asyncio.create_task(self._read())
-        closed = asyncio.create_task(self._closed.wait())
+        stop = asyncio.create_task(self._stop.wait())
         try:
-            await asyncio.wait((reader, closed), return_when=asyncio.FIRST_COMPLETED)
-            shutting_down = not reader.done()
-            if shutting_down:
+            await asyncio.wait((reader, stop), return_when=asyncio.FIRST_COMPLETED)
+            if not reader.done():
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
+                ending = _Ending.SHUTDOWN
             else:
-                reader.result()  # the client half-closed: read everything
-            while self._running:  # every command read is answered
-                await asyncio.wait(tuple(self._running))
-            return shutting_down
+                ending = _Ending.HALF_CLOSED if reader.result() else _Ending.TOO_MANY_COMMANDS
+            # Every command read is answered (unless the client stopped taking answers).
+            while self._in_flight and not writer.done():
+                self._answered.clear()
+                await self._answered.wait()
+            if self._too_slow:
+                return _Ending.TOO_SLOW
+            if writer.done():
+                writer.result()  # the writer's failure, if it failed
+                raise RuntimeError("the DriveLane answer writer stopped")
+            return ending
         finally:
-            closed.cancel()
+            stop.cancel()
             reader.cancel()
+            writer.cancel()
             for task in self._running:
                 task.cancel()
 
-    async def _read(self) -> None:
-        while True:
-            await self._slots.acquire()  # past the bound: wait for an answer before reading
-            data = await self._context.read()
-            if data is grpc.aio.EOF:
-                self._slots.release()
-                return
-            self._dispatch(data)
+    def _writer_ended(self, _: asyncio.Task[None]) -> None:
+        """The writer stops only when the client is cut off (or on a bug): stop serving."""
+        self._answered.set()
+        self._stop.set()
 
-    def _dispatch(self, data: bytes) -> None:
-        """Start serving one message: a command, in its lane's order; or its refusal."""
+    # -- reading -----------------------------------------------------------------------------
+
+    async def _read(self) -> bool:
+        """Read and start serving every message; True at the client's half-close, False at a
+        message over the batch bound."""
+        read = self._context.read
+        frames = metrics.current.drive_frames
+        while True:
+            await self._free_slot()  # past the bound: wait for an answer before reading
+            data = await read()
+            if data is grpc.aio.EOF:
+                return True
+            message = read_request(data)
+            if not message.batch or message.malformed:
+                frames.read_single.inc()
+                self._dispatch(data, message.sequence, message.malformed)
+                continue
+            if message.too_many:
+                return False
+            frames.read_batch.inc()
+            self._batching = True
+            if message.command:
+                self._refuse(
+                    message.sequence,
+                    InvalidArgument(
+                        "MALFORMED_REQUEST",
+                        "a DriveLaneRequest holds a command beside its batch: put the command"
+                        " in the batch",
+                    ),
+                )
+            view = memoryview(data)
+            for start, end in message.batch:
+                if self._in_flight >= MAX_COMMANDS_IN_FLIGHT:
+                    await self._free_slot()
+                self._dispatch(view[start:end], 0, False, inner=True)
+
+    async def _free_slot(self) -> None:
+        while self._in_flight >= MAX_COMMANDS_IN_FLIGHT:
+            self._answered.clear()
+            await self._answered.wait()
+
+    def _dispatch(
+        self,
+        data: bytes | memoryview,
+        sequence: int,
+        malformed: bool,
+        *,
+        inner: bool = False,
+    ) -> None:
+        """Start serving one request: a message read at its top level (its ``sequence``,
+        whether it is ``malformed``), or a request of a batch (``inner``: read here); a
+        command, in its lane's order, or its refusal. Takes a slot."""
         try:
-            # A large message's counts are read from its bytes first: decoding costs per element.
+            if inner:
+                # Read at its top level first: a batch inside is refused before anything in
+                # it is decoded (its requests are counted only as a batch's own).
+                inside = read_request(data)
+                sequence, malformed = inside.sequence, inside.malformed
+                if inside.batch or inside.too_many:
+                    raise InvalidArgument(
+                        "MALFORMED_REQUEST",
+                        "a request of a batch holds a batch itself; a batch holds single requests",
+                    )
+            if malformed:
+                raise _malformed()
+            # A large request's counts are read from its bytes first: decoding costs per element.
             check_encoded_counts(data, pb.DriveLaneRequest)
             try:
-                request = pb.DriveLaneRequest.FromString(data)
+                request = pb.DriveLaneRequest.FromString(data)  # type: ignore[arg-type]  # any buffer
             except DecodeError:
-                raise InvalidArgument(
-                    "MALFORMED_REQUEST", "the message is not a valid DriveLaneRequest"
-                ) from None
+                raise _malformed() from None
         except InvalidArgument as refused:
-            self._start(self._refuse(_sequence_of(data), refused), None)
+            self._refuse(sequence, refused)
             return
         which = request.WhichOneof("command")
         if which is None:
@@ -244,52 +408,53 @@ class _Session:
                 "command is required (one of the oneof's request messages)",
                 field="command",
             )
-            self._start(self._refuse(request.sequence, error), None)
+            self._refuse(request.sequence, error)
             return
         command = self._commands[which]
-        inner: Message = getattr(request, which)
-        lane_id: str | None = inner.lane_id if command.addressed else None  # type: ignore[attr-defined]
-        previous = None if lane_id is None else self._tails.get(lane_id)
-        self._start(self._run(request.sequence, command, inner, previous), lane_id)
+        body: Message = getattr(request, which)
+        queued = (request.sequence, command, body)
+        self._in_flight += 1
+        if not command.addressed:
+            self._start(self._run_one(queued))
+            return
+        lane_id: str = body.lane_id  # type: ignore[attr-defined]
+        waiting = self._lanes.get(lane_id)
+        if waiting is not None:
+            waiting.append(queued)  # the lane's task serves it after those before it
+            return
+        waiting = self._lanes[lane_id] = deque((queued,))
+        self._start(self._run_lane(lane_id, waiting))
 
-    def _start(self, work: Awaitable[None], lane_id: str | None) -> None:
+    def _start(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
         self._running.add(task)
         task.add_done_callback(self._running.discard)
-        if lane_id is not None:
-            self._tails[lane_id] = task
-            task.add_done_callback(functools.partial(self._untail, lane_id))
 
-    def _untail(self, lane_id: str, task: asyncio.Task[None]) -> None:
-        if self._tails.get(lane_id) is task:
-            del self._tails[lane_id]
+    def _refuse(self, sequence: int, error: InvalidArgument) -> None:
+        """Answer a request that names no command it can serve (counted as DriveLane's)."""
+        self._in_flight += 1
+        status = rich_status(code_pb2.INVALID_ARGUMENT, error.reason, error.message, error.metadata)
+        method_metrics("DriveLane").answered("INVALID_ARGUMENT", error.reason, 0.0)
+        self._ready(answer(sequence, ERROR_FIELD, status.SerializeToString()))
 
-    async def _run(
-        self,
-        sequence: int,
-        command: _Command,
-        request: Message,
-        previous: asyncio.Task[None] | None,
-    ) -> None:
+    # -- serving -----------------------------------------------------------------------------
+
+    async def _run_lane(self, lane_id: str, waiting: deque[_Queued]) -> None:
+        """Serve the commands of ``lane_id`` one after the other while any wait."""
         try:
-            if previous is not None and not previous.done():
-                await asyncio.wait((previous,))  # the lane's earlier command, answered
-            frame = await self._answer(sequence, command, request)
-            await self._send(frame)
+            while waiting:
+                self._ready(await self._answer(*waiting.popleft()))
         finally:
-            self._slots.release()
+            # No await between the last look at ``waiting`` and here: a command read after
+            # it finds no task for its lane and starts one.
+            if self._lanes.get(lane_id) is waiting:
+                del self._lanes[lane_id]
 
-    async def _send(self, frame: bytes) -> None:
-        """Write one answer; a stream that can no longer be written to ends on its own (the
-        handler is cancelled), so a failed write is only logged."""
-        try:
-            async with self._write_lock:
-                await self._context.write(frame)
-        except Exception as exc:
-            log.warning("DriveLane: an answer could not be sent: %r", exc)
+    async def _run_one(self, queued: _Queued) -> None:
+        self._ready(await self._answer(*queued))
 
-    async def _answer(self, sequence: int, command: _Command, request: Message) -> bytes:
-        """The command served as its unary RPC would be, as an encoded DriveLaneResponse."""
+    async def _answer(self, sequence: int, command: _Command, request: Message) -> Answer:
+        """The command served as its unary RPC would be."""
         with logs.request_scope(command.method):
             start = time.perf_counter()
             code, reason = "UNKNOWN", ""
@@ -297,40 +462,73 @@ class _Session:
             try:
                 bind_request(request)
                 check_counts(request)
-                answer = await command.handler(
+                response = await command.handler(
                     self._servicer, request, Call(command.method, self._context)
                 )
-                bind_answer(answer)
+                bind_answer(response)
                 code = "OK"
-                frame = _frame(sequence, command.answer_field, answer.SerializeToString())
+                ready = answer(sequence, command.answer_field, response.SerializeToString())
             except asyncio.CancelledError:
                 code = "CANCELLED"  # the stream ended (client gone, deadline, shutdown)
                 raise
             except Exception as exc:
                 status, reason = error_answer(exc)
                 code = code_pb2.Code.Name(status.code)
-                frame = _frame(sequence, ERROR_FIELD, status.SerializeToString())
+                ready = answer(sequence, ERROR_FIELD, status.SerializeToString())
             finally:
                 command.metrics.answered(code, reason, time.perf_counter() - start)
                 if span is not None:
                     span.finish(code, reason)
-            if len(frame) > MAX_MESSAGE_BYTES:
-                frame = _too_large(sequence, command.method, len(frame))
-            return frame
+            if ready.size > MAX_MESSAGE_BYTES:
+                ready = _too_large(sequence, command.method, ready.size)
+            return ready
 
-    async def _refuse(self, sequence: int, error: InvalidArgument) -> None:
-        """Answer a message that names no command it can serve (counted as DriveLane's)."""
-        try:
-            status = rich_status(
-                code_pb2.INVALID_ARGUMENT, error.reason, error.message, error.metadata
-            )
-            method_metrics("DriveLane").answered("INVALID_ARGUMENT", error.reason, 0.0)
-            await self._send(_frame(sequence, ERROR_FIELD, status.SerializeToString()))
-        finally:
-            self._slots.release()
+    # -- writing -----------------------------------------------------------------------------
+
+    def _ready(self, ready: Answer) -> None:
+        """Hand an answer to the writer."""
+        self._answers.append(ready)
+        self._answer_ready.set()
+
+    async def _write_answers(self) -> None:
+        """Write the answers as they become ready (module doc, Answers); each written answer
+        frees its slot."""
+        frames = metrics.current.drive_frames
+        while True:
+            await self._answer_ready.wait()
+            self._answer_ready.clear()
+            while self._answers:
+                answers, self._answers = self._answers, []
+                if self._batching:
+                    messages = answer_messages(answers)
+                else:
+                    messages = ((ready.message(), 1) for ready in answers)
+                for message, count in messages:
+                    (frames.written_single if count == 1 else frames.written_batch).inc()
+                    try:
+                        await self._deadline.write(self._context, message)
+                    except DeadlinePassed:
+                        self._cut_off()
+                        return
+                    except Exception as exc:
+                        # A stream that can no longer be written to ends on its own (gRPC
+                        # cancels the handler), so a failed write is only logged.
+                        log.warning("DriveLane: an answer could not be sent: %r", exc)
+                    self._in_flight -= count
+                    self._answered.set()
+
+    def _cut_off(self) -> None:
+        """The client took no answer for the write deadline: stop reading and answering (the
+        writer returns); the answers waiting are dropped."""
+        self._too_slow = True
+        self._answers = []
 
 
-def _too_large(sequence: int, method: str, size: int) -> bytes:
+def _malformed() -> InvalidArgument:
+    return InvalidArgument("MALFORMED_REQUEST", "the message is not a valid DriveLaneRequest")
+
+
+def _too_large(sequence: int, method: str, size: int) -> Answer:
     status = rich_status(
         code_pb2.RESOURCE_EXHAUSTED,
         "ANSWER_TOO_LARGE",
@@ -339,57 +537,4 @@ def _too_large(sequence: int, method: str, size: int) -> bytes:
         " request_id, to read its answer",
         {"method": method, "bytes": str(size), "limit": str(MAX_MESSAGE_BYTES)},
     )
-    return _frame(sequence, ERROR_FIELD, status.SerializeToString())
-
-
-# -- wire format --------------------------------------------------------------------------------
-
-
-_SEQUENCE_TAG = varint(_SEQUENCE_FIELD << 3)
-
-
-def _frame(sequence: int, field: int, body: bytes) -> bytes:
-    """An encoded DriveLaneResponse: ``sequence`` and the encoded message ``body`` in the
-    answer field ``field``. Built around the answer's bytes rather than by copying the answer
-    into a DriveLaneResponse message and encoding that."""
-    head = _SEQUENCE_TAG + varint(sequence) if sequence else b""
-    return head + length_delimited(field, body)
-
-
-def _sequence_of(data: bytes) -> int:
-    """The ``sequence`` of a message that does not decode as a whole: the last varint field 1
-    among the top-level fields read before the first one that cannot be (0 if none)."""
-    sequence, at, end = 0, 0, len(data)
-
-    def varint() -> int:
-        nonlocal at
-        value, shift = 0, 0
-        while True:
-            if at >= end or shift > 63:
-                raise ValueError("truncated varint")
-            byte = data[at]
-            at += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                return value
-
-    try:
-        while at < end:
-            tag = varint()
-            number, wire = tag >> 3, tag & 7
-            if wire == 0:
-                value = varint()
-                if number == _SEQUENCE_FIELD:
-                    sequence = value & 0xFFFF_FFFF_FFFF_FFFF
-            elif wire == 1:
-                at += 8
-            elif wire == _LENGTH_DELIMITED:
-                at += varint()
-            elif wire == 5:
-                at += 4
-            else:
-                break
-    except ValueError:
-        pass
-    return sequence
+    return answer(sequence, ERROR_FIELD, status.SerializeToString())

@@ -29,6 +29,7 @@ from typing import cast
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
+from lane.server.api.framing import read_varint
 from lane.server.api.validation import COUNT_LIMITS, count_plan, too_many
 from lane.server.domain.errors import InvalidArgument
 
@@ -71,7 +72,7 @@ def _node(descriptor: Descriptor) -> _Node:
     return node
 
 
-def check_encoded_counts(data: bytes, request_type: type[Message]) -> None:
+def check_encoded_counts(data: bytes | memoryview, request_type: type[Message]) -> None:
     """Refuse a request (the encoded ``data`` of a ``request_type`` message) over a count limit
     (INVALID_ARGUMENT ``TOO_MANY_*``, as ``check_counts`` would) or padded with more than
     :data:`MAX_OTHER_FIELDS` other fields (``MALFORMED_REQUEST``) before it is decoded.
@@ -82,7 +83,7 @@ def check_encoded_counts(data: bytes, request_type: type[Message]) -> None:
     walk = _Walk(data)
     try:
         walk.message(0, len(data), _node(cast(Descriptor, request_type.DESCRIPTOR)), "")
-    except (IndexError, _Corrupt):
+    except (IndexError, ValueError, _Corrupt):
         return  # not a valid encoding: the decoder refuses it
 
 
@@ -93,7 +94,7 @@ class _Corrupt(Exception):
 class _Walk:
     __slots__ = ("data", "other", "totals")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | memoryview) -> None:
         self.data = data
         self.totals = dict.fromkeys(COUNT_LIMITS, 0)
         self.other = 0
@@ -101,10 +102,10 @@ class _Walk:
     def message(self, pos: int, end: int, node: _Node, path: str) -> None:
         fields = node.fields
         while pos < end:
-            key, pos = self._varint(pos)
+            key, pos = read_varint(self.data, pos)
             wire = key & 7
             if wire == _LENGTH_DELIMITED:
-                length, pos = self._varint(pos)
+                length, pos = read_varint(self.data, pos)
                 value_end = pos + length
                 if value_end > end:
                     raise _Corrupt
@@ -123,7 +124,7 @@ class _Walk:
                 pos = value_end
             elif wire == 0:
                 self._other(path)
-                _, pos = self._varint(pos)
+                _, pos = read_varint(self.data, pos)
             elif wire in _SKIP_FIXED:
                 self._other(path)
                 pos += _SKIP_FIXED[wire]
@@ -147,19 +148,3 @@ class _Walk:
                 field=path,
                 limit=MAX_OTHER_FIELDS,
             )
-
-    def _varint(self, pos: int) -> tuple[int, int]:
-        data = self.data
-        byte = data[pos]
-        if byte < 0x80:
-            return byte, pos + 1
-        result, shift = byte & 0x7F, 7
-        while True:
-            pos += 1
-            byte = data[pos]
-            result |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return result, pos + 1
-            shift += 7
-            if shift > 63:
-                raise _Corrupt

@@ -41,6 +41,24 @@ def varint(value: int) -> bytes:
             return bytes(out)
 
 
+def read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` of ``data`` and the position after it. Raises IndexError when
+    ``data`` ends inside it, ValueError when it runs past ten bytes."""
+    byte = data[pos]
+    if byte < 0x80:
+        return byte, pos + 1
+    result, shift = byte & 0x7F, 7
+    while True:
+        pos += 1
+        byte = data[pos]
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos + 1
+        shift += 7
+        if shift > 63:
+            raise ValueError("a varint longer than ten bytes")
+
+
 def length_delimited(number: int, payload: bytes) -> bytes:
     """Field ``number`` holding ``payload`` (an encoded message, bytes or text)."""
     return varint(number << 3 | _LENGTH_DELIMITED) + varint(len(payload)) + payload

@@ -25,7 +25,7 @@ from lane.limits import (
     MAX_LEASE_SECONDS,
     MAX_PAGE_SIZE,
 )
-from lane.v1 import entries_pb2, messages_pb2
+from lane.v1 import entries_pb2, lane_service_pb2, messages_pb2
 
 from lane.server.domain.errors import InvalidArgument
 from lane.server.domain.jsontext import parse_json, require_json_object
@@ -103,6 +103,15 @@ def require(condition: bool, reason: str, message: str, field: str) -> None:
 _CONTENT_BLOCK = messages_pb2.ContentBlock.DESCRIPTOR.full_name
 _ASSISTANT = messages_pb2.AssistantMessage.DESCRIPTOR.full_name
 _BLOCKS, _MESSAGES, _NAMES = "blocks", "messages", "names"
+#: Not part of one request: a DriveLane message's batch is split by the service, and each of
+#: its requests counted alone, as a message of its own (api/drive.py); so the walk never nests
+#: a request in itself.
+_BATCHES = frozenset(
+    {
+        lane_service_pb2.DriveLaneRequest.DESCRIPTOR.fields_by_name["batch"].full_name,
+        lane_service_pb2.DriveLaneResponse.DESCRIPTOR.fields_by_name["batch"].full_name,
+    }
+)
 #: What a repeated field's values count as: content blocks; messages (StartRun prompts,
 #: AppendAssistantStream partials, a compaction's retained tail); tool names (a
 #: configuration's active tools, a result's added tools). Every repeated field a request can
@@ -136,6 +145,8 @@ def count_plan(descriptor: Descriptor) -> _CountPlan:
     repeated: list[tuple[FieldDescriptor, str]] = []
     descend: list[FieldDescriptor] = []
     for field in descriptor.fields:
+        if field.full_name in _BATCHES:
+            continue
         if field.is_repeated:
             repeated.append((field, _counted_as(field)))
             kind = field.message_type

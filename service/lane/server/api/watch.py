@@ -35,7 +35,7 @@ from lane.server.api.framing import event_group_frame
 from lane.server.api.instrument import error_reason, status_code_name
 from lane.server.api.snapshot_stream import snapshot_frames
 from lane.server.api.watcher_reads import WatcherReads
-from lane.server.api.write_deadline import WriteDeadline
+from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cut_off
 from lane.server.domain.errors import LaneError, OutOfRange, ResourceExhausted
 from lane.server.hub import Hub, Subscription
 from lane.server.store import LaneRef, read_was_full
@@ -108,10 +108,6 @@ def _over_limits(hub: Hub, lane: LaneRef, settings: WatchSettings) -> ResourceEx
     return None
 
 
-#: How long a stream let go waits for its status to go out (see _let_go).
-_STATUS_SEND_SECONDS = 1.0
-
-
 class WatcherGone(Exception):
     """The client cancelled or the connection dropped: stop quietly."""
 
@@ -130,23 +126,16 @@ async def _write(
     deadline: WriteDeadline,
     revision: int,
 ) -> None:
-    task = asyncio.current_task()
-    assert task is not None
-    deadline.begin(task)
     try:
-        await context.write(message)
+        await deadline.write(context, message)
+    except DeadlinePassed:
+        # HTTP/2 flow control: the client's window and the sockets are full, it is not reading.
+        raise WatcherTooSlow(revision) from None
     except asyncio.CancelledError:
-        if deadline.end(task):
-            # HTTP/2 flow control: the client's window and the sockets are full, it is not
-            # reading.
-            raise WatcherTooSlow(revision) from None
         raise
     except Exception as exc:
-        deadline.end(task)
         # grpcio raises an internal error type when the peer is already gone.
         raise WatcherGone from exc
-    else:
-        deadline.end(task)
 
 
 async def _let_go(
@@ -160,14 +149,7 @@ async def _let_go(
         f"last revision received (the stream had delivered at least revision {revision})",
         {"lastRevision": str(revision)},
     )
-    try:
-        # The status queues behind the writes the client has not taken: it reads it when it
-        # reads again. Waiting for that would keep this handler for as long as the client
-        # sleeps, so wait briefly; gRPC sends the status either way.
-        async with asyncio.timeout(_STATUS_SEND_SECONDS):
-            await _end(context, status)
-    except TimeoutError:
-        return
+    await end_cut_off(context, status)
 
 
 async def _end(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:

@@ -1,23 +1,33 @@
-"""The watch write deadline, kept by one sweep per process instead of one timer per write.
+"""The stream write deadline, kept by one sweep per process instead of one timer per write.
 
-A WatchLane write waits while HTTP/2 flow control holds it back, which happens only when the
-client has stopped reading. A timeout scope around every write arms and disarms a timer per
-watcher and commit — about a tenth of the server's CPU on a lane with a hundred watchers —
-for writes that nearly always finish at once. Instead each write notes when it began, and a
-sweep that runs while writes are in progress cancels any older than the deadline: a stuck
-write is cut off at most a quarter of the deadline late (never more than a second).
+A WatchLane write (or a DriveLane answer's) waits while HTTP/2 flow control holds it back,
+which happens only when the client has stopped reading. A timeout scope around every write
+arms and disarms a timer per watcher and commit — about a tenth of the server's CPU on a lane
+with a hundred watchers — for writes that nearly always finish at once. Instead each write
+notes when it began, and a sweep that runs while writes are in progress cancels any older than
+the deadline: a stuck write is cut off at most a quarter of the deadline late (never more than
+a second).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+import grpc
 
 #: The longest the sweep sleeps between looks (it sleeps a quarter of the deadline if shorter).
 MAX_SWEEP_SECONDS = 1.0
+#: How long a stream cut off at the deadline waits for its status to go out (see end_cut_off).
+STATUS_SEND_SECONDS = 1.0
+
+
+class DeadlinePassed(Exception):
+    """The client took nothing for the deadline: the sweep cut the write off."""
 
 
 class WriteDeadline:
-    """Tracks the writes in progress of one process's WatchLane streams."""
+    """Tracks the writes in progress of one process's WatchLane and DriveLane streams."""
 
     __slots__ = ("_cut", "_interval", "_seconds", "_sweep", "_writing")
 
@@ -47,6 +57,24 @@ class WriteDeadline:
         # Another cancel (the client left, shutdown) that came as well still counts as one.
         return task.uncancel() <= cancelling
 
+    async def write(self, context: grpc.aio.ServicerContext[Any, Any], message: object) -> None:
+        """Write ``message`` to the stream of ``context`` within the deadline; raise
+        :class:`DeadlinePassed` when the sweep cuts it off (anything else as the write raised
+        it)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.begin(task)
+        try:
+            await context.write(message)
+        except asyncio.CancelledError:
+            if self.end(task):
+                raise DeadlinePassed from None
+            raise
+        except BaseException:
+            self.end(task)
+            raise
+        self.end(task)
+
     async def _run(self) -> None:
         try:
             while self._writing:
@@ -58,3 +86,16 @@ class WriteDeadline:
                         task.cancel()
         finally:
             self._sweep = None
+
+
+async def end_cut_off(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
+    """End a stream whose client stopped reading with ``status`` (raises grpc's AbortError, as
+    an abort does, when the status went out at once)."""
+    try:
+        # The status queues behind the writes the client has not taken: it reads it when it
+        # reads again. Waiting for that would keep the handler for as long as the client
+        # sleeps, so wait briefly; gRPC sends the status either way.
+        async with asyncio.timeout(STATUS_SEND_SECONDS):
+            await context.abort_with_status(status)
+    except TimeoutError:
+        return

@@ -41,7 +41,8 @@ Every variable is optional; an empty value counts as unset.
     How long a WatchLane stream may wait for its client to take what it was sent (HTTP/2 flow
     control: the client stopped reading and the buffers between are full) before the service
     ends it with RESOURCE_EXHAUSTED ``WATCHER_TOO_SLOW`` and its ``lastRevision``, freeing its
-    slot at that moment; ``0 < seconds <= 3600``. Default ``30``.
+    slot at that moment; likewise a DriveLane stream whose client takes no answer, ended
+    ``SESSION_TOO_SLOW``; ``0 < seconds <= 3600``. Default ``30``.
 ``LANE_WATCH_STREAM_BYTES``
     The byte budget of one WatchLane stream: reads of the event log for a watcher catching up
     take whole event groups up to half of it (at least one group), the other half covers the
