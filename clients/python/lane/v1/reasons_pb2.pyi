@@ -160,6 +160,8 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """RESOURCE_EXHAUSTED"""
     REASON_WATCHER_TOO_SLOW: _Reason.ValueType  # 116
     """RESOURCE_EXHAUSTED"""
+    REASON_EXPORT_TOO_SLOW: _Reason.ValueType  # 117
+    """RESOURCE_EXHAUSTED"""
     REASON_SERVER_SHUTTING_DOWN: _Reason.ValueType  # 120
     """UNAVAILABLE"""
     REASON_UNAVAILABLE: _Reason.ValueType  # 121
@@ -316,6 +318,8 @@ REASON_DATABASE_BUSY: Reason.ValueType  # 114
 REASON_ANSWER_TOO_LARGE: Reason.ValueType  # 115
 """RESOURCE_EXHAUSTED"""
 REASON_WATCHER_TOO_SLOW: Reason.ValueType  # 116
+"""RESOURCE_EXHAUSTED"""
+REASON_EXPORT_TOO_SLOW: Reason.ValueType  # 117
 """RESOURCE_EXHAUSTED"""
 REASON_SERVER_SHUTTING_DOWN: Reason.ValueType  # 120
 """UNAVAILABLE"""

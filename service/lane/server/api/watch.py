@@ -35,7 +35,7 @@ from lane.server.api.framing import event_group_frame
 from lane.server.api.instrument import error_reason, status_code_name
 from lane.server.api.snapshot_stream import snapshot_frames
 from lane.server.api.watcher_reads import WatcherReads
-from lane.server.api.write_deadline import WriteDeadline
+from lane.server.api.write_deadline import ClientGone, TooSlow, WriteDeadline, end_stream, let_go
 from lane.server.domain.errors import LaneError, OutOfRange, ResourceExhausted
 from lane.server.hub import Hub, Subscription
 from lane.server.store import LaneRef, read_was_full
@@ -108,14 +108,6 @@ def _over_limits(hub: Hub, lane: LaneRef, settings: WatchSettings) -> ResourceEx
     return None
 
 
-#: How long a stream let go waits for its status to go out (see _let_go).
-_STATUS_SEND_SECONDS = 1.0
-
-
-class WatcherGone(Exception):
-    """The client cancelled or the connection dropped: stop quietly."""
-
-
 class WatcherTooSlow(Exception):
     """The client did not take a write within the deadline; it had ``revision``."""
 
@@ -130,23 +122,10 @@ async def _write(
     deadline: WriteDeadline,
     revision: int,
 ) -> None:
-    task = asyncio.current_task()
-    assert task is not None
-    deadline.begin(task)
     try:
-        await context.write(message)
-    except asyncio.CancelledError:
-        if deadline.end(task):
-            # HTTP/2 flow control: the client's window and the sockets are full, it is not
-            # reading.
-            raise WatcherTooSlow(revision) from None
-        raise
-    except Exception as exc:
-        deadline.end(task)
-        # grpcio raises an internal error type when the peer is already gone.
-        raise WatcherGone from exc
-    else:
-        deadline.end(task)
+        await deadline.write(context, message)
+    except TooSlow:
+        raise WatcherTooSlow(revision) from None
 
 
 async def _let_go(
@@ -160,25 +139,7 @@ async def _let_go(
         f"last revision received (the stream had delivered at least revision {revision})",
         {"lastRevision": str(revision)},
     )
-    try:
-        # The status queues behind the writes the client has not taken: it reads it when it
-        # reads again. Waiting for that would keep this handler for as long as the client
-        # sleeps, so wait briefly; gRPC sends the status either way.
-        async with asyncio.timeout(_STATUS_SEND_SECONDS):
-            await _end(context, status)
-    except TimeoutError:
-        return
-
-
-async def _end(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
-    """End the stream with ``status`` (raises grpc's AbortError, as an abort does)."""
-    try:
-        await context.abort_with_status(status)
-    except grpc.aio.AbortError:
-        raise
-    except Exception as exc:
-        # The status cannot be sent: the peer is gone or a write is still stuck.
-        raise WatcherGone from exc
+    await let_go(context, status)
 
 
 async def watch_lane(
@@ -198,7 +159,7 @@ async def watch_lane(
         admit(hub, lane, settings)
         with hub.subscribe(lane) as subscription:
             await _serve(store, subscription, request, context, settings, deadline)
-    except WatcherGone:
+    except ClientGone:
         ended = "client_left"
         return
     except WatcherTooSlow as slow:
@@ -225,7 +186,7 @@ async def watch_lane(
 
 
 def _ended_by(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    """The ``lane_watchers_ended_total`` reason of a stream ended with a status (see _end)."""
+    """The ``lane_watchers_ended_total`` reason of a stream ended with a status (see end_stream)."""
     reasons = {
         "WATCHER_TOO_SLOW": "too_slow",
         "SERVER_SHUTTING_DOWN": "shutdown",
@@ -324,7 +285,7 @@ async def _serve(
             heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
             await _write(context, heartbeat, deadline, revision)
     if subscription.deleted and not subscription.closed:
-        await _end(
+        await end_stream(
             context,
             status_of(
                 code_pb2.NOT_FOUND,
@@ -333,7 +294,7 @@ async def _serve(
                 {"laneId": lane_id, "lastRevision": str(revision)},
             ),
         )
-    await _end(
+    await end_stream(
         context,
         status_of(
             code_pb2.UNAVAILABLE,
