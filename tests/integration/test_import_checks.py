@@ -39,7 +39,8 @@ async def exported_lines(stub: Stub, cache: dict[str, Lines]) -> Lines:
         pieces = stub.ExportLane(pb.ExportLaneRequest(lane_id=lane_id))
         data = b"".join([piece.data async for piece in pieces])
         cache["lines"] = [json.loads(line) for line in data.splitlines()]
-    return json.loads(json.dumps(cache["lines"]))  # a copy to edit
+    copied: Lines = json.loads(json.dumps(cache["lines"]))  # a copy to edit
+    return copied
 
 
 def file_of(lines: Lines) -> bytes:

@@ -154,7 +154,8 @@ async def test_a_client_that_leaves_an_export_ends_it_quietly(
             # and a pause in which the server fills the buffers between and waits in a write
             # (where a client leaving used to surface as an unexpected error).
             call = stub.ExportLane(pb.ExportLaneRequest(lane_id=lane_id))
-            assert (await call.read()).data
+            first = await call.read()
+            assert isinstance(first, pb.ExportLaneResponse) and first.data
             await asyncio.sleep(1.0)
             call.cancel()
             client = await asyncio.create_subprocess_exec(
