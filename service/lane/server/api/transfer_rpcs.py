@@ -147,16 +147,16 @@ class TransferRpcs(ServicerBase):
         seconds = self.watch_settings.write_deadline_seconds
         try:
             # The transaction waits for the client at most a write deadline between reads.
-            async with transfer.exporting(
-                self.store, lane, seconds + 30, self.transfers
-            ) as blobs:
+            async with transfer.exporting(self.store, lane, seconds + 30, self.transfers) as blobs:
                 await _send(call.context, blobs, deadline, self.transfers)
-        except (ClientGone, asyncio.CancelledError) as gone:
-            # The client cancelled or went away (or shutdown's grace ran out): no fault here.
+        except ClientGone:
             log.info("ExportLane of lane %s ended early: the client left", lane.lane_id)
-            if isinstance(gone, asyncio.CancelledError):
-                raise
             return
+        except asyncio.CancelledError:
+            # No fault here either: one line, no traceback.
+            why = "the client cancelled, or the server is stopping"
+            log.info("ExportLane of lane %s ended early: %s", lane.lane_id, why)
+            raise
         except TooSlow:
             # Out of the export: its snapshot, connection and pieces are given back already.
             status = status_of(

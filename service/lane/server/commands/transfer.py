@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import marshal
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO
@@ -87,24 +87,31 @@ async def exporting(
     held.open += 1
     try:
         async with store.exporting(lane, idle_seconds) as (head, pages):
-            yield _blobs(head, pages(EXPORT_PAGE_BYTES), store.clock(), held)
+            # Closed before the transaction ends: the pages' cursors are its own.
+            blobs = _blobs(head, pages(EXPORT_PAGE_BYTES), store.clock(), held)
+            async with contextlib.aclosing(blobs):
+                yield blobs
     finally:
         held.open -= 1
 
 
 async def _blobs(
-    head: ExportHead, pages: AsyncIterator[ExportPage], now: datetime, held: TransferUsage
-) -> AsyncIterator[bytes]:
-    yield head_lines(head, now)
-    async for page in pages:
-        size = page.size
-        held.hold(size)
-        try:
-            lines = await asyncio.to_thread(_page_lines, page)
-        finally:
-            held.release(size)
-        del page  # its rows, before the caller takes the lines
-        yield lines
+    head: ExportHead,
+    pages: AsyncGenerator[ExportPage, None],
+    now: datetime,
+    held: TransferUsage,
+) -> AsyncGenerator[bytes, None]:
+    async with contextlib.aclosing(pages):
+        yield head_lines(head, now)
+        async for page in pages:
+            size = page.size
+            held.hold(size)
+            try:
+                lines = await asyncio.to_thread(_page_lines, page)
+            finally:
+                held.release(size)
+            del page  # its rows, before the caller takes the lines
+            yield lines
 
 
 def _page_lines(page: ExportPage) -> bytes:

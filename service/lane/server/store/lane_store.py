@@ -8,7 +8,7 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -391,7 +391,7 @@ class Store(StoreReads):
     @contextlib.asynccontextmanager
     async def exporting(
         self, lane: LaneRef, idle_seconds: float
-    ) -> AsyncIterator[tuple[ExportHead, Callable[[int], AsyncIterator[ExportPage]]]]:
+    ) -> AsyncIterator[tuple[ExportHead, Callable[[int], AsyncGenerator[ExportPage, None]]]]:
         """The idle lane's head (LANE_BUSY while an operation is open) and its rows page by
         page (a function of a page's byte budget: lane_transfer.export_pages), all read in one
         REPEATABLE READ, read-only transaction held until the block ends (its connection too:

@@ -11,7 +11,8 @@ page of its lane at a time, whatever the lane's size.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
@@ -65,12 +66,17 @@ async def read_export_head(conn: Conn, lane: LaneRef) -> ExportHead | None:
     return ExportHead(lane.lane_id, floor_row[0], capture(state, []))
 
 
-async def export_pages(conn: Conn, lane: LaneRef, page_bytes: int) -> AsyncIterator[ExportPage]:
+async def export_pages(
+    conn: Conn, lane: LaneRef, page_bytes: int
+) -> AsyncGenerator[ExportPage, None]:
     """The lane's entries, usage rows and event groups, in file order, in pages of about
-    ``page_bytes`` (run it in the transaction :func:`read_export_head` ran in)."""
+    ``page_bytes`` (run it in the transaction :func:`read_export_head` ran in, and close it
+    before that ends: ``contextlib.aclosing``)."""
     for kind, rows in ((ENTRY, ENTRY_ROWS), (USAGE_ROW, USAGE_ROWS)):
-        async for bodies in _row_pages(conn, lane, rows, page_bytes):
-            yield ExportPage(kind, [[body] for body in bodies])
+        # Closed here, not whenever it is collected: its cursor is the transaction's.
+        async with contextlib.aclosing(_row_pages(conn, lane, rows, page_bytes)) as pages:
+            async for bodies in pages:
+                yield ExportPage(kind, [[body] for body in bodies])
     after = 0
     while True:
         events = await load_events(conn, lane, after, _EVENTS_PER_PAGE, page_bytes)
@@ -84,12 +90,13 @@ async def export_pages(conn: Conn, lane: LaneRef, page_bytes: int) -> AsyncItera
                 group_end = end
             groups[-1].append(body)
         after = events[-1][0]
+        del events  # the page holds the bodies now
         yield ExportPage(EVENT_GROUP, groups)
 
 
 async def _row_pages(
     conn: Conn, lane: LaneRef, rows: tuple[str, str, str], page_bytes: int
-) -> AsyncIterator[list[bytes]]:
+) -> AsyncGenerator[list[bytes], None]:
     """The bodies of ``rows`` (lane_reads' ENTRY_ROWS, USAGE_ROWS) in seq order, a page at a
     time: a server-side cursor walks their ids and sizes (one sort, a few dozen bytes a row),
     and each page's bodies are read by id."""
