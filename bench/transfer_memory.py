@@ -10,8 +10,10 @@ tool call reported ``--events`` progress results of ``--event-kib`` KiB (its exp
 about their product). For each service — the checkout at ``--baseline-root`` first when given
 (e.g. ``git archive main | tar -x -C /tmp/main``: the same phases on the code before a change),
 then this working tree — started as a subprocess (``python -m lane.server.app``), the phases
-run in turn, each from a fresh peak (VmHWM reset through ``/proc/PID/clear_refs``), and print
-the growth of the service's peak over its resident memory before the phase:
+run in turn, each ``--rounds`` times from a fresh peak (VmHWM reset through
+``/proc/PID/clear_refs``); the last round's growth of the service's peak over its resident
+memory before it is printed (the first rounds warm the process: its worker threads'
+allocator arenas, its connections, the code's first use):
 
 - **baseline (same service):** WatchLane of the lane from revision 0, read to its head: the
   service's other stream of the same rows, bounded by its byte budget
@@ -30,9 +32,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lane.client.testing import LaneScript
 from lane.v1 import lane_service_pb2 as pb
@@ -42,8 +45,10 @@ from bench.commit_throughput import REPO_ROOT, provision_database, run_service
 from bench.entry import add_database_url, open_channels, run_benchmark
 from bench.memory import hwm_kib, reset_peak, rss_kib
 
+if TYPE_CHECKING:
+    from lane.v1.lane_service_pb2_grpc import LaneServiceAsyncStub as Stub
+
 PIECE_BYTES = 1 << 20
-Stub = lane_service_pb2_grpc.LaneServiceAsyncStub
 
 
 @dataclass
@@ -72,15 +77,22 @@ async def _fill(stub: Stub, events: int, kib: int) -> str:
     return lane.lane_id
 
 
-async def _measured(label: str, pid: int, phase: AsyncIterator[None]) -> Phase:
-    """Run ``phase`` from a fresh peak; the service's memory around it."""
-    await asyncio.sleep(0.5)  # what the previous phase freed, freed
-    before = rss_kib(pid)
-    if not reset_peak(pid):
-        raise RuntimeError("cannot reset the service's peak (/proc/PID/clear_refs)")
-    async for _ in phase:
-        pass
-    return Phase(label, before, hwm_kib(pid))
+async def _measured(
+    label: str, pid: int, phase: Callable[[], AsyncIterator[None]], rounds: int
+) -> Phase:
+    """Run ``phase`` ``rounds`` times, each from a fresh peak; the service's memory around the
+    last (the first ones warm the process: its worker threads' allocator arenas, its
+    connections, the code's first use)."""
+    measured = Phase(label, 0, 0)
+    for _ in range(rounds):
+        await asyncio.sleep(0.5)  # what the previous phase freed, freed
+        before = rss_kib(pid)
+        if not reset_peak(pid):
+            raise RuntimeError("cannot reset the service's peak (/proc/PID/clear_refs)")
+        async for _ in phase():
+            pass
+        measured = Phase(label, before, hwm_kib(pid))
+    return measured
 
 
 async def _watch(stub: Stub, lane_id: str, head: int) -> AsyncIterator[None]:
@@ -94,9 +106,9 @@ async def _watch(stub: Stub, lane_id: str, head: int) -> AsyncIterator[None]:
 
 
 async def _export(stub: Stub, lane_id: str, into: list[bytes]) -> AsyncIterator[None]:
-    into.extend(
-        [piece.data async for piece in stub.ExportLane(pb.ExportLaneRequest(lane_id=lane_id))]
-    )
+    """Read the lane's export to its end, into ``into`` (its pieces, replacing what it held)."""
+    call = stub.ExportLane(pb.ExportLaneRequest(lane_id=lane_id))
+    into[:] = [piece.data async for piece in call]
     yield
 
 
@@ -136,21 +148,28 @@ async def measure(
             lane_id = await _fill(stub, args.events, args.event_kib)
         head = (await stub.GetLaneSnapshot(pb.GetLaneSnapshotRequest(lane_id=lane_id))).snapshot
         pid = service.pid
+        rounds = args.rounds
         pieces: list[bytes] = []
         phases = [
             await _measured(
-                "baseline: WatchLane from 0, read", pid, _watch(stub, lane_id, head.revision)
+                "baseline: WatchLane from 0, read",
+                pid,
+                lambda: _watch(stub, lane_id, head.revision),
+                rounds,
             ),
-            await _measured("export, read", pid, _export(stub, lane_id, pieces)),
+            await _measured("export, read", pid, lambda: _export(stub, lane_id, pieces), rounds),
             await _measured(
                 f"export, not read for {args.settle:g} s",
                 pid,
-                _stalled_export(stub, lane_id, args.settle),
+                lambda: _stalled_export(stub, lane_id, args.settle),
+                rounds,
             ),
         ]
         file = b"".join(pieces)
-        del pieces
-        phases.append(await _measured("import of its file", pid, _import(stub, file)))
+        pieces.clear()
+        phases.append(
+            await _measured("import of its file", pid, lambda: _import(stub, file), rounds)
+        )
         return lane_id, phases, len(file)
 
 
@@ -174,6 +193,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--event-kib", type=int, default=500, help="KiB per event")
     parser.add_argument(
         "--settle", type=float, default=5.0, help="seconds the export is left unread"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="times each phase runs; the last is printed (the first ones warm the process)",
     )
     parser.add_argument(
         "--baseline-root",
