@@ -242,16 +242,21 @@ async def test_a_long_lane_is_exported_in_pieces_and_imports_back_equal(lane_stu
             line_start = file.rfind(b"\n", 0, at) + 1
             assert file.index(b"\n", at) - line_start > EXPORT_PIECE_BYTES
     imported = await import_file(lane_stub, new_lane_id("imported-large"), file, 1 << 16)
-    before = await snapshot_of(lane_stub, original)
-    after = await snapshot_of(lane_stub, imported.lane_id)
+    await assert_copy(lane_stub, original, imported.lane_id)
+
+
+async def assert_copy(stub: Stub, original_id: str, copy_id: str, floor: int = 0) -> None:
+    """The lane ``copy_id`` imported from ``original_id``'s export equals it but for its id and
+    last result, and its events after ``floor`` are the original's but for the lane they
+    name."""
+    original, copy = await snapshot_of(stub, original_id), await snapshot_of(stub, copy_id)
     expected = snapshot_pb2.LaneSnapshot()
-    expected.CopyFrom(before)
-    expected.lane_id = imported.lane_id
+    expected.CopyFrom(original)
+    expected.lane_id = copy_id
     expected.ClearField("last_result")
-    assert after == expected
-    old_events = await events_between(lane_stub, original, 0, before.revision)
-    new_events = await events_between(lane_stub, imported.lane_id, 0, after.revision)
+    assert copy == expected
+    old_events = await events_between(stub, original_id, floor, original.revision)
     for event in old_events:
         if event.lane_id:
-            event.lane_id = imported.lane_id
-    assert new_events == old_events
+            event.lane_id = copy_id
+    assert await events_between(stub, copy_id, floor, copy.revision) == old_events
