@@ -28,8 +28,46 @@ from lane.server.domain.export_format import (
     parse_header,
     parse_record,
 )
+from lane.server.domain.future_commits import run_start_bytes
+from lane.server.domain.lanes import MAX_QUEUE_BYTES
+from lane.server.domain.limits import (
+    FUTURE_MARGIN_BYTES,
+    MAX_LIVE_STATE_BYTES,
+    MAX_MESSAGE_BYTES,
+    live_state_bytes,
+)
 from lane.server.domain.log_fold import LogFold
 from lane.server.domain.row_index import RowIndex
+from lane.server.domain.state import LaneState
+
+
+def _require_room(lane: snapshot_pb2.LaneSnapshot, line: int) -> None:
+    """Refuse a lane record commands could not have left, whose lane could not go on taking
+    them: an inbox over the enqueue limit, a live state over one message, or an inbox no run
+    could capture in one commit (limits.py)."""
+    inbox = sum(item.ByteSize() for item in lane.queues)
+    if inbox > MAX_QUEUE_BYTES:
+        raise invalid(line, f"the inbox holds {inbox} bytes; a lane holds {MAX_QUEUE_BYTES}")
+    # Measured under the longest lane id a request may name (128 bytes, api/validation.py):
+    # the new lane's is not known here.
+    state = LaneState(
+        lane_id="x" * 128,
+        revision=lane.revision,
+        tip_id=lane.tip_id,
+        configuration=lane.configuration,
+        message_count=lane.stats.message_count,
+        usage_totals=lane.stats.usage,
+        inbox=tuple(lane.queues),
+        faulted=lane.faulted,
+    )
+    size = live_state_bytes(state)
+    if size > MAX_LIVE_STATE_BYTES:
+        raise invalid(
+            line, f"the lane's live state is {size} bytes; at most {MAX_LIVE_STATE_BYTES}"
+        )
+    start = run_start_bytes(state, inbox)
+    if lane.queues and start > MAX_MESSAGE_BYTES - FUTURE_MARGIN_BYTES:
+        raise invalid(line, f"a run capturing the inbox would commit {start} bytes, over a message")
 
 
 class ImportCheck:
@@ -90,6 +128,7 @@ class ImportCheck:
         queued = [item.entry_id for item in lane.queues]
         if len(set(queued)) != len(queued) or not all(queued):
             raise invalid(line, "inbox items need distinct entry ids")
+        _require_room(lane, line)
         return ExportHead(header.lane_id, header.retention_floor, lane)
 
     def _entry(self, entry: entries_pb2.Entry, line: int) -> None:
