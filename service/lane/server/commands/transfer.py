@@ -147,7 +147,7 @@ class LaneImport:
         self, lane: LaneRef, check_content: Callable[[Record], None], held: TransferUsage
     ) -> None:
         self.lane = lane
-        self._check = ImportCheck()
+        self._check = ImportCheck(lane.lane_id)
         self._check_content = check_content
         self._held = held
         self._counted = 0
@@ -228,9 +228,7 @@ class LaneImport:
         elif kind == EVENT_GROUP:
             assert isinstance(message, list)
             group_end = message[-1].revision
-            for event in message:
-                if event.lane_id:
-                    event.lane_id = self.lane.lane_id  # events name the new lane
+            for event in message:  # naming the new lane (ImportCheck renamed them)
                 time = event.commit_time
                 kept = (event.revision, group_end, event.WhichOneof("kind"), encode(event))
                 marshal.dump(("events", (*kept, time.seconds, time.nanos)), rows)

@@ -1,14 +1,16 @@
 """An export file checked line by line as it arrives, holding an index instead of its rows.
 
-:class:`ImportCheck` takes the file's lines in order and refuses (``INVALID_EXPORT``, or
-``EXPORT_VERSION_UNSUPPORTED``) anything but one consistent idle lane a service could have
-written: the header, the records' order and structure, ids, sequence numbers and revisions
-within range, entries after their parents, and the event log folded against the lane record
-and the rows (:mod:`~lane.server.domain.log_fold`). It returns each line's record to the
-caller, which checks the messages' content as a request's and keeps the rows to write; it
-keeps of them only a :class:`~lane.server.domain.row_index.RowIndex`, so checking costs
-memory for one line, the lane's live state and some 60 bytes per row plus its id, whatever
-the rows' sizes. Checks that need the whole file run in :meth:`ImportCheck.finish`.
+:class:`ImportCheck` takes the file's lines in order, for a new lane, and refuses
+(``INVALID_EXPORT``, or ``EXPORT_VERSION_UNSUPPORTED``) anything but one consistent idle lane
+a service could have written, and that can go on taking commands: the header, the records'
+order and structure, ids, sequence numbers and revisions within range, entries after their
+parents, a lane record and event groups within the message limits, and the event log folded
+against the lane record and the rows (:mod:`~lane.server.domain.log_fold`). It returns each
+line's record to the caller (its events naming the new lane), which checks the messages'
+content as a request's and keeps the rows to write; it keeps of them only a
+:class:`~lane.server.domain.row_index.RowIndex`, so checking costs memory for one line, the
+lane's live state and some 60 bytes per row plus its id, whatever the rows' sizes. Checks
+that need the whole file run in :meth:`ImportCheck.finish`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from lane.server.domain.limits import (
     FUTURE_MARGIN_BYTES,
     MAX_LIVE_STATE_BYTES,
     MAX_MESSAGE_BYTES,
+    group_frame_bytes,
     live_state_bytes,
 )
 from lane.server.domain.log_fold import LogFold
@@ -73,7 +76,9 @@ def _require_room(lane: snapshot_pb2.LaneSnapshot, line: int) -> None:
 class ImportCheck:
     """One export file's lines, checked in order (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lane_id: str) -> None:
+        #: The new lane's id: the events that named the exported lane name it once checked.
+        self.lane_id = lane_id
         #: Lines taken so far.
         self.lines = 0
         self._header: Header | None = None
@@ -171,6 +176,13 @@ class ImportCheck:
             self._fold.event(event, line)
             self._next_revision += 1
             self.event_count += 1
+        for event in group:
+            if event.lane_id:
+                event.lane_id = self.lane_id  # the new lane's, once checked
+        size = group_frame_bytes(group)
+        if size > MAX_MESSAGE_BYTES:
+            # Watchers are sent a commit in one message: this one could never be delivered.
+            raise invalid(line, f"the event group takes {size} bytes, over one message")
 
     @property
     def _revision(self) -> int:
