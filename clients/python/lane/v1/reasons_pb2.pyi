@@ -160,7 +160,7 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """RESOURCE_EXHAUSTED"""
     REASON_WATCHER_TOO_SLOW: _Reason.ValueType  # 116
     """RESOURCE_EXHAUSTED"""
-    REASON_EXPORT_TOO_SLOW: _Reason.ValueType  # 117
+    REASON_EXPORT_TOO_SLOW: _Reason.ValueType  # 119
     """RESOURCE_EXHAUSTED"""
     REASON_SERVER_SHUTTING_DOWN: _Reason.ValueType  # 120
     """UNAVAILABLE"""
@@ -319,7 +319,7 @@ REASON_ANSWER_TOO_LARGE: Reason.ValueType  # 115
 """RESOURCE_EXHAUSTED"""
 REASON_WATCHER_TOO_SLOW: Reason.ValueType  # 116
 """RESOURCE_EXHAUSTED"""
-REASON_EXPORT_TOO_SLOW: Reason.ValueType  # 117
+REASON_EXPORT_TOO_SLOW: Reason.ValueType  # 119
 """RESOURCE_EXHAUSTED"""
 REASON_SERVER_SHUTTING_DOWN: Reason.ValueType  # 120
 """UNAVAILABLE"""
