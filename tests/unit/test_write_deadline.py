@@ -1,5 +1,5 @@
 """The stream write deadline's sweep: it cuts off only writes older than the deadline, a cancel
-from elsewhere stays a cancel, and a write that fails means the client is gone."""
+from elsewhere stays a cancel, and a write that fails raises its own error."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from lane.server.api.write_deadline import ClientGone, TooSlow, WriteDeadline
+from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline
 
 
 class _Stream:
@@ -26,8 +26,8 @@ class _Stream:
 async def _write(deadline: WriteDeadline, stuck: asyncio.Future[None]) -> str:
     """A stream's write through the deadline (as WatchLane and ExportLane write)."""
     try:
-        await deadline.write(_Stream(stuck), b"message")
-    except TooSlow:
+        await deadline.write(_Stream(stuck), b"message")  # type: ignore[arg-type]
+    except DeadlinePassed:
         return "cut off"
     return "written"
 
@@ -70,9 +70,9 @@ async def test_a_cancel_that_comes_with_the_deadline_still_cancels() -> None:
         await asyncio.wait_for(writers[0], 5)
 
 
-async def test_a_write_that_fails_means_the_client_is_gone() -> None:
+async def test_a_write_that_fails_raises_its_own_error() -> None:
     deadline = WriteDeadline(10.0)
     failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     failed.set_exception(RuntimeError("the peer is gone"))  # as grpcio's ExecuteBatchError
-    with pytest.raises(ClientGone):
+    with pytest.raises(RuntimeError):
         await _write(deadline, failed)

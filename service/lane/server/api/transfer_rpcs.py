@@ -22,6 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import code_pb2
 from grpc_status import rpc_status
@@ -34,7 +35,7 @@ from lane.server.api.auth import caller_namespace
 from lane.server.api.base import ServicerBase
 from lane.server.api.call import Call, Context
 from lane.server.api.errors import error_answer, status_of, unary
-from lane.server.api.write_deadline import ClientGone, TooSlow, WriteDeadline, let_go
+from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cut_off
 from lane.server.commands import transfer
 from lane.server.domain.errors import InvalidArgument
 from lane.server.domain.export_format import Record
@@ -77,6 +78,10 @@ def check_record(record: Record) -> None:
         assert isinstance(message, list), kind
         for event in message:
             v.check_message(event, f"event {event.revision}")
+
+
+class ClientLeft(Exception):
+    """The export's client cancelled or its connection dropped: stop quietly."""
 
 
 async def _pieces(requests: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, bytes]]:
@@ -133,6 +138,11 @@ async def _write_piece(
     del pending[:end]
     try:
         await deadline.write(context, pb.ExportLaneResponse(data=piece))
+    except DeadlinePassed:
+        raise
+    except Exception as exc:
+        # grpcio raises an internal error type when the peer is already gone.
+        raise ClientLeft from exc
     finally:
         held.release(end)
 
@@ -149,7 +159,7 @@ class TransferRpcs(ServicerBase):
             # The transaction waits for the client at most a write deadline between reads.
             async with transfer.exporting(self.store, lane, seconds + 30, self.transfers) as blobs:
                 await _send(call.context, blobs, deadline, self.transfers)
-        except ClientGone:
+        except ClientLeft:
             log.info("ExportLane of lane %s ended early: the client left", lane.lane_id)
             return
         except asyncio.CancelledError:
@@ -157,7 +167,7 @@ class TransferRpcs(ServicerBase):
             why = "the client cancelled, or the server is stopping"
             log.info("ExportLane of lane %s ended early: %s", lane.lane_id, why)
             raise
-        except TooSlow:
+        except DeadlinePassed:
             # Out of the export: its snapshot, connection and pieces are given back already.
             status = status_of(
                 code_pb2.RESOURCE_EXHAUSTED,
@@ -166,9 +176,11 @@ class TransferRpcs(ServicerBase):
                 {"laneId": lane.lane_id},
             )
             try:
-                await let_go(call.context, status)
-            except ClientGone:
-                return
+                await end_cut_off(call.context, status)
+            except grpc.aio.AbortError:
+                raise
+            except Exception:
+                return  # the status cannot be sent: the client is gone
 
     async def ImportLane(self, requests: AsyncIterator[bytes], context: Context) -> Any:
         refusal = self.authenticator.admit(context.invocation_metadata())

@@ -35,7 +35,7 @@ from lane.server.api.framing import event_group_frame
 from lane.server.api.instrument import error_reason, status_code_name
 from lane.server.api.snapshot_stream import snapshot_frames
 from lane.server.api.watcher_reads import WatcherReads
-from lane.server.api.write_deadline import ClientGone, TooSlow, WriteDeadline, end_stream, let_go
+from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cut_off
 from lane.server.domain.errors import LaneError, OutOfRange, ResourceExhausted
 from lane.server.hub import Hub, Subscription
 from lane.server.store import LaneRef, read_was_full
@@ -108,6 +108,10 @@ def _over_limits(hub: Hub, lane: LaneRef, settings: WatchSettings) -> ResourceEx
     return None
 
 
+class WatcherGone(Exception):
+    """The client cancelled or the connection dropped: stop quietly."""
+
+
 class WatcherTooSlow(Exception):
     """The client did not take a write within the deadline; it had ``revision``."""
 
@@ -124,8 +128,14 @@ async def _write(
 ) -> None:
     try:
         await deadline.write(context, message)
-    except TooSlow:
+    except DeadlinePassed:
+        # HTTP/2 flow control: the client's window and the sockets are full, it is not reading.
         raise WatcherTooSlow(revision) from None
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        # grpcio raises an internal error type when the peer is already gone.
+        raise WatcherGone from exc
 
 
 async def _let_go(
@@ -139,7 +149,18 @@ async def _let_go(
         f"last revision received (the stream had delivered at least revision {revision})",
         {"lastRevision": str(revision)},
     )
-    await let_go(context, status)
+    await end_cut_off(context, status)
+
+
+async def _end(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
+    """End the stream with ``status`` (raises grpc's AbortError, as an abort does)."""
+    try:
+        await context.abort_with_status(status)
+    except grpc.aio.AbortError:
+        raise
+    except Exception as exc:
+        # The status cannot be sent: the peer is gone or a write is still stuck.
+        raise WatcherGone from exc
 
 
 async def watch_lane(
@@ -159,7 +180,7 @@ async def watch_lane(
         admit(hub, lane, settings)
         with hub.subscribe(lane) as subscription:
             await _serve(store, subscription, request, context, settings, deadline)
-    except ClientGone:
+    except WatcherGone:
         ended = "client_left"
         return
     except WatcherTooSlow as slow:
@@ -186,7 +207,7 @@ async def watch_lane(
 
 
 def _ended_by(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    """The ``lane_watchers_ended_total`` reason of a stream ended with a status (see end_stream)."""
+    """The ``lane_watchers_ended_total`` reason of a stream ended with a status (see _end)."""
     reasons = {
         "WATCHER_TOO_SLOW": "too_slow",
         "SERVER_SHUTTING_DOWN": "shutdown",
@@ -285,7 +306,7 @@ async def _serve(
             heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
             await _write(context, heartbeat, deadline, revision)
     if subscription.deleted and not subscription.closed:
-        await end_stream(
+        await _end(
             context,
             status_of(
                 code_pb2.NOT_FOUND,
@@ -294,7 +315,7 @@ async def _serve(
                 {"laneId": lane_id, "lastRevision": str(revision)},
             ),
         )
-    await end_stream(
+    await _end(
         context,
         status_of(
             code_pb2.UNAVAILABLE,

@@ -1,46 +1,33 @@
 """The stream write deadline, kept by one sweep per process instead of one timer per write.
 
-The server streams whose client may stop reading — WatchLane and ExportLane — write through
-:meth:`WriteDeadline.write`. A write waits while HTTP/2 flow control holds it back, which
-happens only when the client has stopped reading. A timeout scope around every write arms and
-disarms a timer per watcher and commit — about a tenth of the server's CPU on a lane with a
-hundred watchers — for writes that nearly always finish at once. Instead each write notes when
-it began, and a sweep that runs while writes are in progress cancels any older than the
-deadline: a stuck write is cut off at most a quarter of the deadline late (never more than a
-second).
+A WatchLane write (or a DriveLane answer's) waits while HTTP/2 flow control holds it back,
+which happens only when the client has stopped reading. A timeout scope around every write
+arms and disarms a timer per watcher and commit — about a tenth of the server's CPU on a lane
+with a hundred watchers — for writes that nearly always finish at once. Instead each write
+notes when it began, and a sweep that runs while writes are in progress cancels any older than
+the deadline: a stuck write is cut off at most a quarter of the deadline late (never more than
+a second).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
 #: The longest the sweep sleeps between looks (it sleeps a quarter of the deadline if shorter).
 MAX_SWEEP_SECONDS = 1.0
-#: How long a stream let go waits for its status to go out (see :func:`let_go`).
+#: How long a stream cut off at the deadline waits for its status to go out (see end_cut_off).
 STATUS_SEND_SECONDS = 1.0
 
 
-class Stream(Protocol):
-    """What a stream's handler writes to: a gRPC servicer context, or the HTTP port's."""
-
-    async def write(self, message: Any) -> None: ...
-
-    async def abort_with_status(self, status: grpc.Status) -> None: ...
-
-
-class ClientGone(Exception):
-    """The client cancelled or the connection dropped: stop quietly."""
-
-
-class TooSlow(Exception):
-    """The client took nothing for the write deadline."""
+class DeadlinePassed(Exception):
+    """The client took nothing for the deadline: the sweep cut the write off."""
 
 
 class WriteDeadline:
-    """Tracks the writes in progress of one process's streams (WatchLane, ExportLane)."""
+    """Tracks the writes in progress of one process's WatchLane and DriveLane streams."""
 
     __slots__ = ("_cut", "_interval", "_seconds", "_sweep", "_writing")
 
@@ -70,26 +57,23 @@ class WriteDeadline:
         # Another cancel (the client left, shutdown) that came as well still counts as one.
         return task.uncancel() <= cancelling
 
-    async def write(self, stream: Stream, message: Any) -> None:
-        """``stream.write(message)`` within the deadline: :class:`TooSlow` when the client took
-        nothing for it, :class:`ClientGone` when the client is gone."""
+    async def write(self, context: grpc.aio.ServicerContext[Any, Any], message: object) -> None:
+        """Write ``message`` to the stream of ``context`` within the deadline; raise
+        :class:`DeadlinePassed` when the sweep cuts it off (anything else as the write raised
+        it)."""
         task = asyncio.current_task()
         assert task is not None
         self.begin(task)
         try:
-            await stream.write(message)
+            await context.write(message)
         except asyncio.CancelledError:
             if self.end(task):
-                # HTTP/2 flow control: the client's window and the sockets are full, it is not
-                # reading.
-                raise TooSlow from None
+                raise DeadlinePassed from None
             raise
-        except Exception as exc:
+        except BaseException:
             self.end(task)
-            # grpcio raises an internal error type when the peer is already gone.
-            raise ClientGone from exc
-        else:
-            self.end(task)
+            raise
+        self.end(task)
 
     async def _run(self) -> None:
         try:
@@ -104,25 +88,14 @@ class WriteDeadline:
             self._sweep = None
 
 
-async def end_stream(stream: Stream, status: grpc.Status) -> None:
-    """End the stream with ``status`` (raises grpc's AbortError, as an abort does)."""
-    try:
-        await stream.abort_with_status(status)
-    except grpc.aio.AbortError:
-        raise
-    except Exception as exc:
-        # The status cannot be sent: the peer is gone or a write is still stuck.
-        raise ClientGone from exc
-
-
-async def let_go(stream: Stream, status: grpc.Status) -> None:
-    """End a stream whose client stopped reading with ``status``, its resources already freed
-    by the caller."""
+async def end_cut_off(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
+    """End a stream whose client stopped reading with ``status`` (raises grpc's AbortError, as
+    an abort does, when the status went out at once)."""
     try:
         # The status queues behind the writes the client has not taken: it reads it when it
-        # reads again. Waiting for that would keep this handler for as long as the client
+        # reads again. Waiting for that would keep the handler for as long as the client
         # sleeps, so wait briefly; gRPC sends the status either way.
         async with asyncio.timeout(STATUS_SEND_SECONDS):
-            await end_stream(stream, status)
+            await context.abort_with_status(status)
     except TimeoutError:
         return
