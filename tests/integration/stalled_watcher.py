@@ -1,12 +1,15 @@
 """A watcher process for the slow-watcher test: it reads the snapshot, says so, and is then
 frozen by the test (SIGSTOP) — a client that really stops reading, down to its TCP socket.
-Once thawed it drains the stream and prints how it ended as one JSON line."""
+Once thawed it drains the stream and prints how it ended as one JSON line. With ``export`` as
+its third argument it does the same with an ExportLane stream (its first piece, then
+frozen)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
+from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2
@@ -15,10 +18,13 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc
 
 
-async def main(target: str, lane_id: str) -> None:
+async def main(target: str, lane_id: str, stream: str) -> None:
     async with grpc.aio.insecure_channel(target) as channel:
-        call = lane_service_pb2_grpc.LaneServiceStub(channel).WatchLane(
-            pb.WatchLaneRequest(lane_id=lane_id)
+        stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+        call: Any = (
+            stub.ExportLane(pb.ExportLaneRequest(lane_id=lane_id))
+            if stream == "export"
+            else stub.WatchLane(pb.WatchLaneRequest(lane_id=lane_id))
         )
         await call.read()
         print("ready", flush=True)
@@ -38,4 +44,4 @@ async def main(target: str, lane_id: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "watch"))

@@ -19,6 +19,7 @@ from lane.client.testing import Aim
 from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
+from tests.outage.fuzz_transfer import EMPTY_FILE
 from tests.outage.fuzz_values import (
     METHODS,
     Ctx,
@@ -348,6 +349,18 @@ def _set_lane_value(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
     return request
 
 
+def _delete_lane(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    # Mostly lanes imports created, so that the world's lanes stay for the checks.
+    lane = pick(draw, ctx.world.imported, (aim.lane_id, "no-such-lane"), newest=False)
+    return aim.request(pb.DeleteLaneRequest, lane_id=lane, force=draw(st.booleans()))
+
+
+def _import_lane(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    # The first message of an import (its generic and encoded variants); the fuzzer sends
+    # import files through fuzz_transfer.import_case.
+    return aim.request(pb.ImportLaneRequest, data=EMPTY_FILE)
+
+
 Template = Callable[[Draw, Ctx, Aim], Message]
 TEMPLATES: dict[str, Template] = {
     "CreateLane": _create_lane,
@@ -382,5 +395,8 @@ TEMPLATES: dict[str, Template] = {
     "ReportFault": _report_fault,
     "ReportHandlerError": _report_handler_error,
     "SetLaneValue": _set_lane_value,
+    "DeleteLane": _delete_lane,
+    "ExportLane": _ids_only(pb.ExportLaneRequest),
+    "ImportLane": _import_lane,
 }
 assert set(TEMPLATES) == set(METHODS), set(METHODS) ^ set(TEMPLATES)

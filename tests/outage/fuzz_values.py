@@ -27,16 +27,9 @@ Draw = Callable[[st.SearchStrategy[Any]], Any]
 SERVICE = pb.DESCRIPTOR.services_by_name["LaneService"]
 #: The RPCs fuzzed, each sent as raw bytes: every one but DriveLane, whose commands are these
 #: RPCs' own requests served by the same handlers (tests/integration/test_drive_lane.py checks
-#: that a session answers them as the unary calls do), ImportLane, whose file is no request
-#: field to fuzz (tests/integration/test_export_import.py refuses bad files), ExportLane, a
-#: read streaming a lane's rows whose request is a lane id alone (that test too), and
-#: DeleteLane, which would take the world's lanes away from the checks that follow them
-#: (tests/integration/test_delete_lane.py).
-METHODS: tuple[str, ...] = tuple(
-    m.name
-    for m in SERVICE.methods
-    if not m.client_streaming and m.name not in ("ExportLane", "DeleteLane")
-)
+#: that a session answers them as the unary calls do). ImportLane's cases are files sent in
+#: pieces (fuzz_transfer.py); ExportLane's are read to their end.
+METHODS: tuple[str, ...] = tuple(m.name for m in SERVICE.methods if m.name != "DriveLane")
 REQUEST_TYPES: dict[str, type[Message]] = {
     m.name: message_factory.GetMessageClass(m.input_type) for m in SERVICE.methods
 }

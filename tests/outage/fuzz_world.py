@@ -53,6 +53,9 @@ class World:
     _active_ids: set[str] = field(default_factory=set)
     request_ids: list[str] = field(default_factory=list)
     page_tokens: list[str] = field(default_factory=lambda: [""])
+    #: Recent export files (ExportLane answers), and the lanes imports created.
+    exports: list[bytes] = field(default_factory=list)
+    imported: list[str] = field(default_factory=list)
     prefix: str = field(default_factory=lambda: f"fz{uuid.uuid4().hex[:6]}")
     counter: int = 0
 

@@ -31,10 +31,17 @@ an RPC and a lane (often one whose state suits the RPC, see SUITABLE_STATES), th
 * ``size_limit``: padded to exactly the 4 MiB receive limit (accepted by gRPC) or one byte over
   (RESOURCE_EXHAUSTED from gRPC itself, before the service sees it).
 
+ImportLane's cases are export files (:mod:`~tests.outage.fuzz_transfer`): the files the run's
+ExportLane calls received, as they are (they must import), edited as JSON, as lines or as bytes,
+or generated from random messages, sent in pieces. ExportLane calls are read to their end.
+DeleteLane mostly deletes lanes imports created, so the world's lanes stay for the checks.
+
 **The checks** (:class:`Fuzzer`): every answer is OK or one of the documented codes, and a
 refusal carries one ErrorInfo of domain ``lane.v1`` whose reason docs/errors.md lists under that
 code — the one exception being gRPC's own RESOURCE_EXHAUSTED for a message over the limit.
 Undecodable bytes must be INVALID_ARGUMENT ``MALFORMED_REQUEST``; an OK answer must decode.
+An import refused leaves no lane behind; a lane an import created, or DeleteLane deleted,
+starts its checks afresh.
 After every batch, each lane a request named is captured again (GetLaneSnapshot must not
 fault), its new events are read (WatchLane ``after_revision``) and folded into its previous
 capture: the fold must equal the capture (unless the events ask for a rebase: navigation), a
@@ -73,6 +80,7 @@ from tests.outage.fuzz_encoding import (
     with_wrong_wire_type,
 )
 from tests.outage.fuzz_templates import template
+from tests.outage.fuzz_transfer import import_case
 from tests.outage.fuzz_values import (
     MAX_MESSAGE,
     METHODS,
@@ -123,6 +131,8 @@ UNARY_DEADLINE = 30.0
 #: head sends nothing until the next heartbeat, so silence this long counts as "streaming".
 WATCH_FIRST_MESSAGE_SECONDS = 0.3
 MAX_ID_BYTES = 128
+#: Export files kept for import cases (the newest), and the largest kept.
+MAX_KEPT_EXPORTS, MAX_KEPT_EXPORT_BYTES = 16, 256 << 10
 
 
 def documented_reasons(path: Path = REPO_ROOT / "docs" / "errors.md") -> dict[str, frozenset[str]]:
@@ -155,11 +165,13 @@ def valid_id(value: str) -> bool:
 
 @dataclass
 class Case:
-    """One request to send: its RPC, how it was made, and its bytes."""
+    """One request to send: its RPC, how it was made, and its bytes (ImportLane: its first
+    message's, all of them in ``messages``)."""
 
     method: str
     mode: str
     body: bytes
+    messages: list[bytes] = field(default_factory=list)
 
 
 MODES = (
@@ -215,6 +227,7 @@ SUITABLE_STATES: dict[str, tuple[str, ...]] = {
     "EndCompaction": ("compaction",),
     "CompactRun": ("idle", "may_finish", "leased_idle"),
     "NavigateLane": ("ended", "navigated", "faulted", "compaction"),
+    "ExportLane": ("lane", "queued", "ended", "faulted", "navigated"),
 }
 
 
@@ -238,6 +251,9 @@ def draw_case(draw: Draw, world: World) -> Case:
         candidates = world.lanes
     lane = choose(draw, candidates)
     ctx = Ctx(world, lane)
+    if method == "ImportLane":
+        mode, _, messages = import_case(draw, ctx)
+        return Case(method, mode, messages[0] if messages else b"", messages)
     if one_in(draw, 250):
         over = draw(st.booleans())
         base = template(draw, ctx, method).SerializeToString()
@@ -274,6 +290,8 @@ class Answer:
     has_info: bool = False
     details: str = ""
     body: bytes | None = None
+    #: An ExportLane's file.
+    file: bytes | None = None
 
 
 @dataclass
@@ -390,11 +408,19 @@ class Fuzzer:
                 f"/{SERVICE.full_name}/{m}", request_serializer=None, response_deserializer=None
             )
             for m in METHODS
-            if m != "WatchLane"
+            if m not in ("WatchLane", "ExportLane", "ImportLane")
         }
         self._watch: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(
             f"/{SERVICE.full_name}/WatchLane", request_serializer=None, response_deserializer=None
         )
+        self._export: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(
+            f"/{SERVICE.full_name}/ExportLane", request_serializer=None, response_deserializer=None
+        )
+        self._import: grpc.aio.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(
+            f"/{SERVICE.full_name}/ImportLane", request_serializer=None, response_deserializer=None
+        )
+        #: Lanes that refused imports were to create: none may exist after its batch.
+        self._refused_imports: list[str] = []
 
     async def baseline(self) -> None:
         """Capture every lane of the world before fuzzing."""
@@ -416,6 +442,7 @@ class Fuzzer:
                     self._learn(case.method, request, answer)
         started = time.monotonic()
         await asyncio.gather(*(self._check_lane(lane) for lane in sorted(touched)))
+        await self._check_refused_imports()
         self.stats.check_seconds += time.monotonic() - started
 
     async def _send(self, case: Case) -> Answer:
@@ -424,10 +451,22 @@ class Fuzzer:
                 # Undecodable or oversized: the stream must end with an error; wait for it.
                 doomed = len(case.body) > MAX_MESSAGE or _decodes(case.method, case.body) is None
                 return await self._send_watch(case.body, doomed)
+            if case.method == "ExportLane":
+                return await self._send_export(case.body)
+            if case.method == "ImportLane":
+                body = await self._import(iter(case.messages), timeout=UNARY_DEADLINE)
+                return Answer(Code.OK, body=body)
             body = await self._unary[case.method](case.body, timeout=UNARY_DEADLINE)
             return Answer(Code.OK, body=body)
         except grpc.aio.AioRpcError as error:
             return _answer_of(error)
+
+    async def _send_export(self, body: bytes) -> Answer:
+        """The whole file of an ExportLane call, every piece checked to decode."""
+        file = bytearray()
+        async for data in self._export(body, timeout=UNARY_DEADLINE):
+            file += pb.ExportLaneResponse.FromString(data).data
+        return Answer(Code.OK, file=bytes(file))
 
     async def _send_watch(self, body: bytes, doomed: bool) -> Answer:
         """The first message or the error of a WatchLane call. A stream that stays silent (a
@@ -480,7 +519,9 @@ class Fuzzer:
             if (code, answer.reason) != (Code.INVALID_ARGUMENT, "MALFORMED_REQUEST"):
                 self._violation(case, f"undecodable bytes answered {label}, not MALFORMED_REQUEST")
             return None
-        if answer.reason == "MALFORMED_REQUEST":
+        if case.method == "ImportLane":
+            self._check_import(case, answer, request)
+        elif answer.reason == "MALFORMED_REQUEST":
             self._violation(case, "bytes that decode as the request answered MALFORMED_REQUEST")
         if code == Code.OK and answer.body is not None:
             response_type = (
@@ -492,9 +533,66 @@ class Fuzzer:
                 self._violation(case, f"OK answer does not decode: {exc}")
         return request
 
+    def _check_import(self, case: Case, answer: Answer, request: Any) -> None:
+        """An import's answer: a file exported as it is imports under a new id; a message
+        that does not decode is refused; a refusal leaves no new lane (checked after the
+        batch, :meth:`_check_refused_imports`)."""
+        decoded = all(_decodes(case.method, message) is not None for message in case.messages)
+        lane_id: str = request.lane_id
+        fresh = lane_id.startswith(f"{self.world.prefix}-imported-")
+        if decoded and answer.reason == "MALFORMED_REQUEST":
+            self._violation(case, "messages that decode answered MALFORMED_REQUEST")
+        if not decoded and answer.code == Code.OK:
+            self._violation(case, "a message that does not decode was accepted")
+        if case.mode == "exported" and fresh and answer.code != Code.OK:
+            self._violation(
+                case, f"an exported file was refused: {answer.reason} {answer.details[:300]}"
+            )
+        if answer.code != Code.OK and fresh:
+            self._refused_imports.append(lane_id)
+
+    async def _check_refused_imports(self) -> None:
+        """The lanes refused imports were to create do not exist."""
+        refused, self._refused_imports = self._refused_imports, []
+        for lane_id in refused:
+            try:
+                await self.stub.GetLaneSnapshot(
+                    pb.GetLaneSnapshotRequest(lane_id=lane_id), timeout=UNARY_DEADLINE
+                )
+            except grpc.aio.AioRpcError as error:
+                if error.code() == Code.NOT_FOUND:
+                    continue
+                raise
+            self.stats.violations.append(f"a refused import left lane {lane_id!r} behind")
+
+    def _learn_transfer(self, method: str, lane_id: str, answer: Answer) -> None:
+        """Remember an export's file, a lane an import created, a lane deleted."""
+        world = self.world
+        if method == "ExportLane" and answer.file is not None:
+            if len(answer.file) <= MAX_KEPT_EXPORT_BYTES:
+                world.exports.append(answer.file)
+                del world.exports[:-MAX_KEPT_EXPORTS]
+        elif method == "ImportLane" and valid_id(lane_id):
+            world.add(LaneRef(lane_id, "imported"))
+            world.imported.append(lane_id)
+            del world.imported[:-40]
+        elif method == "DeleteLane":
+            # Gone: its next capture is a baseline (a lane created again under the id is new).
+            self.captures[lane_id] = None
+            if lane_id in world.imported:
+                world.imported.remove(lane_id)
+            ref = world.by_id.get(lane_id)
+            if ref is not None:
+                ref.state = "deleted"
+                ref.open_operation = ""
+                world.set_active(ref, False)
+
     def _learn(self, method: str, request: Any, answer: Answer) -> None:
         """Remember the ids an accepted request and its answer name."""
         lane_id = getattr(request, "lane_id", "")
+        if method in ("ExportLane", "ImportLane", "DeleteLane"):
+            self._learn_transfer(method, lane_id, answer)
+            return
         if method == "ListLanes" and answer.body is not None:
             token = pb.ListLanesResponse.FromString(answer.body).next_page_token
             if token and token not in self.world.page_tokens:

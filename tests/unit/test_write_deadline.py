@@ -1,5 +1,5 @@
-"""The watch write deadline's sweep: it cuts off only writes older than the deadline, and a
-cancel from elsewhere stays a cancel."""
+"""The stream write deadline's sweep: it cuts off only writes older than the deadline, a cancel
+from elsewhere stays a cancel, and a write that fails raises its own error."""
 
 from __future__ import annotations
 
@@ -7,21 +7,28 @@ import asyncio
 
 import pytest
 
-from lane.server.api.write_deadline import WriteDeadline
+from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline
+
+
+class _Stream:
+    """A stream whose writes wait for ``stuck`` (a write the client has not taken yet)."""
+
+    def __init__(self, stuck: asyncio.Future[None]) -> None:
+        self.stuck = stuck
+
+    async def write(self, message: object) -> None:
+        await self.stuck
+
+    async def abort_with_status(self, status: object) -> None:
+        raise AssertionError("not ended here")
 
 
 async def _write(deadline: WriteDeadline, stuck: asyncio.Future[None]) -> str:
-    """What watch.py's write does around ``context.write``, with ``stuck`` as the write."""
-    task = asyncio.current_task()
-    assert task is not None
-    deadline.begin(task)
+    """A stream's write through the deadline (as WatchLane and ExportLane write)."""
     try:
-        await stuck
-    except asyncio.CancelledError:
-        if deadline.end(task):
-            return "cut off"
-        raise
-    deadline.end(task)
+        await deadline.write(_Stream(stuck), b"message")  # type: ignore[arg-type]
+    except DeadlinePassed:
+        return "cut off"
     return "written"
 
 
@@ -61,3 +68,11 @@ async def test_a_cancel_that_comes_with_the_deadline_still_cancels() -> None:
     writers.append(asyncio.create_task(_write(deadline, stuck)))
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(writers[0], 5)
+
+
+async def test_a_write_that_fails_raises_its_own_error() -> None:
+    deadline = WriteDeadline(10.0)
+    failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    failed.set_exception(RuntimeError("the peer is gone"))  # as grpcio's ExecuteBatchError
+    with pytest.raises(RuntimeError):
+        await _write(deadline, failed)

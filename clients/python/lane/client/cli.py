@@ -364,6 +364,7 @@ _IMPORT_PIECE_BYTES = 1 << 20
 
 
 def _import(args: argparse.Namespace) -> int:
+    import asyncio
     from collections.abc import AsyncIterator
 
     import grpc
@@ -371,20 +372,19 @@ def _import(args: argparse.Namespace) -> int:
     from lane.v1 import lane_service_pb2 as pb
 
     try:
-        if args.file == "-":
-            data = sys.stdin.buffer.read()
-        else:
-            with open(args.file, "rb") as file:
-                data = file.read()
+        file = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     except OSError as err:
         print(f"lane import: cannot read {args.file}: {err.strerror}", file=sys.stderr)
         return 2
     lane_id = args.lane or f"imported-{uuid.uuid4().hex[:8]}"
 
     async def pieces() -> AsyncIterator[pb.ImportLaneRequest]:
-        yield pb.ImportLaneRequest(lane_id=lane_id, data=data[:_IMPORT_PIECE_BYTES])
-        for start in range(_IMPORT_PIECE_BYTES, len(data), _IMPORT_PIECE_BYTES):
-            yield pb.ImportLaneRequest(data=data[start : start + _IMPORT_PIECE_BYTES])
+        # The file a piece at a time, as the service takes it: never all of it in memory.
+        with file:
+            data = await asyncio.to_thread(file.read, _IMPORT_PIECE_BYTES)
+            yield pb.ImportLaneRequest(lane_id=lane_id, data=data)
+            while data := await asyncio.to_thread(file.read, _IMPORT_PIECE_BYTES):
+                yield pb.ImportLaneRequest(data=data)
 
     async def work(stub: Any, _: Connection) -> int:
         try:

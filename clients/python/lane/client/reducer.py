@@ -9,6 +9,7 @@ API (an immutable fold)::
     apply(snapshot, event) -> Reduction      # one event
     fold(snapshot, events) -> Reduction      # many events, in order
     is_rebase(event) -> bool                 # does this event ask the client to re-snapshot?
+    fold_into(snapshot, event) -> bool       # one event, changing ``snapshot`` itself
 
 ``Reduction`` is a frozen dataclass ``(snapshot, rebase)``. ``apply`` and ``fold`` never mutate
 the snapshot or the events they are given: they copy the snapshot once, change the copy and
@@ -17,6 +18,8 @@ snapshot is the caller's own and shares nothing with the inputs. ``rebase`` is t
 event (for ``fold``: any folded event) was ``navigation_end``: the lane's history moved under the
 client, which must fetch a fresh snapshot (or re-watch). The fold keeps going after a rebase
 signal; what it returns is then only a best effort until the client has re-snapshotted.
+``fold_into`` is the same fold without the copy, for a caller that owns the snapshot and folds a
+long log event by event (the service checks an imported lane's log with it).
 
 Rules (docs/contract.md: Tool calls, Commits and their events):
 
@@ -89,7 +92,7 @@ from typing import Final
 
 from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 
-__all__ = ["EVENT_KINDS", "Reduction", "apply", "fold", "is_rebase"]
+__all__ = ["EVENT_KINDS", "Reduction", "apply", "fold", "fold_into", "is_rebase"]
 
 LaneSnapshot = snapshot_pb2.LaneSnapshot
 HarnessEvent = events_pb2.HarnessEvent
@@ -107,7 +110,7 @@ class Reduction:
 def apply(snapshot: snapshot_pb2.LaneSnapshot, event: events_pb2.HarnessEvent) -> Reduction:
     """Fold one event into a copy of ``snapshot``; the inputs are left unchanged."""
     result = _copy(snapshot)
-    rebase = _apply_in_place(result, event)
+    rebase = fold_into(result, event)
     return Reduction(snapshot=result, rebase=rebase)
 
 
@@ -121,7 +124,7 @@ def fold(
     result = _copy(snapshot)
     rebase = False
     for event in events:
-        rebase = _apply_in_place(result, event) or rebase
+        rebase = fold_into(result, event) or rebase
     return Reduction(snapshot=result, rebase=rebase)
 
 
@@ -136,8 +139,8 @@ def _copy(snapshot: snapshot_pb2.LaneSnapshot) -> snapshot_pb2.LaneSnapshot:
     return copy
 
 
-def _apply_in_place(snap: snapshot_pb2.LaneSnapshot, event: events_pb2.HarnessEvent) -> bool:
-    """Fold ``event`` into ``snap`` (which the caller owns); return the rebase signal."""
+def fold_into(snap: snapshot_pb2.LaneSnapshot, event: events_pb2.HarnessEvent) -> bool:
+    """Fold ``event`` into ``snap`` itself (the caller owns it); return the rebase signal."""
     kind = event.WhichOneof("kind")
     if event.lane_id and event.lane_id != snap.lane_id:
         return False
@@ -275,7 +278,7 @@ def _compaction_end(snap: LaneSnapshot, event: HarnessEvent) -> None:
 
 
 def _navigation_end(snap: LaneSnapshot, event: HarnessEvent) -> None:
-    # The rebase signal is returned by _apply_in_place; the snapshot itself does not change.
+    # The rebase signal is returned by fold_into; the snapshot itself does not change.
     return
 
 

@@ -941,7 +941,9 @@ Global___ExportLaneRequest: _TypeAlias = ExportLaneRequest  # noqa: Y015
 
 @_typing.final
 class ExportLaneResponse(_message.Message):
-    """The next piece of the export file: the pieces in order, concatenated, are the file."""
+    """The next piece of the export file (at most 1 MiB): the pieces in order, concatenated, are
+    the file.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -963,7 +965,7 @@ Global___ExportLaneResponse: _TypeAlias = ExportLaneResponse  # noqa: Y015
 @_typing.final
 class ImportLaneRequest(_message.Message):
     """The next piece of an export file. The first message names the new lane; later ones carry
-    only data. The pieces in order, concatenated, are the file (at most 256 MiB).
+    only data. The pieces in order, concatenated, are the file (at most 64 MiB).
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -279,8 +279,9 @@ class LaneServiceServicer:
 
     def ExportLane(self, request, context):
         """The lane as an export file (JSON Lines, docs/export-format.md), read in one REPEATABLE READ
-        transaction and sent in pieces. Refused with FAILED_PRECONDITION (LANE_BUSY) while an
-        operation is open.
+        transaction and sent in pieces as the client reads them. Refused with FAILED_PRECONDITION
+        (LANE_BUSY) while an operation is open; ended RESOURCE_EXHAUSTED (EXPORT_TOO_SLOW) when the
+        client reads nothing for the write deadline.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -58,8 +58,9 @@ class LaneServiceStub:
     """
     ExportLane: _grpc.UnaryStreamMultiCallable[_lane_service_pb2.ExportLaneRequest, _lane_service_pb2.ExportLaneResponse]
     """The lane as an export file (JSON Lines, docs/export-format.md), read in one REPEATABLE READ
-    transaction and sent in pieces. Refused with FAILED_PRECONDITION (LANE_BUSY) while an
-    operation is open.
+    transaction and sent in pieces as the client reads them. Refused with FAILED_PRECONDITION
+    (LANE_BUSY) while an operation is open; ended RESOURCE_EXHAUSTED (EXPORT_TOO_SLOW) when the
+    client reads nothing for the write deadline.
     """
     ImportLane: _grpc.StreamUnaryMultiCallable[_lane_service_pb2.ImportLaneRequest, _lane_service_pb2.ImportLaneResponse]
     """Create a new lane from an export file sent in pieces. The whole file is validated before
@@ -205,8 +206,9 @@ class LaneServiceAsyncStub(LaneServiceStub):
     """
     ExportLane: _aio.UnaryStreamMultiCallable[_lane_service_pb2.ExportLaneRequest, _lane_service_pb2.ExportLaneResponse]  # type: ignore[assignment]
     """The lane as an export file (JSON Lines, docs/export-format.md), read in one REPEATABLE READ
-    transaction and sent in pieces. Refused with FAILED_PRECONDITION (LANE_BUSY) while an
-    operation is open.
+    transaction and sent in pieces as the client reads them. Refused with FAILED_PRECONDITION
+    (LANE_BUSY) while an operation is open; ended RESOURCE_EXHAUSTED (EXPORT_TOO_SLOW) when the
+    client reads nothing for the write deadline.
     """
     ImportLane: _aio.StreamUnaryMultiCallable[_lane_service_pb2.ImportLaneRequest, _lane_service_pb2.ImportLaneResponse]  # type: ignore[assignment]
     """Create a new lane from an export file sent in pieces. The whole file is validated before
@@ -391,8 +393,9 @@ class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_lane_service_pb2.ExportLaneResponse], _abc.AsyncIterator[_lane_service_pb2.ExportLaneResponse]]:
         """The lane as an export file (JSON Lines, docs/export-format.md), read in one REPEATABLE READ
-        transaction and sent in pieces. Refused with FAILED_PRECONDITION (LANE_BUSY) while an
-        operation is open.
+        transaction and sent in pieces as the client reads them. Refused with FAILED_PRECONDITION
+        (LANE_BUSY) while an operation is open; ended RESOURCE_EXHAUSTED (EXPORT_TOO_SLOW) when the
+        client reads nothing for the write deadline.
         """
 
     @_abc_1.abstractmethod

@@ -164,6 +164,8 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """RESOURCE_EXHAUSTED"""
     REASON_SESSION_TOO_SLOW: _Reason.ValueType  # 117
     """RESOURCE_EXHAUSTED"""
+    REASON_EXPORT_TOO_SLOW: _Reason.ValueType  # 119
+    """RESOURCE_EXHAUSTED"""
     REASON_SERVER_SHUTTING_DOWN: _Reason.ValueType  # 120
     """UNAVAILABLE"""
     REASON_UNAVAILABLE: _Reason.ValueType  # 121
@@ -324,6 +326,8 @@ REASON_ANSWER_TOO_LARGE: Reason.ValueType  # 115
 REASON_WATCHER_TOO_SLOW: Reason.ValueType  # 116
 """RESOURCE_EXHAUSTED"""
 REASON_SESSION_TOO_SLOW: Reason.ValueType  # 117
+"""RESOURCE_EXHAUSTED"""
+REASON_EXPORT_TOO_SLOW: Reason.ValueType  # 119
 """RESOURCE_EXHAUSTED"""
 REASON_SERVER_SHUTTING_DOWN: Reason.ValueType  # 120
 """UNAVAILABLE"""

@@ -10,6 +10,7 @@ from lane.server.api.call import Call
 from lane.server.api.watch import WatchSettings
 from lane.server.api.watcher_reads import WatcherReads
 from lane.server.api.write_deadline import WriteDeadline
+from lane.server.commands.transfer import TransferUsage
 from lane.server.hub import Hub
 from lane.server.store import LaneRef, Store
 from lane.server.store.requests import RequestKey
@@ -31,6 +32,8 @@ class ServicerBase:
         self.watch_settings = watch_settings
         self.watcher_reads = WatcherReads(store, watch_settings.max_concurrent_reads)
         self.write_deadline = WriteDeadline(watch_settings.write_deadline_seconds)
+        #: What this server's exports and imports hold (commands/transfer.py).
+        self.transfers = TransferUsage()
         self.authenticator = authenticator
 
     @staticmethod

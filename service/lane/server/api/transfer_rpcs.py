@@ -1,72 +1,92 @@
 """ExportLane and ImportLane: a lane's export file out in pieces, and in as a new lane.
 
-The file format is the domain's (export_format.py, docs/export-format.md). An import is read
-whole (at most :data:`MAX_IMPORT_BYTES`), parsed and checked — the file's structure by the
-domain, every message's content here as a request's content is checked — before anything is
-written, then written in one transaction: a bad file creates nothing.
+The file format is the domain's (export_format.py, docs/export-format.md); both directions
+stream in bounded memory (commands/transfer.py).
+
+**ExportLane** writes each piece (at most :data:`EXPORT_PIECE_BYTES`, whole lines unless a
+line is longer) only once the client took the previous one, under the watchers' write
+deadline (``LANE_WATCH_WRITE_DEADLINE_SECONDS``, write_deadline.py): a client that takes
+nothing for that long is ended RESOURCE_EXHAUSTED ``EXPORT_TOO_SLOW``, its snapshot and
+connection given back first. A client that leaves ends the export with one INFO line.
+
+**ImportLane** checks the file as it arrives — its structure by the domain, every message's
+content here as a request's content is checked — and writes nothing until the whole file
+(at most :data:`MAX_IMPORT_BYTES`) is checked; then all of it in one transaction: a bad file
+creates nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 from google.protobuf.message import DecodeError
+from google.rpc import code_pb2
 from grpc_status import rpc_status
+from lane.v1 import entries_pb2, events_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import snapshot_pb2
 
 from lane.server import logs
 from lane.server.api import validation as v
 from lane.server.api.auth import caller_namespace
 from lane.server.api.base import ServicerBase
 from lane.server.api.call import Call, Context
-from lane.server.api.errors import error_answer, unary
+from lane.server.api.errors import error_answer, status_of, unary
+from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cut_off
 from lane.server.commands import transfer
 from lane.server.domain.errors import InvalidArgument
-from lane.server.domain.export_format import LaneExport, read_export
+from lane.server.domain.export_format import Record
 from lane.server.store import LaneRef
 
-#: Bytes of one ExportLaneResponse's piece of the file.
+log = logging.getLogger(__name__)
+
+#: The most bytes of the file one ExportLaneResponse carries.
 EXPORT_PIECE_BYTES = 1 << 20
-#: The largest export file ImportLane takes (it is held in memory while it is checked).
+#: The largest export file ImportLane takes.
 MAX_IMPORT_BYTES = 64 << 20
 
 
-def check_import(export: LaneExport) -> None:
-    """Refuse an export whose messages a request could not carry: ids, enum values, JSON text
+def check_record(record: Record) -> None:
+    """Refuse a record whose messages a request could not carry: ids, enum values, JSON text
     and payload sizes are checked as in requests (INVALID_ARGUMENT with the usual reasons)."""
-    lane = export.lane
-    v.check_message(lane.configuration, "lane.configuration")
-    v.check_message(lane.stats, "lane.stats")
-    if lane.tip_id:
-        v.require_id(lane.tip_id, "lane.tip_id")
-    for n, item in enumerate(lane.queues):
-        v.require_id(item.entry_id, f"lane.queues[{n}].entry_id")
-        v.check_message(item, f"lane.queues[{n}]")
-        holds = "custom" if item.kind == snapshot_pb2.QUEUE_KIND_WRITE else "message"
-        v.require(
-            item.WhichOneof("item") == holds,
-            "INVALID_MESSAGE",
-            f"lane.queues[{n}] holds the wrong kind of item for its queue",
-            f"lane.queues[{n}]",
-        )
-    for entry in export.entries:
-        v.require_id(entry.id, f"entry {entry.id}")
-        v.check_message(entry, f"entry {entry.id}")
-    for row in export.usage_rows:
-        v.require_id(row.id, f"usage row {row.id}")
-        v.check_message(row, f"usage row {row.id}")
-    for group in export.event_groups:
-        for event in group:
+    kind, message = record
+    if isinstance(message, snapshot_pb2.LaneSnapshot):
+        v.check_message(message.configuration, "lane.configuration")
+        v.check_message(message.stats, "lane.stats")
+        if message.tip_id:
+            v.require_id(message.tip_id, "lane.tip_id")
+        for n, item in enumerate(message.queues):
+            v.require_id(item.entry_id, f"lane.queues[{n}].entry_id")
+            v.check_message(item, f"lane.queues[{n}]")
+            holds = "custom" if item.kind == snapshot_pb2.QUEUE_KIND_WRITE else "message"
+            v.require(
+                item.WhichOneof("item") == holds,
+                "INVALID_MESSAGE",
+                f"lane.queues[{n}] holds the wrong kind of item for its queue",
+                f"lane.queues[{n}]",
+            )
+    elif isinstance(message, entries_pb2.Entry):
+        v.require_id(message.id, f"entry {message.id}")
+        v.check_message(message, f"entry {message.id}")
+    elif isinstance(message, events_pb2.UsageRow):
+        v.require_id(message.id, f"usage row {message.id}")
+        v.check_message(message, f"usage row {message.id}")
+    else:
+        assert isinstance(message, list), kind
+        for event in message:
             v.check_message(event, f"event {event.revision}")
 
 
-async def _file(requests: AsyncIterator[bytes]) -> tuple[str, bytes]:
-    """The new lane's id (from the first message) and the whole file."""
-    lane_id = ""
-    pieces: list[bytes] = []
+class ClientLeft(Exception):
+    """The export's client cancelled or its connection dropped: stop quietly."""
+
+
+async def _pieces(requests: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, bytes]]:
+    """Each ImportLaneRequest's lane id (the first's only) and data, decoded, the file's size
+    within :data:`MAX_IMPORT_BYTES`."""
     size = 0
     first = True
     async for data in requests:
@@ -76,36 +96,55 @@ async def _file(requests: AsyncIterator[bytes]) -> tuple[str, bytes]:
             raise InvalidArgument(
                 "MALFORMED_REQUEST", "a message is not a valid ImportLaneRequest"
             ) from None
-        if first:
-            lane_id, first = request.lane_id, False
-        elif request.lane_id:
+        if not first and request.lane_id:
             raise InvalidArgument(
                 "INVALID_ID", "only the first message names the lane", field="lane_id"
             )
+        first = False
         size += len(request.data)
         if size > MAX_IMPORT_BYTES:
             raise v.payload_too_large("data", size, MAX_IMPORT_BYTES)
-        pieces.append(request.data)
-    v.require_id(lane_id, "lane_id")
-    return lane_id, b"".join(pieces)
+        yield request.lane_id, request.data
 
 
-def _next_piece(lines: Iterator[bytes]) -> bytes:
-    """The next piece of the export file: whole lines, at least EXPORT_PIECE_BYTES of them
-    unless the file ends first (empty: it has ended)."""
-    piece = bytearray()
-    for line in lines:
-        piece += line
-        if len(piece) >= EXPORT_PIECE_BYTES:
-            break
-    return bytes(piece)
+async def _send(
+    context: Any,
+    blobs: AsyncIterator[bytes],
+    deadline: WriteDeadline,
+    held: transfer.TransferUsage,
+) -> None:
+    """Write the file's ``blobs`` (whole lines) in pieces of at most EXPORT_PIECE_BYTES, cut at
+    a line's end when one is in the piece, each once the client took the one before."""
+    pending = bytearray()
+    try:
+        async for blob in blobs:
+            held.hold(len(blob))
+            pending += blob
+            del blob
+            while len(pending) >= EXPORT_PIECE_BYTES:
+                await _write_piece(context, pending, deadline, held)
+        while pending:
+            await _write_piece(context, pending, deadline, held)
+    finally:
+        held.release(len(pending))
 
 
-def _read_checked(data: bytes) -> LaneExport:
-    """The export file ``data`` parsed and checked (a refusal raises)."""
-    export = read_export(data)
-    check_import(export)
-    return export
+async def _write_piece(
+    context: Any, pending: bytearray, deadline: WriteDeadline, held: transfer.TransferUsage
+) -> None:
+    """Write the next piece of ``pending`` (taken off it)."""
+    end = pending.rfind(b"\n", 0, EXPORT_PIECE_BYTES) + 1 or min(len(pending), EXPORT_PIECE_BYTES)
+    piece = bytes(pending[:end])
+    del pending[:end]
+    try:
+        await deadline.write(context, pb.ExportLaneResponse(data=piece))
+    except DeadlinePassed:
+        raise
+    except Exception as exc:
+        # grpcio raises an internal error type when the peer is already gone.
+        raise ClientLeft from exc
+    finally:
+        held.release(end)
 
 
 class TransferRpcs(ServicerBase):
@@ -114,11 +153,34 @@ class TransferRpcs(ServicerBase):
     @unary
     async def ExportLane(self, request: pb.ExportLaneRequest, call: Call) -> None:
         lane = self.lane(request.lane_id)
-        lines = await transfer.export_lane(self.store, lane)
-        # Encoding the file is Python at some 50 MB/s: each piece is made in a worker thread,
-        # so a large lane's export does not hold the event loop.
-        while piece := await asyncio.to_thread(_next_piece, lines):
-            await call.context.write(pb.ExportLaneResponse(data=piece))
+        deadline = self.write_deadline
+        seconds = self.watch_settings.write_deadline_seconds
+        try:
+            # The transaction waits for the client at most a write deadline between reads.
+            async with transfer.exporting(self.store, lane, seconds + 30, self.transfers) as blobs:
+                await _send(call.context, blobs, deadline, self.transfers)
+        except ClientLeft:
+            log.info("ExportLane of lane %s ended early: the client left", lane.lane_id)
+            return
+        except asyncio.CancelledError:
+            # No fault here either: one line, no traceback.
+            why = "the client cancelled, or the server is stopping"
+            log.info("ExportLane of lane %s ended early: %s", lane.lane_id, why)
+            raise
+        except DeadlinePassed:
+            # Out of the export: its snapshot, connection and pieces are given back already.
+            status = status_of(
+                code_pb2.RESOURCE_EXHAUSTED,
+                "EXPORT_TOO_SLOW",
+                f"the client did not read the export of lane {lane.lane_id} for {seconds:g}s",
+                {"laneId": lane.lane_id},
+            )
+            try:
+                await end_cut_off(call.context, status)
+            except grpc.aio.AbortError:
+                raise
+            except Exception:
+                return  # the status cannot be sent: the client is gone
 
     async def ImportLane(self, requests: AsyncIterator[bytes], context: Context) -> Any:
         refusal = self.authenticator.admit(context.invocation_metadata())
@@ -126,13 +188,28 @@ class TransferRpcs(ServicerBase):
             await context.abort_with_status(refusal)
         logs.bind(namespace=caller_namespace())
         try:
-            lane_id, data = await _file(requests)
-            lane = LaneRef(caller_namespace(), lane_id)
-            logs.bind(lane_id=lane_id)
-            # Up to 64 MiB of JSON to parse and check: in a worker thread, off the event loop.
-            export = await asyncio.to_thread(_read_checked, data)
-            del data
-            return (await transfer.import_lane(self.store, lane, export)).to_proto()
+            return (await self._import(_pieces(requests))).to_proto()
         except Exception as exc:
             status, _ = error_answer(exc)
             await context.abort_with_status(rpc_status.to_status(status))
+
+    async def _import(self, pieces: AsyncIterator[tuple[str, bytes]]) -> transfer.LaneImported:
+        lane_id, data = await anext(pieces, ("", b""))
+        v.require_id(lane_id, "lane_id")
+        logs.bind(lane_id=lane_id)
+        lane = LaneRef(caller_namespace(), lane_id)
+        lane_import = transfer.LaneImport(lane, check_record, self.transfers)
+        try:
+            while True:
+                lines = lane_import.received(data)
+                if lines:
+                    # Parsing is Python at tens of MB/s: in a worker thread, off the event loop.
+                    await asyncio.to_thread(lane_import.check, lines)
+                piece = await anext(pieces, None)
+                if piece is None:
+                    break
+                _, data = piece
+            await asyncio.to_thread(lane_import.check, lane_import.rest())
+            return await transfer.import_lane(self.store, lane_import)
+        finally:
+            lane_import.close()

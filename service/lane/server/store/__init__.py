@@ -4,15 +4,19 @@ from lane.server.store.clock import Clock, system_clock
 from lane.server.store.event_log import EventGroup, read_was_full
 from lane.server.store.lane_ref import DEFAULT_NAMESPACE, LANE_SCAN, LaneRef
 from lane.server.store.lane_store import Store
+from lane.server.store.lane_transfer import IMPORT_COLUMNS, ExportPage, ImportBatch
 from lane.server.store.notify import ChannelError, Listener, Notification, Notifier
 from lane.server.store.store_reads import ResumePoint, SnapshotOutline
 
 __all__ = [
     "DEFAULT_NAMESPACE",
+    "IMPORT_COLUMNS",
     "LANE_SCAN",
     "ChannelError",
     "Clock",
     "EventGroup",
+    "ExportPage",
+    "ImportBatch",
     "LaneRef",
     "Listener",
     "Notification",

@@ -221,30 +221,41 @@ _TRANSCRIPT = (
 async def load_transcript_index(conn: Conn, lane: LaneRef, tip_id: str) -> list[tuple[str, int]]:
     """The transcript's entries as (entry id, encoded size): from the newest compaction at or
     before the tip to the tip, oldest first. Entries never change once written, so their
-    bodies may be read later, in pages (:func:`load_entry_bodies`)."""
+    bodies may be read later, in pages (:func:`load_bodies`)."""
     if not tip_id:
         return []
     cur = await conn.execute(_TRANSCRIPT, {**lane.params, "tip": tip_id})
     return [(entry_id, size) for entry_id, size in await cur.fetchall()]
 
 
-async def load_entry_bodies(conn: Conn, lane: LaneRef, entry_ids: Sequence[str]) -> list[bytes]:
-    """The encoded entries ``entry_ids``, in that order."""
+#: Tables whose rows are read by id (:func:`load_bodies`): (table, id column, what a row is).
+ENTRY_ROWS = ("entries", "entry_id", "entry")
+USAGE_ROWS = ("usage_rows", "usage_id", "usage row")
+
+
+async def load_bodies(
+    conn: Conn, lane: LaneRef, row_ids: Sequence[str], rows: tuple[str, str, str] = ENTRY_ROWS
+) -> list[bytes]:
+    """The encoded rows ``row_ids`` of ``rows`` (:data:`ENTRY_ROWS`, :data:`USAGE_ROWS`), in
+    that order."""
+    table, id_column, what = rows
     cur = await conn.execute(
-        "SELECT entry_id, body FROM entries"
-        " WHERE namespace = %(ns)s AND lane_id = %(lane)s AND entry_id = ANY(%(ids)s)",
-        {**lane.params, "ids": list(entry_ids)},
+        f"SELECT {id_column}, body FROM {table}"
+        f" WHERE namespace = %(ns)s AND lane_id = %(lane)s AND {id_column} = ANY(%(ids)s)",
+        {**lane.params, "ids": list(row_ids)},
+        # Binary results: bytea as text is hex, twice the bodies' size held while decoding.
+        binary=True,
     )
-    bodies = {entry_id: bytes(body) for entry_id, body in await cur.fetchall()}
-    missing = [entry_id for entry_id in entry_ids if entry_id not in bodies]
+    bodies = {row_id: bytes(body) for row_id, body in await cur.fetchall()}
+    missing = [row_id for row_id in row_ids if row_id not in bodies]
     if missing:
         raise Corruption(
             "LANE_STATE_CORRUPT",
-            f"lane {lane.lane_id}: transcript entry {missing[0]} is gone",
+            f"lane {lane.lane_id}: {what} {missing[0]} is gone",
             laneId=lane.lane_id,
             entryId=missing[0],
         )
-    return [bodies[entry_id] for entry_id in entry_ids]
+    return [bodies[row_id] for row_id in row_ids]
 
 
 async def load_events(

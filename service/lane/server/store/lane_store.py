@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Callable, Coroutine
+import math
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -15,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from lane.server import metrics, traces
 from lane.server.domain.errors import AlreadyExists, LaneError
-from lane.server.domain.export_format import LaneExport
+from lane.server.domain.export_format import ExportHead
 from lane.server.domain.guards import require_no_operation
 from lane.server.domain.ids import new_id
 from lane.server.domain.limits import check_commit
@@ -33,7 +35,13 @@ from lane.server.store.lane_reads import (
 )
 from lane.server.store.lane_ref import LANE_SCAN, LaneRef
 from lane.server.store.lane_removal import delete_lane_rows, record_answer
-from lane.server.store.lane_transfer import read_export, write_import
+from lane.server.store.lane_transfer import (
+    ExportPage,
+    ImportBatch,
+    export_pages,
+    read_export_head,
+    write_import,
+)
 from lane.server.store.lane_writes import (
     CommitStatement,
     commit_statement,
@@ -380,23 +388,37 @@ class Store(StoreReads):
             listener(lane)
         return result
 
-    async def export_lane(self, lane: LaneRef) -> LaneExport:
-        """Every row of the idle lane, read in one REPEATABLE READ transaction (LANE_BUSY while
-        an operation is open)."""
+    @contextlib.asynccontextmanager
+    async def exporting(
+        self, lane: LaneRef, idle_seconds: float
+    ) -> AsyncIterator[tuple[ExportHead, Callable[[int], AsyncGenerator[ExportPage, None]]]]:
+        """The idle lane's head (LANE_BUSY while an operation is open) and its rows page by
+        page (a function of a page's byte budget: lane_transfer.export_pages), all read in one
+        REPEATABLE READ, read-only transaction held until the block ends (its connection too:
+        see lane_transfer). ``idle_seconds``: how long the transaction may sit idle between
+        pages (while a page waits for the client)."""
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            export = await read_export(conn, lane)
-        if export is None:
-            raise lane_not_found(lane)
-        return export
+            # The pool's connections end a transaction idle for a minute; an export waits for
+            # its client at most the write deadline between reads.
+            timeout = f"{math.ceil(idle_seconds * 1000)}ms"
+            await conn.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, true)", (timeout,)
+            )
+            head = await read_export_head(conn, lane)
+            if head is None:
+                raise lane_not_found(lane)
+            yield head, functools.partial(export_pages, conn, lane)
 
-    async def import_lane(self, lane: LaneRef, export: LaneExport) -> None:
-        """Create ``lane`` from a checked export, in one transaction (ALREADY_EXISTS
-        ``LANE_EXISTS`` when the id is in use)."""
+    async def import_lane(
+        self, lane: LaneRef, head: ExportHead, batches: AsyncIterator[ImportBatch]
+    ) -> None:
+        """Create ``lane`` from a checked export's head and rows, in one transaction
+        (ALREADY_EXISTS ``LANE_EXISTS`` when the id is in use)."""
         with traces.transaction("import", lane.namespace, lane.lane_id):
             async with self.cache.turn(lane):
                 async with self.pool.connection() as conn, conn.transaction():
-                    await write_import(conn, lane, export)
+                    await write_import(conn, lane, head, batches)
                 self.cache.forget(lane)
 
     async def reconcile_orphans(self, orphan_after: timedelta, limit: int = 100) -> list[str]:

@@ -18,7 +18,7 @@ from lane.server.domain.state import Operation
 from lane.server.store.codec import decode
 from lane.server.store.event_log import EventGroup
 from lane.server.store.lane_reads import (
-    load_entry_bodies,
+    load_bodies,
     load_events,
     load_lane,
     load_transcript_index,
@@ -100,7 +100,7 @@ class StoreReads:
     async def entry_bodies(self, lane: LaneRef, entry_ids: Sequence[str]) -> list[bytes]:
         """The encoded entries ``entry_ids`` of the lane, in that order."""
         async with self.pool.connection() as conn:
-            return await load_entry_bodies(conn, lane, entry_ids)
+            return await load_bodies(conn, lane, entry_ids)
 
     async def snapshot(self, lane: LaneRef) -> snapshot_pb2.LaneSnapshot:
         """Capture the lane, transcript included."""

@@ -846,7 +846,8 @@ export const ExportLaneRequestSchema: GenMessage<ExportLaneRequest> = /*@__PURE_
   messageDesc(file_lane_v1_lane_service, 27);
 
 /**
- * The next piece of the export file: the pieces in order, concatenated, are the file.
+ * The next piece of the export file (at most 1 MiB): the pieces in order, concatenated, are
+ * the file.
  *
  * @generated from message lane.v1.ExportLaneResponse
  */
@@ -866,7 +867,7 @@ export const ExportLaneResponseSchema: GenMessage<ExportLaneResponse> = /*@__PUR
 
 /**
  * The next piece of an export file. The first message names the new lane; later ones carry
- * only data. The pieces in order, concatenated, are the file (at most 256 MiB).
+ * only data. The pieces in order, concatenated, are the file (at most 64 MiB).
  *
  * @generated from message lane.v1.ImportLaneRequest
  */
@@ -3447,8 +3448,9 @@ export const LaneService: GenService<{
   },
   /**
    * The lane as an export file (JSON Lines, docs/export-format.md), read in one REPEATABLE READ
-   * transaction and sent in pieces. Refused with FAILED_PRECONDITION (LANE_BUSY) while an
-   * operation is open.
+   * transaction and sent in pieces as the client reads them. Refused with FAILED_PRECONDITION
+   * (LANE_BUSY) while an operation is open; ended RESOURCE_EXHAUSTED (EXPORT_TOO_SLOW) when the
+   * client reads nothing for the write deadline.
    *
    * @generated from rpc lane.v1.LaneService.ExportLane
    */
