@@ -140,6 +140,8 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """FAILED_PRECONDITION"""
     REASON_NOT_REPLAYABLE: _Reason.ValueType  # 82
     """FAILED_PRECONDITION"""
+    REASON_LANE_INCARNATION_CHANGED: _Reason.ValueType  # 88
+    """FAILED_PRECONDITION"""
     REASON_STALE_LEASE: _Reason.ValueType  # 90
     """ABORTED"""
     REASON_REVISION_OUT_OF_RANGE: _Reason.ValueType  # 100
@@ -159,6 +161,10 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     REASON_ANSWER_TOO_LARGE: _Reason.ValueType  # 115
     """RESOURCE_EXHAUSTED"""
     REASON_WATCHER_TOO_SLOW: _Reason.ValueType  # 116
+    """RESOURCE_EXHAUSTED"""
+    REASON_TOO_MANY_SESSIONS: _Reason.ValueType  # 118
+    """RESOURCE_EXHAUSTED"""
+    REASON_TOO_MANY_TRANSFERS: _Reason.ValueType  # 119
     """RESOURCE_EXHAUSTED"""
     REASON_SERVER_SHUTTING_DOWN: _Reason.ValueType  # 120
     """UNAVAILABLE"""
@@ -297,6 +303,8 @@ REASON_NOT_LEASED: Reason.ValueType  # 81
 """FAILED_PRECONDITION"""
 REASON_NOT_REPLAYABLE: Reason.ValueType  # 82
 """FAILED_PRECONDITION"""
+REASON_LANE_INCARNATION_CHANGED: Reason.ValueType  # 88
+"""FAILED_PRECONDITION"""
 REASON_STALE_LEASE: Reason.ValueType  # 90
 """ABORTED"""
 REASON_REVISION_OUT_OF_RANGE: Reason.ValueType  # 100
@@ -316,6 +324,10 @@ REASON_DATABASE_BUSY: Reason.ValueType  # 114
 REASON_ANSWER_TOO_LARGE: Reason.ValueType  # 115
 """RESOURCE_EXHAUSTED"""
 REASON_WATCHER_TOO_SLOW: Reason.ValueType  # 116
+"""RESOURCE_EXHAUSTED"""
+REASON_TOO_MANY_SESSIONS: Reason.ValueType  # 118
+"""RESOURCE_EXHAUSTED"""
+REASON_TOO_MANY_TRANSFERS: Reason.ValueType  # 119
 """RESOURCE_EXHAUSTED"""
 REASON_SERVER_SHUTTING_DOWN: Reason.ValueType  # 120
 """UNAVAILABLE"""

@@ -15,6 +15,7 @@ from lane.server.api.call import Call, Context
 from lane.server.api.drive import DriveRpcs
 from lane.server.api.encoded_counts import check_encoded_counts
 from lane.server.api.errors import lane_error_status, unary
+from lane.server.api.fair_shares import ShareSettings
 from lane.server.api.framing import serialize
 from lane.server.api.harness_rpcs import HarnessRpcs
 from lane.server.api.instrument import binding_ids, observed
@@ -41,6 +42,7 @@ class LaneServicer(
         return watch_lane(
             self.watcher_reads,
             self.hub,
+            self.watcher_shares,
             lane,
             request,
             call.context,
@@ -152,10 +154,11 @@ def add_lane_service(
     hub: Hub,
     watch_settings: WatchSettings | None = None,
     authenticator: Authenticator | None = None,
+    shares: ShareSettings | None = None,
 ) -> LaneServicer:
     """Register the LaneService on ``server`` (without an ``authenticator``, auth is off)."""
     servicer = LaneServicer(
-        store, hub, watch_settings or WatchSettings(), authenticator or Authenticator({})
+        store, hub, watch_settings or WatchSettings(), authenticator or Authenticator({}), shares
     )
     handlers = _method_handlers(servicer)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -23,6 +23,7 @@ from lane.server.api.auth import caller_namespace
 from lane.server.api.base import ServicerBase
 from lane.server.api.call import Call, Context
 from lane.server.api.errors import error_answer, unary
+from lane.server.api.fair_shares import holding
 from lane.server.commands import transfer
 from lane.server.domain.errors import InvalidArgument
 from lane.server.domain.export_format import LaneExport, read_export
@@ -112,6 +113,7 @@ class TransferRpcs(ServicerBase):
     """ExportLane and ImportLane (module docstring)."""
 
     @unary
+    @holding("transfer_shares")  # TOO_MANY_TRANSFERS past a cap
     async def ExportLane(self, request: pb.ExportLaneRequest, call: Call) -> None:
         lane = self.lane(request.lane_id)
         lines = await transfer.export_lane(self.store, lane)
@@ -120,6 +122,7 @@ class TransferRpcs(ServicerBase):
         while piece := await asyncio.to_thread(_next_piece, lines):
             await call.context.write(pb.ExportLaneResponse(data=piece))
 
+    @holding("transfer_shares")  # TOO_MANY_TRANSFERS past a cap
     async def ImportLane(self, requests: AsyncIterator[bytes], context: Context) -> Any:
         refusal = self.authenticator.admit(context.invocation_metadata())
         if refusal is not None:

@@ -24,13 +24,19 @@ from typing import Any
 
 import grpc
 from google.rpc import code_pb2
-from lane.limits import DEFAULT_MAX_WATCHERS, DEFAULT_MAX_WATCHERS_PER_LANE, HEARTBEAT_SECONDS
+from lane.limits import (
+    DEFAULT_MAX_WATCHERS,
+    DEFAULT_MAX_WATCHERS_PER_LANE,
+    DEFAULT_MAX_WATCHERS_PER_NAMESPACE,
+    HEARTBEAT_SECONDS,
+)
 from lane.v1 import lane_service_pb2 as pb
 from psycopg import OperationalError
 from psycopg_pool import PoolTimeout
 
 from lane.server import metrics, traces
 from lane.server.api.errors import status_of
+from lane.server.api.fair_shares import FairShares, Share
 from lane.server.api.framing import event_group_frame
 from lane.server.api.instrument import error_reason, status_code_name
 from lane.server.api.snapshot_stream import snapshot_frames
@@ -60,9 +66,11 @@ class WatchSettings:
     #: Transcript bytes per snapshot message.
     chunk_bytes: int = 1 << 20
     #: Concurrent WatchLane streams of one lane, and of all lanes, in this process; a stream
-    #: over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
+    #: over any of these is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
     max_watchers_per_lane: int = DEFAULT_MAX_WATCHERS_PER_LANE
     max_watchers_per_process: int = DEFAULT_MAX_WATCHERS
+    #: ... and of one namespace (fair_shares.py: one tenant cannot hold every slot).
+    max_watchers_per_namespace: int = DEFAULT_MAX_WATCHERS_PER_NAMESPACE
     #: Database reads watchers make at once in this process (snapshots, resumes, catch-up):
     #: a reconnect storm of thousands queues here, leaving the rest of the pool to commands.
     max_concurrent_reads: int = 4
@@ -75,19 +83,14 @@ class WatchSettings:
         return self.stream_bytes // 2
 
 
-def admit(hub: Hub, lane: LaneRef, settings: WatchSettings) -> None:
-    """Refuse a new watcher of ``lane`` over either watcher limit (RESOURCE_EXHAUSTED
-    ``TOO_MANY_WATCHERS``). Called right before it subscribes, with no await between."""
-    refusal = _over_limits(hub, lane, settings)
-    if refusal is not None:
-        refusal.retry_after_seconds = settings.full_retry_seconds
-        raise refusal
-
-
-def _over_limits(hub: Hub, lane: LaneRef, settings: WatchSettings) -> ResourceExhausted | None:
+def admit(hub: Hub, shares: FairShares, lane: LaneRef, settings: WatchSettings) -> Share:
+    """A watcher slot of ``lane``'s namespace, or the refusal (RESOURCE_EXHAUSTED
+    ``TOO_MANY_WATCHERS``) over a limit: of the lane, of its namespace, of the process. Called
+    right before the watcher subscribes, with no await between; the slot is held while the
+    subscription is."""
     count = hub.watcher_count(lane)
     if count >= settings.max_watchers_per_lane:
-        return ResourceExhausted(
+        refusal = ResourceExhausted(
             "TOO_MANY_WATCHERS",
             f"lane {lane.lane_id} has {count} watchers on this server, its limit; retry later",
             laneId=lane.lane_id,
@@ -95,17 +98,9 @@ def _over_limits(hub: Hub, lane: LaneRef, settings: WatchSettings) -> ResourceEx
             watchers=count,
             limit=settings.max_watchers_per_lane,
         )
-    count = hub.watcher_count()
-    if count >= settings.max_watchers_per_process:
-        return ResourceExhausted(
-            "TOO_MANY_WATCHERS",
-            f"this server has {count} watchers, its limit; retry later or on another server",
-            laneId=lane.lane_id,
-            scope="process",
-            watchers=count,
-            limit=settings.max_watchers_per_process,
-        )
-    return None
+        refusal.retry_after_seconds = settings.full_retry_seconds
+        raise refusal
+    return shares.acquire(lane.namespace, laneId=lane.lane_id)
 
 
 #: How long a stream let go waits for its status to go out (see _let_go).
@@ -184,6 +179,7 @@ async def _end(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status)
 async def watch_lane(
     store: WatcherReads,
     hub: Hub,
+    shares: FairShares,
     lane: LaneRef,
     request: pb.WatchLaneRequest,
     context: grpc.aio.ServicerContext[Any, Any],
@@ -195,8 +191,7 @@ async def watch_lane(
     ended = "error"
     subscription: Subscription | None = None
     try:
-        admit(hub, lane, settings)
-        with hub.subscribe(lane) as subscription:
+        with admit(hub, shares, lane, settings), hub.subscribe(lane) as subscription:
             await _serve(store, subscription, request, context, settings, deadline)
     except WatcherGone:
         ended = "client_left"
