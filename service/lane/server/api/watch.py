@@ -121,15 +121,20 @@ class WatcherTooSlow(Exception):
 
 async def _write(
     context: grpc.aio.ServicerContext[Any, Any],
-    message: pb.WatchLaneResponse | bytes,
+    message: pb.WatchLaneResponse | bytes | None,
     deadline: WriteDeadline,
     revision: int,
 ) -> None:
+    """Write ``message`` (None: the stream's headers alone, see :func:`_send_headers`) under
+    the write deadline: WatcherTooSlow when cut off, WatcherGone when the peer is gone."""
     task = asyncio.current_task()
     assert task is not None
     deadline.begin(task)
     try:
-        await context.write(message)
+        if message is None:
+            await context.send_initial_metadata(())
+        else:
+            await context.write(message)
     except asyncio.CancelledError:
         if deadline.end(task):
             # HTTP/2 flow control: the client's window and the sockets are full, it is not
@@ -142,6 +147,19 @@ async def _write(
         raise WatcherGone from exc
     else:
         deadline.end(task)
+
+
+async def _send_headers(
+    context: grpc.aio.ServicerContext[Any, Any], deadline: WriteDeadline, revision: int
+) -> None:
+    """Send the stream's headers on their own, right before its first message.
+
+    Otherwise gRPC sends them with the first message, and until that write completes grpc.aio
+    counts them unsent: a stream cut while its first message is held back by flow control
+    would then be ended with the headers sent again beside the status, which gRPC core
+    refuses (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS), and the client would never get its
+    ``WATCHER_TOO_SLOW``. Refusals before the first message stay trailers-only."""
+    await _write(context, None, deadline, revision)
 
 
 async def _let_go(
@@ -161,7 +179,9 @@ async def _let_go(
         # sleeps, so wait briefly; gRPC sends the status either way.
         async with asyncio.timeout(_STATUS_SEND_SECONDS):
             await _end(context, status)
-    except TimeoutError:
+    except (TimeoutError, WatcherGone):
+        # WatcherGone: gRPC took no status (the peer left meanwhile): nothing to tell, and no
+        # fault of the service's to log.
         return
 
 
@@ -259,6 +279,7 @@ async def _serve(
                 groupFirst=first,
                 groupLast=last,
             )
+        await _send_headers(context, deadline, revision)
         subscription.delivered(revision)
         if revision == head:
             subscription.caught_up()
@@ -350,6 +371,7 @@ async def _send_snapshot(
     function so that nothing of the snapshot outlives it: an idle watcher keeps no transcript."""
     outline = await store.snapshot_outline(lane)
     revision = outline.snapshot.revision
+    await _send_headers(context, deadline, revision)
     read_entries = functools.partial(store.entry_bodies, lane)
     async for frame in snapshot_frames(outline, read_entries, chunk_bytes):
         await _write(context, frame, deadline, revision)
