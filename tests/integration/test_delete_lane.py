@@ -11,8 +11,10 @@ import grpc
 import pytest
 from lane.client.testing import LaneScript, RunScript
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import messages_pb2, snapshot_pb2
+from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
+from lane.server.app.config import Settings
+from lane.server.app.server import start_server
 from lane.server.store import DEFAULT_NAMESPACE, LaneRef, Store
 from lane.server.store.lane_removal import LANE_TABLES
 from tests.integration.lanes import (
@@ -254,3 +256,76 @@ async def test_a_lane_created_again_is_watched_afresh_after_the_delete(lane_stub
         await asyncio.wait_for(new.seen.wait(), PATIENCE)
     assert new.revision == queued.revision == 2
     new.call.cancel()
+
+
+async def test_watchers_started_before_their_lanes_exist_never_end_lane_deleted(
+    session_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing is deleted here. A pool of 2 queues the watchers' reads (one at a time) and the
+    # hub's polls behind the creates, and a fast poll reads the heads while the lanes are being
+    # created: a poll that found a lane absent must not end a watcher whose snapshot of the
+    # lane came after, as if it had been deleted. The poll's answer is handed over a little
+    # late, as a busy process would: the race is then there on every poll, not by chance.
+    settings = Settings(
+        database_url=session_database_url, db_pool_size=2, poll_interval_seconds=0.01
+    )
+    running = await start_server(settings, listen="127.0.0.1:0")
+    read_heads = running.store.lane_heads
+
+    async def late_heads(lanes: Any) -> Any:
+        heads = await read_heads(lanes)
+        await asyncio.sleep(0.05)
+        return heads
+
+    monkeypatch.setattr(running.store, "lane_heads", late_heads)
+    channel = grpc.aio.insecure_channel(running.address)
+    try:
+        stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+        lane_ids = [new_lane_id("early") for _ in range(300)]
+        watchers = [Watcher(stub, lane_id) for lane_id in lane_ids]
+        for lane_id in lane_ids:
+            await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+        # Each watcher either came too early (LANE_NOT_FOUND) or follows its lane, through
+        # many polls after its snapshot.
+        await asyncio.sleep(1.0)
+        ended: dict[str, int] = {}
+        for watcher in watchers:
+            if not watcher.task.done():
+                watcher.call.cancel()  # following its lane
+                continue
+            error = watcher.task.result()
+            assert error is not None, "a stream ended OK"
+            reason = error_info(error).reason
+            ended[reason] = ended.get(reason, 0) + 1
+        await asyncio.gather(*(watcher.task for watcher in watchers), return_exceptions=True)
+        assert "LANE_DELETED" not in ended, ended
+        assert set(ended) <= {"LANE_NOT_FOUND"}
+        assert sum(ended.values()) < len(watchers)  # some did follow their lane
+    finally:
+        await channel.close()
+        await running.stop(grace=0.5)
+
+
+async def test_a_watcher_elsewhere_ends_lane_deleted_when_its_lane_was_created_again(
+    session_database_url: str,
+) -> None:
+    # No deletion notice (NOTIFY off), and the lane deleted, created again and grown past the
+    # watcher's revision between two polls: the poll finds the lane, but another incarnation
+    # of it. The watcher ends LANE_DELETED and never gets the new lane's events.
+    async with (
+        extra_server(session_database_url, notify=False, poll_interval=2.0) as (_, stub),
+        extra_server(session_database_url, notify=False, poll_interval=2.0) as (_, other),
+    ):
+        lane_id = new_lane_id("del-again-remote")
+        lane = await LaneScript.create(other, lane_id)
+        await lane.enqueue("old", NEXT_RUN)
+        watcher = Watcher(stub, lane_id)
+        await watcher.attached()
+        assert watcher.revision == 2
+        await other.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
+        again = await LaneScript.create(other, lane_id)
+        for n in range(3):
+            await again.enqueue(f"new {n}", NEXT_RUN)
+        code, reason, metadata = await watcher.end()
+        assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "LANE_DELETED")
+        assert metadata["lastRevision"] == "2" and watcher.revision == 2

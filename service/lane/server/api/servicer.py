@@ -24,7 +24,7 @@ from lane.server.api.ownership_rpcs import OwnershipRpcs
 from lane.server.api.run_rpcs import RunRpcs
 from lane.server.api.tool_rpcs import ToolRpcs
 from lane.server.api.transfer_rpcs import TransferRpcs
-from lane.server.api.validation import check_counts
+from lane.server.api.validation import check_counts, require_id
 from lane.server.api.watch import WatchSettings, watch_lane
 from lane.server.domain.errors import InvalidArgument
 from lane.server.hub import Hub
@@ -39,6 +39,7 @@ class LaneServicer(
     @unary
     def WatchLane(self, request: pb.WatchLaneRequest, call: Call) -> Awaitable[None]:
         lane = self.lane(request.lane_id)
+        require_id(request.incarnation, "incarnation", optional=True)
         return watch_lane(
             self.watcher_reads,
             self.hub,

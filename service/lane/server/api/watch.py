@@ -42,9 +42,9 @@ from lane.server.api.instrument import error_reason, status_code_name
 from lane.server.api.snapshot_stream import snapshot_frames
 from lane.server.api.watcher_reads import WatcherReads
 from lane.server.api.write_deadline import WriteDeadline
-from lane.server.domain.errors import LaneError, OutOfRange, ResourceExhausted
+from lane.server.domain.errors import FailedPrecondition, LaneError, OutOfRange, ResourceExhausted
 from lane.server.hub import Hub, Subscription
-from lane.server.store import LaneRef, read_was_full
+from lane.server.store import IncarnationGone, LaneRef, read_was_full
 from lane.server.store.pool import DatabaseBusy
 
 DEFAULT_WRITE_DEADLINE_SECONDS = 30.0
@@ -261,7 +261,17 @@ async def _serve(
     lane_id = lane.lane_id
     if request.HasField("after_revision"):
         revision = request.after_revision
-        head, floor, inside_group = await store.resume_point(lane, revision)
+        head, floor, inside_group, incarnation = await store.resume_point(lane, revision)
+        if request.incarnation and request.incarnation != str(incarnation):
+            # The revision counts events of a lane deleted since: this one's start over.
+            raise FailedPrecondition(
+                "LANE_INCARNATION_CHANGED",
+                f"lane {lane_id} was deleted and created again since incarnation "
+                f"{request.incarnation}: its revisions start over; take a new snapshot",
+                laneId=lane_id,
+                incarnation=incarnation,
+                resumedIncarnation=request.incarnation,
+            )
         if not floor <= revision <= head:
             raise _out_of_range(lane_id, revision, floor, head)
         if inside_group is not None:
@@ -279,24 +289,35 @@ async def _serve(
                 groupFirst=first,
                 groupLast=last,
             )
-        await _send_headers(context, deadline, revision)
+        subscription.attached(incarnation)
         subscription.delivered(revision)
-        if revision == head:
-            subscription.caught_up()
+        if not subscription.deleted:
+            await _send_headers(context, deadline, revision)
+            if revision == head:
+                subscription.caught_up()
     else:
         with traces.span("lane.watch.snapshot"):
-            revision = await _send_snapshot(store, lane, context, settings.chunk_bytes, deadline)
+            revision = await _send_snapshot(
+                store, subscription, context, settings.chunk_bytes, deadline
+            )
             traces.annotate("lane.revision", revision)
         subscription.delivered(revision)
-        subscription.caught_up()
+        if not subscription.deleted:
+            subscription.caught_up()
+    following = subscription.incarnation
+    assert following is not None  # set by the first read (attached)
     while not subscription.closed and not subscription.deleted:
         shared = subscription.take()
         if shared is None:
             # Behind the lane's feed (just resumed, or slow), or the feed has no position yet:
             # read the log from this watcher's revision, a batch at a time.
-            groups = await store.read_events(
-                lane, revision, settings.read_batch, settings.read_bytes
-            )
+            try:
+                groups = await store.read_events(
+                    lane, revision, settings.read_batch, settings.read_bytes, following
+                )
+            except IncarnationGone:
+                subscription.gone()  # deleted: this watcher ends, with the lane's others
+                continue
             full = read_was_full(groups, settings.read_batch, settings.read_bytes)
             got_any = bool(groups)
             groups.reverse()
@@ -337,7 +358,9 @@ async def _serve(
         while not await subscription.wait(settings.heartbeat_seconds) and not (
             subscription.closed or subscription.deleted
         ):
-            heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
+            heartbeat = pb.WatchLaneResponse(
+                heartbeat=pb.Heartbeat(head_revision=revision, incarnation=str(following))
+            )
             await _write(context, heartbeat, deadline, revision)
     if subscription.deleted and not subscription.closed:
         await _end(
@@ -362,15 +385,20 @@ async def _serve(
 
 async def _send_snapshot(
     store: WatcherReads,
-    lane: LaneRef,
+    subscription: Subscription,
     context: grpc.aio.ServicerContext[Any, Any],
     chunk_bytes: int,
     deadline: WriteDeadline,
 ) -> int:
     """Send the lane's snapshot (head, then transcript chunks); return its revision. Its own
-    function so that nothing of the snapshot outlives it: an idle watcher keeps no transcript."""
+    function so that nothing of the snapshot outlives it: an idle watcher keeps no transcript.
+    Nothing is sent when the hub already knows the incarnation read was deleted."""
+    lane = subscription.lane
     outline = await store.snapshot_outline(lane)
     revision = outline.snapshot.revision
+    subscription.attached(int(outline.snapshot.incarnation))
+    if subscription.deleted:
+        return revision
     await _send_headers(context, deadline, revision)
     read_entries = functools.partial(store.entry_bodies, lane)
     async for frame in snapshot_frames(outline, read_entries, chunk_bytes):

@@ -5,7 +5,12 @@ from lane.server.store.event_log import EventGroup, read_was_full
 from lane.server.store.lane_ref import DEFAULT_NAMESPACE, LANE_SCAN, LaneRef
 from lane.server.store.lane_store import Store
 from lane.server.store.notify import ChannelError, Listener, Notification, Notifier
-from lane.server.store.store_reads import ResumePoint, SnapshotOutline
+from lane.server.store.store_reads import (
+    IncarnationGone,
+    LaneHead,
+    ResumePoint,
+    SnapshotOutline,
+)
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -13,6 +18,8 @@ __all__ = [
     "ChannelError",
     "Clock",
     "EventGroup",
+    "IncarnationGone",
+    "LaneHead",
     "LaneRef",
     "Listener",
     "Notification",
