@@ -32,6 +32,12 @@ class Leased(Transition):
 TOKEN_BITS = 32
 
 
+def grants(lease_token: int) -> int:
+    """How many leases of its run came before and with ``lease_token``: the token's count
+    within its incarnation's range (see :func:`granted`)."""
+    return lease_token & ((1 << TOKEN_BITS) - 1)
+
+
 def granted(
     state: LaneState, operation: Operation, driver_id: str, seconds: int, now: datetime
 ) -> Operation:
