@@ -140,7 +140,7 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """FAILED_PRECONDITION"""
     REASON_NOT_REPLAYABLE: _Reason.ValueType  # 82
     """FAILED_PRECONDITION"""
-    REASON_LANE_INCARNATION_CHANGED: _Reason.ValueType  # 88
+    REASON_LANE_INCARNATION_CHANGED: _Reason.ValueType  # 89
     """FAILED_PRECONDITION"""
     REASON_STALE_LEASE: _Reason.ValueType  # 90
     """ABORTED"""
@@ -162,10 +162,6 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """RESOURCE_EXHAUSTED"""
     REASON_WATCHER_TOO_SLOW: _Reason.ValueType  # 116
     """RESOURCE_EXHAUSTED"""
-    REASON_TOO_MANY_SESSIONS: _Reason.ValueType  # 118
-    """RESOURCE_EXHAUSTED"""
-    REASON_TOO_MANY_TRANSFERS: _Reason.ValueType  # 119
-    """RESOURCE_EXHAUSTED"""
     REASON_SERVER_SHUTTING_DOWN: _Reason.ValueType  # 120
     """UNAVAILABLE"""
     REASON_UNAVAILABLE: _Reason.ValueType  # 121
@@ -174,6 +170,10 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """DATA_LOSS"""
     REASON_INTERNAL: _Reason.ValueType  # 140
     """INTERNAL"""
+    REASON_TOO_MANY_SESSIONS: _Reason.ValueType  # 150
+    """RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's DriveLane streams)"""
+    REASON_TOO_MANY_TRANSFERS: _Reason.ValueType  # 151
+    """RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's exports and imports)"""
 
 class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper):
     """The stable reasons of the lane service's refusals. A refusal carries its reason as the string
@@ -303,7 +303,7 @@ REASON_NOT_LEASED: Reason.ValueType  # 81
 """FAILED_PRECONDITION"""
 REASON_NOT_REPLAYABLE: Reason.ValueType  # 82
 """FAILED_PRECONDITION"""
-REASON_LANE_INCARNATION_CHANGED: Reason.ValueType  # 88
+REASON_LANE_INCARNATION_CHANGED: Reason.ValueType  # 89
 """FAILED_PRECONDITION"""
 REASON_STALE_LEASE: Reason.ValueType  # 90
 """ABORTED"""
@@ -325,10 +325,6 @@ REASON_ANSWER_TOO_LARGE: Reason.ValueType  # 115
 """RESOURCE_EXHAUSTED"""
 REASON_WATCHER_TOO_SLOW: Reason.ValueType  # 116
 """RESOURCE_EXHAUSTED"""
-REASON_TOO_MANY_SESSIONS: Reason.ValueType  # 118
-"""RESOURCE_EXHAUSTED"""
-REASON_TOO_MANY_TRANSFERS: Reason.ValueType  # 119
-"""RESOURCE_EXHAUSTED"""
 REASON_SERVER_SHUTTING_DOWN: Reason.ValueType  # 120
 """UNAVAILABLE"""
 REASON_UNAVAILABLE: Reason.ValueType  # 121
@@ -337,4 +333,8 @@ REASON_LANE_STATE_CORRUPT: Reason.ValueType  # 130
 """DATA_LOSS"""
 REASON_INTERNAL: Reason.ValueType  # 140
 """INTERNAL"""
+REASON_TOO_MANY_SESSIONS: Reason.ValueType  # 150
+"""RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's DriveLane streams)"""
+REASON_TOO_MANY_TRANSFERS: Reason.ValueType  # 151
+"""RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's exports and imports)"""
 Global___Reason: _TypeAlias = Reason  # noqa: Y015
