@@ -38,3 +38,11 @@ def test_a_slot_is_given_back_once() -> None:
     share.release()  # again: nothing
     assert (kind.held("a"), kind.held()) == (0, 0)
     assert kind.refusal("a") is None
+
+
+def test_a_namespace_cap_no_lower_than_the_process_cap_is_the_process_cap() -> None:
+    # One namespace (auth off, or one token's): its cap is the process's, and so is a refusal.
+    kind = FairShares("sessions", "TOO_MANY_SESSIONS", ShareLimits(1, 1))
+    kind.acquire("default")
+    refusal = kind.refusal("default")
+    assert refusal is not None and refusal.metadata["scope"] == "process"

@@ -113,10 +113,11 @@ class FairShares:
     def refusal(self, namespace: str, **metadata: object) -> ResourceExhausted | None:
         """The refusal :meth:`acquire` would raise now, or None when a slot is free."""
         held = self._by_namespace.get(namespace, 0)
-        if held >= self.limits.per_namespace:
-            scope, count, limit = "namespace", held, self.limits.per_namespace
+        per_namespace = self.limits.per_namespace
+        if held >= per_namespace and per_namespace < self.limits.per_process:
+            scope, count, limit = "namespace", held, per_namespace
             where = f"namespace {namespace} has {count} {self.noun} on this server, its limit"
-        elif self._held >= self.limits.per_process:
+        elif self._held >= self.limits.per_process or held >= per_namespace:
             scope, count, limit = "process", self._held, self.limits.per_process
             where = f"this server has {count} {self.noun}, its limit"
         else:
