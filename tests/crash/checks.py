@@ -31,6 +31,7 @@ import grpc
 import psycopg
 from lane.v1 import events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
 
+from lane.server.domain.leases import grants
 from tests.crash.recording import replay_of
 
 SAFE = lane_service_pb2.REPLAY_POLICY_SAFE
@@ -252,7 +253,7 @@ async def check_lane(
     for operation_id, phase, has_result, lease_token in data.operations:
         if phase != "ended" or not has_result:
             findings.fail(f"operation {operation_id} not ended (phase {phase})")
-        findings.takeovers += max(lease_token - 1, 0)
+        findings.takeovers += max(grants(lease_token) - 1, 0)
     findings.sequential_runs = sum(data.sequential)
     findings.parallel_runs = len(data.sequential) - findings.sequential_runs
     run_ends = [e for e in events if e.WhichOneof("kind") == "run_end"]

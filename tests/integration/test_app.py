@@ -314,8 +314,16 @@ def test_settings_read_every_variable(tmp_path: Path) -> None:
             "LANE_EVENT_LOOP": "asyncio",
             "LANE_WATCH_WRITE_DEADLINE_SECONDS": "7.5",
             "LANE_WATCH_STREAM_BYTES": "1048576",
+            "LANE_MAX_WATCHERS_PER_NAMESPACE": "7",
+            "LANE_MAX_SESSIONS": "30",
+            "LANE_MAX_SESSIONS_PER_NAMESPACE": "3",
+            "LANE_MAX_TRANSFERS": "4",
+            "LANE_MAX_TRANSFERS_PER_NAMESPACE": "2",
         }
     )
+    assert (settings.max_watchers_per_namespace, settings.max_sessions) == (7, 30)
+    assert (settings.max_sessions_per_namespace, settings.max_transfers) == (3, 4)
+    assert settings.max_transfers_per_namespace == 2
     assert settings.event_loop == "asyncio"
     assert settings.watch_write_deadline_seconds == 7.5
     assert settings.watch_stream_bytes == 1 << 20
@@ -345,6 +353,9 @@ def test_settings_read_every_variable(tmp_path: Path) -> None:
         ("LANE_WATCH_WRITE_DEADLINE_SECONDS", "86400"),
         ("LANE_WATCH_STREAM_BYTES", "8M"),
         ("LANE_WATCH_STREAM_BYTES", "1024"),
+        ("LANE_MAX_WATCHERS_PER_NAMESPACE", "0"),
+        ("LANE_MAX_SESSIONS", "many"),
+        ("LANE_MAX_TRANSFERS_PER_NAMESPACE", "-1"),
     ],
 )
 def test_settings_name_the_bad_variable(variable: str, value: str) -> None:

@@ -11,8 +11,10 @@ import grpc
 import pytest
 from lane.client.testing import LaneScript, RunScript
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import messages_pb2, snapshot_pb2
+from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
+from lane.server.app.config import Settings
+from lane.server.app.server import start_server
 from lane.server.store import DEFAULT_NAMESPACE, LaneRef, Store
 from lane.server.store.lane_removal import LANE_TABLES
 from tests.integration.lanes import (
@@ -254,3 +256,83 @@ async def test_a_lane_created_again_is_watched_afresh_after_the_delete(lane_stub
         await asyncio.wait_for(new.seen.wait(), PATIENCE)
     assert new.revision == queued.revision == 2
     new.call.cancel()
+
+
+async def test_watchers_started_before_their_lanes_exist_never_end_lane_deleted(
+    session_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing is deleted here. The race, made to happen every time: watchers subscribe before
+    # their lanes exist; the hub's poll reads the lanes' heads then (none is there) and hands
+    # its answer over only once the lanes were created and every watcher read its snapshot, as
+    # a busy process would. That poll must not take the lanes for deleted. A pool of 2 (the
+    # watchers' reads one at a time) as in the load run that found it.
+    settings = Settings(
+        database_url=session_database_url, db_pool_size=2, poll_interval_seconds=0.1
+    )
+    running = await start_server(settings, listen="127.0.0.1:0")
+    lane_ids = {new_lane_id("early") for _ in range(50)}
+    read_heads, read_snapshot = running.store.lane_heads, running.store.snapshot_outline
+    polled, created, attached = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def late_heads(lanes: Any) -> Any:
+        heads = await read_heads(lanes)
+        # The first poll of the watched lanes (of some of them, if it came in the middle).
+        if not polled.is_set() and any(lane.lane_id in lane_ids for lane in lanes):
+            assert not any(lane.lane_id in lane_ids for lane in heads)  # none exists yet
+            polled.set()
+            await attached.wait()
+        return heads
+
+    async def snapshot_once_created(lane: Any) -> Any:
+        await created.wait()
+        return await read_snapshot(lane)
+
+    monkeypatch.setattr(running.store, "lane_heads", late_heads)
+    monkeypatch.setattr(running.store, "snapshot_outline", snapshot_once_created)
+    channel = grpc.aio.insecure_channel(running.address)
+    try:
+        stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+        watchers = [Watcher(stub, lane_id) for lane_id in lane_ids]
+        await asyncio.wait_for(polled.wait(), PATIENCE)
+        for lane_id in lane_ids:
+            await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+        created.set()
+        for watcher in watchers:
+            await watcher.attached()
+        attached.set()
+        # That poll's answer, and many polls after it.
+        await asyncio.sleep(0.5)
+        ended = [watcher.task.result() for watcher in watchers if watcher.task.done()]
+        assert [(e.code(), error_info(e).reason) for e in ended if e is not None] == []
+        assert running.hub.watcher_count() == len(watchers)
+        for watcher in watchers:
+            watcher.call.cancel()
+        await asyncio.gather(*(watcher.task for watcher in watchers), return_exceptions=True)
+    finally:
+        await channel.close()
+        await running.stop(grace=0.5)
+
+
+async def test_a_watcher_elsewhere_ends_lane_deleted_when_its_lane_was_created_again(
+    session_database_url: str,
+) -> None:
+    # No deletion notice (NOTIFY off), and the lane deleted, created again and grown past the
+    # watcher's revision between two polls: the poll finds the lane, but another incarnation
+    # of it. The watcher ends LANE_DELETED and never gets the new lane's events.
+    async with (
+        extra_server(session_database_url, notify=False, poll_interval=2.0) as (_, stub),
+        extra_server(session_database_url, notify=False, poll_interval=2.0) as (_, other),
+    ):
+        lane_id = new_lane_id("del-again-remote")
+        lane = await LaneScript.create(other, lane_id)
+        await lane.enqueue("old", NEXT_RUN)
+        watcher = Watcher(stub, lane_id)
+        await watcher.attached()
+        assert watcher.revision == 2
+        await other.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
+        again = await LaneScript.create(other, lane_id)
+        for n in range(3):
+            await again.enqueue(f"new {n}", NEXT_RUN)
+        code, reason, metadata = await watcher.end()
+        assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "LANE_DELETED")
+        assert metadata["lastRevision"] == "2" and watcher.revision == 2

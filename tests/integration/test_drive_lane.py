@@ -40,6 +40,7 @@ from lane.v1 import lane_service_pb2 as pb
 
 from lane.server.api.drive import MAX_COMMANDS_IN_FLIGHT
 from lane.server.app.server import RunningServer
+from lane.server.domain.leases import grants
 from tests.driver.support import returns, step, tool
 from tests.integration.lanes import (
     assistant,
@@ -79,9 +80,16 @@ class Ctx:
 
     @property
     def token(self) -> int:
-        """The run's lease token: 1 from StartRun, 2 once d2 acquired it."""
-        acquired = self.got.get("acquire")
-        return acquired.lease.token if isinstance(acquired, pb.AcquireOperationResponse) else 1
+        """The run's lease token: StartRun's, then AcquireOperation's once d2 acquired it."""
+        for label, answer in (
+            ("acquire", pb.AcquireOperationResponse),
+            ("start", pb.StartRunResponse),
+        ):
+            got = self.got.get(label)
+            if isinstance(got, answer):
+                token: int = got.lease.token
+                return token
+        return 1
 
 
 def _failed_response() -> messages_pb2.AssistantMessage:
@@ -340,11 +348,13 @@ CASES: list[tuple[str, Callable[[Ctx], Message]]] = [
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\d[T ][0-9:.]+(Z|\+00:00)")
+_TOKEN = re.compile(r"lease token (\d+)")
 
 
 class Normalized:
     """Outcomes and events with what differs between two lanes by construction replaced: the
-    lane id, ids the service minted (numbered in order of appearance), times."""
+    lane id, ids the service minted (numbered in order of appearance), times, the lane's
+    incarnation, and lease tokens (by their count within the incarnation)."""
 
     def __init__(self, lane: str) -> None:
         self.lane = lane
@@ -353,20 +363,29 @@ class Normalized:
     def text(self, value: str) -> str:
         value = value.replace(self.lane, "<lane>")
         value = _UUID.sub(lambda m: self.ids.setdefault(m.group(0), f"<id{len(self.ids)}>"), value)
+        value = _TOKEN.sub(lambda m: f"lease token {grants(int(m[1]))}", value)
         return _TIME.sub("<time>", value)
 
     def value(self, value: Any) -> Any:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
-            return {key: self.value(item) for key, item in value.items()}
+            return {key: self.field(key, item) for key, item in value.items()}
         if isinstance(value, list):
             return [self.value(item) for item in value]
         return value
 
+    def field(self, key: str, value: Any) -> Any:
+        """A message field's value (protobuf JSON: int64 as text), normalized."""
+        if key == "incarnation":
+            return "<incarnation>"
+        if key in ("token", "leaseToken"):
+            return str(grants(int(value)))
+        return self.value(value)
+
     def outcome(self, outcome: Outcome) -> Any:
         if isinstance(outcome, LaneError):
-            metadata = {key: self.text(item) for key, item in outcome.metadata.items()}
+            metadata = {key: self.field(key, item) for key, item in outcome.metadata.items()}
             return (
                 "refused",
                 outcome.code.name,

@@ -29,6 +29,7 @@ from lane.client import (
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import snapshot_pb2
 
+from lane.server.domain.leases import grants
 from tests.support.driver_tools import returns, tool
 from tests.support.lanes import assistant, new_lane_id, result, tool_call
 
@@ -135,7 +136,8 @@ _GENERATED = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-
 
 class Normalizer:
     """Sets aside what differs between two lanes driven alike: the lane id, the clock's
-    readings, and the ids the service generates (UUIDs, named by order of first sight)."""
+    readings, the ids the service generates (UUIDs, named by order of first sight), the lane's
+    incarnation, and lease tokens (by their count within the incarnation)."""
 
     def __init__(self, lane: str) -> None:
         self.lane = lane
@@ -163,6 +165,10 @@ class Normalizer:
                     self._scrub(item)
             elif kind is not None:
                 self._scrub(value)
+            elif field.name == "incarnation":
+                setattr(message, field.name, "INCARNATION")
+            elif field.name in ("token", "lease_token"):
+                setattr(message, field.name, grants(value))
             elif field.type != field.TYPE_STRING:
                 continue
             elif field.is_repeated:

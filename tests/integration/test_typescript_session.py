@@ -36,9 +36,10 @@ from lane.client.errors import LaneError, lane_error, status_error
 from lane.client.testing import LaneScript
 from lane.limits import MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import snapshot_pb2
+from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 
-from lane.server.app.server import RunningServer
+from lane.server.app.config import Settings
+from lane.server.app.server import RunningServer, start_server
 from tests.integration.lanes import events_between, new_lane_id, user
 from tests.integration.test_drive_batches import frames
 from tests.integration.test_drive_lane import (
@@ -464,3 +465,32 @@ async def test_an_answer_too_large_for_the_stream_is_read_unary(
         # The stream went on: a command after them is answered on it.
         assert (await node.call(usage(lane, 1))).revision == expected.snapshot.revision + 1
         assert (await node.close())["streamsOpened"] == 1
+
+
+async def test_a_session_refused_for_too_many_sessions_goes_unary(
+    session_database_url: str, tmp_path: Path
+) -> None:
+    # A server that serves one DriveLane stream at a time, taken: the TypeScript session's
+    # stream is refused TOO_MANY_SESSIONS (nothing on it ran), and its commands go unary.
+    settings = Settings(database_url=session_database_url, max_sessions=1)
+    running = await start_server(settings, listen="127.0.0.1:0")
+    try:
+        async with grpc.aio.insecure_channel(target_of(running)) as channel:
+            stub: Any = lane_service_pb2_grpc.LaneServiceStub(channel)
+            held = stub.DriveLane()
+            await held.write(pb.DriveLaneRequest(sequence=1, list_lanes=pb.ListLanesRequest()))
+            assert (await held.read()).HasField("list_lanes")  # the one slot is taken
+            lane_id = new_lane_id("ts-unary")
+            async with node_session(target_of(running), tmp_path) as node:
+                answer = await node.call(pb.CreateLaneRequest(lane_id=lane_id))
+                assert answer.created
+                configured = await node.call(
+                    pb.UpdateLaneConfigRequest(
+                        lane_id=lane_id, thinking_level=snapshot_pb2.THINKING_LEVEL_HIGH
+                    )
+                )
+                assert configured.revision == 2
+                assert (await node.close())["streamsOpened"] == 1  # refused once, then unary
+            held.cancel()
+    finally:
+        await running.stop(grace=0.5)

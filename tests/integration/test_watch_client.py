@@ -26,6 +26,7 @@ from lane.client.watch import (
     Recovery,
     RetryPolicy,
     check_heartbeat,
+    check_incarnation,
     fold_group,
     recovery_for,
     watch_lane,
@@ -457,6 +458,10 @@ def test_other_protocol_violations() -> None:
     check_heartbeat("l", 4, 3)
     with pytest.raises(WatchProtocolError, match="never delivered"):
         check_heartbeat("l", 4, 5)
+    # A heartbeat names the incarnation: learned when unknown, never another.
+    assert (check_incarnation("l", "", "5"), check_incarnation("l", "5", "")) == ("5", "5")
+    with pytest.raises(WatchProtocolError, match="incarnation 6"):
+        check_incarnation("l", "5", "6")
 
 
 def test_recovery_table_and_backoff() -> None:
@@ -471,6 +476,8 @@ def test_recovery_table_and_backoff() -> None:
     out = LaneError(code.OUT_OF_RANGE, "REVISION_OUT_OF_RANGE")
     assert recovery_for(out) is Recovery.RESNAPSHOT
     assert recovery_for(LaneError(code.OUT_OF_RANGE, "OTHER")) is Recovery.RAISE
+    recreated = LaneError(code.FAILED_PRECONDITION, "LANE_INCARNATION_CHANGED")
+    assert recovery_for(recreated) is Recovery.RESNAPSHOT
     for refused in (code.NOT_FOUND, code.INVALID_ARGUMENT, code.UNAUTHENTICATED, code.INTERNAL):
         assert recovery_for(LaneError(refused, "X")) is Recovery.RAISE
     # The same codes without an ErrorInfo come from the transport: a dropped connection.

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import signal
 import sys
 from datetime import timedelta
@@ -14,7 +15,7 @@ from datetime import timedelta
 import grpc
 import pytest
 from lane.client.reducer import fold
-from lane.v1 import events_pb2, snapshot_pb2
+from lane.v1 import events_pb2, lane_service_pb2_grpc, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 from prometheus_client import CollectorRegistry
 
@@ -447,3 +448,45 @@ async def test_shutdown_ends_streams_with_unavailable(session_database_url) -> N
         assert watcher.error is not None
         assert watcher.error.code() == grpc.StatusCode.UNAVAILABLE
         assert error_reason(watcher.error) == "SERVER_SHUTTING_DOWN"
+
+
+async def test_a_watcher_cut_before_its_first_message_went_out_is_cut_quietly(
+    session_database_url, caplog
+) -> None:
+    # A client that reads nothing, with a small flow-control window (no BDP probing): the
+    # first message (the snapshot head, near 1 MiB with this inbox) cannot go out. Were the
+    # stream's headers held with it, gRPC would refuse the status that ends the stream
+    # (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS, logged at ERROR) and the client would never learn
+    # why. The cut is quiet, the slot freed, and the client reads WATCHER_TOO_SLOW.
+    watch = WatchSettings(write_deadline_seconds=1.0)
+    async with extra_server(session_database_url, watch=watch) as (running, stub):
+        lane_id = await new_lane(stub)
+        for n in range(3):
+            await stub.EnqueueMessage(
+                pb.EnqueueMessageRequest(
+                    lane_id=lane_id,
+                    kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN,
+                    message=user(f"{n}" + "x" * 300_000),
+                )
+            )
+        small_window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 16384)]
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}", options=small_window)
+        try:
+            with caplog.at_level(logging.WARNING):
+                call = lane_service_pb2_grpc.LaneServiceStub(channel).WatchLane(
+                    pb.WatchLaneRequest(lane_id=lane_id)
+                )
+                await call.wait_for_connection()
+                async with asyncio.timeout(30):
+                    while not running.hub.watcher_count():  # noqa: ASYNC110 (no event for it)
+                        await asyncio.sleep(0.05)
+                    while running.hub.watcher_count():  # noqa: ASYNC110
+                        await asyncio.sleep(0.05)
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    async with asyncio.timeout(30):
+                        async for _ in call:
+                            pass
+                assert error_reason(caught.value) == "WATCHER_TOO_SLOW"
+            assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        finally:
+            await channel.close()

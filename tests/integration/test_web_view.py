@@ -677,3 +677,23 @@ async def test_token_entry_and_another_namespace(service: Service, browser: Brow
     )
     assert color == RED
     await browser.screenshot("token-3-other-namespace-not-found")
+
+
+async def test_a_malformed_lane_address_is_said_so(service: Service, browser: Browser) -> None:
+    lane_id = new_lane_id("web-address")
+    await Rpc(service, TOKEN_A)("CreateLane", pb.CreateLaneRequest(lane_id=lane_id))
+    await browser.open_lane(service.origin, lane_id)  # live
+    # An address whose escape is malformed: decoding it throws URIError. The page says the
+    # address names no lane, and nothing of the lane's page stays up calling itself live.
+    await browser.call("eval", expr="location.hash = '#/lanes/%E0%A4%A'")
+    message = await browser.wait(
+        "document.body.dataset.page === 'invalid'"
+        " && document.querySelector('#bad-address').textContent"
+    )
+    assert message.startswith("not a valid lane address: #/lanes/%E0%A4%A")
+    assert await browser.call("eval", expr="document.querySelector('#connection')") is None
+    assert await browser.call("eval", expr="document.querySelector('#lane')") is None
+    await browser.screenshot("address-1-malformed")
+    # Its link leads back to the lanes.
+    await browser.call("click", selector="#bad-address a")
+    await browser.wait("document.body.dataset.page === 'lanes'")

@@ -153,9 +153,11 @@ async def leased_run(stub: Any, probe: Probe, *calls: str, seconds: int = 30) ->
     """A run on the probe's new lane, leased to driver-1, with one turn asking for ``calls``
     (tool ``t``, arguments ``{"c": <id>}``); the probe has followed it."""
     lane = await LaneScript.create(stub, probe.lane_id)
-    await probe.start()
+    snapshot = await probe.start()
     run = await lane.start_run("go", driver_id="driver-1", lease_seconds=seconds)
-    assert run.lease_token == 1 and run.started.lease.driver_id == "driver-1"
+    # The lane's first fencing token (leases.granted: counted from its incarnation).
+    assert run.lease_token == (int(snapshot.incarnation) << 32) + 1
+    assert run.started.lease.driver_id == "driver-1"
     await run.turn("tools", tool_calls=[(c, "t", {"c": c}) for c in calls])
     await probe.check()
     return run

@@ -32,6 +32,17 @@ MAX_PAGE_SIZE: Final = 1000
 #: of ``LANE_MAX_WATCHERS_PER_LANE`` and ``LANE_MAX_WATCHERS``).
 DEFAULT_MAX_WATCHERS_PER_LANE: Final = 1000
 DEFAULT_MAX_WATCHERS: Final = 10_000
+#: ... and of one namespace (``LANE_MAX_WATCHERS_PER_NAMESPACE``; applied when the tokens name
+#: two or more namespaces): half the process's, so one tenant never holds them all.
+DEFAULT_MAX_WATCHERS_PER_NAMESPACE: Final = 5_000
+#: DriveLane sessions one server process serves at once, in all and of one namespace
+#: (``LANE_MAX_SESSIONS``, ``LANE_MAX_SESSIONS_PER_NAMESPACE``).
+DEFAULT_MAX_SESSIONS: Final = 2_000
+DEFAULT_MAX_SESSIONS_PER_NAMESPACE: Final = 1_000
+#: ExportLane and ImportLane calls one server process serves at once, in all and of one
+#: namespace (``LANE_MAX_TRANSFERS``, ``LANE_MAX_TRANSFERS_PER_NAMESPACE``).
+DEFAULT_MAX_TRANSFERS: Final = 16
+DEFAULT_MAX_TRANSFERS_PER_NAMESPACE: Final = 8
 
 #: An idle watch gets a heartbeat at least this often.
 HEARTBEAT_SECONDS: Final = 10.0

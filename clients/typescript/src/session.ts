@@ -48,7 +48,10 @@
  *
  * A request too large for a DriveLane message, and a command answered RESOURCE_EXHAUSTED
  * `ANSWER_TOO_LARGE` (it ran; its answer does not fit a stream message), go through the unary
- * RPC instead, the latter with its request id, so the recorded answer comes back.
+ * RPC instead, the latter with its request id, so the recorded answer comes back. So do the
+ * commands of a stream the server refuses RESOURCE_EXHAUSTED `TOO_MANY_SESSIONS` (nothing on it
+ * ran): the session sends its commands unary for the next two seconds (the refusal's retry
+ * delay), then opens a stream again.
  */
 import { create, toBinary, type DescMessage, type DescMethodUnary, type MessageInitShape } from "@bufbuild/protobuf";
 import { Code, ConnectError, type CallOptions } from "@connectrpc/connect";
@@ -71,6 +74,8 @@ export const MAX_DRIVE_BATCH = 64;
 export const DRIVE_BATCH_HEADER = "lane-drive-batch";
 /** gRPC's message limit, the service's too. */
 const MAX_MESSAGE_BYTES = 4 * 1024 * 1024;
+/** How long commands go unary after a `TOO_MANY_SESSIONS` refusal (the service's retry delay). */
+const UNARY_AFTER_REFUSAL_MS = 2_000;
 /** What a DriveLaneRequest adds around a command: the sequence and the command's field header
  *  (and, in a batch, the batch entry's header). */
 const FRAME_BYTES = 32;
@@ -266,6 +271,8 @@ export class LaneSession {
   private reopening: ReturnType<typeof setTimeout> | undefined;
   private failures = 0;
   private closed = false;
+  /** Until then (`Date.now()`), commands go unary: the server refused a stream. */
+  private unaryUntil = 0;
 
   constructor(service: LaneServiceClient, options: LaneSessionOptions = {}) {
     const maxInFlight = options.maxInFlight ?? MAX_COMMANDS_IN_FLIGHT;
@@ -320,7 +327,7 @@ export class LaneSession {
     const retry = options.retry ?? this.retry;
     const signal = options.signal;
     const bytes = toBinary(desc.input, request as never).length;
-    if (bytes > MAX_MESSAGE_BYTES - FRAME_BYTES) {
+    if (bytes > MAX_MESSAGE_BYTES - FRAME_BYTES || Date.now() < this.unaryUntil) {
       return this.unary(method, request, retry, signal);
     }
     const resend = hasId || READS.has(method);
@@ -329,8 +336,13 @@ export class LaneSession {
       try {
         return (await this.submit(method, command, request, bytes, resend, deadline, timeoutMs, signal)) as ResponseOf<K>;
       } catch (thrown) {
-        if (laneErrorFrom(thrown).reasonCode === Reason.ANSWER_TOO_LARGE) {
-          // It ran; the unary RPC with the same request id reads its recorded answer.
+        const reason = laneErrorFrom(thrown).reasonCode;
+        if (reason === Reason.TOO_MANY_SESSIONS) {
+          // The stream was refused before anything on it was read.
+          this.unaryUntil = Math.max(this.unaryUntil, Date.now() + UNARY_AFTER_REFUSAL_MS);
+        }
+        if (reason === Reason.ANSWER_TOO_LARGE || reason === Reason.TOO_MANY_SESSIONS) {
+          // It ran, or never will here: the unary RPC with the same request id answers it.
           return this.unary(method, request, retry, signal);
         }
         throw thrown;

@@ -12,8 +12,12 @@
  *   lane.v1 ErrorInfo), a stream that ends without an error, or no message within
  *   `idleTimeoutMs` (the server heartbeats at least every 10 s). The watcher resumes after its
  *   last revision (`afterRevision`, no snapshot) after a small exponential backoff with jitter.
- * - OUT_OF_RANGE (the resume point fell below the retention floor) and a rebase signal from the
- *   reducer (`navigation_end`): re-snapshot, that is a fresh watch without `afterRevision`.
+ * - OUT_OF_RANGE (the resume point fell below the retention floor), FAILED_PRECONDITION
+ *   LANE_INCARNATION_CHANGED (the lane was deleted and created again under its id while the
+ *   watcher was away: a resume names the incarnation its revision belongs to,
+ *   `LaneSnapshot.incarnation`, and the service refuses it for another) and a rebase signal
+ *   from the reducer (`navigation_end`): re-snapshot, that is a fresh watch without
+ *   `afterRevision`.
  * - Any other error ends the iteration with a `LaneError`; a stream that breaks the protocol
  *   (an event group before the snapshot, …) with a `WatchProtocolError`.
  *
@@ -109,12 +113,17 @@ export async function* watchLane(
   const signal = opts.signal;
   const idleTimeoutMs = opts.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS;
   const maxRetries = opts.maxRetries ?? Number.POSITIVE_INFINITY;
-  // The folded state and the revision to resume after. `after` can run ahead of
-  // `snapshot.revision` when the stream carries lane-less events, which do not move it.
-  let state: { snapshot: LaneSnapshot; after: bigint } | undefined =
+  // The folded state, the revision to resume after and the lane incarnation it belongs to
+  // ("" while unknown). `after` can run ahead of `snapshot.revision` when the stream carries
+  // lane-less events, which do not move it.
+  let state: WatchState | undefined =
     opts.from === undefined
       ? undefined
-      : { snapshot: clone(LaneSnapshotSchema, opts.from), after: opts.from.revision };
+      : {
+          snapshot: clone(LaneSnapshotSchema, opts.from),
+          after: opts.from.revision,
+          incarnation: opts.from.incarnation,
+        };
   let failures = 0;
 
   while (!aborted(signal)) {
@@ -122,6 +131,7 @@ export async function* watchLane(
     const forwardAbort = (): void => attempt.abort(signal?.reason);
     signal?.addEventListener("abort", forwardAbort, { once: true });
     const resumeAfter = state?.after;
+    const incarnation = state?.incarnation ?? "";
     let idleTimedOut = false;
     let iterator: AsyncIterator<WatchLaneResponse> | undefined;
     let ending: Ending;
@@ -131,7 +141,7 @@ export async function* watchLane(
         callOptions.headers = opts.headers;
       }
       const stream = client.watchLane(
-        resumeAfter === undefined ? { laneId } : { laneId, afterRevision: resumeAfter },
+        resumeAfter === undefined ? { laneId } : { laneId, afterRevision: resumeAfter, incarnation },
         callOptions,
       );
       iterator = stream[Symbol.asyncIterator]();
@@ -192,7 +202,7 @@ export async function* watchLane(
             }
             const reduction = fold(state.snapshot, events);
             const last = events.reduce((max, e) => (e.revision > max ? e.revision : max), after);
-            state = { snapshot: reduction.snapshot, after: last };
+            state = { snapshot: reduction.snapshot, after: last, incarnation: state.incarnation };
             yield { kind: "events", snapshot: state.snapshot, events, rebase: reduction.rebase };
             if (reduction.rebase) {
               ending = { mode: "resnapshot", error: undefined };
@@ -201,6 +211,9 @@ export async function* watchLane(
             break;
           }
           case "heartbeat": {
+            if (ready && state !== undefined) {
+              state.incarnation = checkIncarnation(state.incarnation, item.value.incarnation);
+            }
             if (ready && state !== undefined && opts.heartbeats === true) {
               yield {
                 kind: "heartbeat",
@@ -218,7 +231,7 @@ export async function* watchLane(
         if (completed !== undefined) {
           assembling = undefined;
           ready = true;
-          state = { snapshot: completed, after: completed.revision };
+          state = { snapshot: completed, after: completed.revision, incarnation: completed.incarnation };
           yield { kind: "snapshot", snapshot: completed, events: [], rebase: false };
         }
       }
@@ -269,11 +282,35 @@ export async function* watchLane(
   }
 }
 
+/** Where a watch stands between messages and streams. */
+interface WatchState {
+  snapshot: LaneSnapshot;
+  after: bigint;
+  incarnation: string;
+}
+
+/**
+ * The incarnation a watch follows after a heartbeat naming `heartbeat` ("" from a service that
+ * names none), when it followed `known` ("" if unknown); a `WatchProtocolError` when they
+ * differ: the stream is of another lane than the watcher's snapshot.
+ */
+export function checkIncarnation(known: string, heartbeat: string): string {
+  if (known !== "" && heartbeat !== "" && heartbeat !== known) {
+    throw new WatchProtocolError(`heartbeat of incarnation ${heartbeat}; the watch follows ${known}`);
+  }
+  return known === "" ? heartbeat : known;
+}
+
 /** Which way a failed stream continues, or throw when it cannot. */
 function classify(error: LaneError, resuming: boolean): Ending {
   switch (error.code) {
     case Code.Unavailable:
       return { mode: "resume", error };
+    case Code.FailedPrecondition:
+      if (resuming && error.reasonCode === Reason.LANE_INCARNATION_CHANGED) {
+        return { mode: "resnapshot", error }; // the lane was created again: its revisions start over
+      }
+      throw error;
     case Code.OutOfRange:
       if (!resuming) {
         throw error; // a fresh watch has no revision to be out of range

@@ -14,6 +14,7 @@ import {
   WATCHER_TOO_SLOW,
   WatchProtocolError,
   backoffDelay,
+  checkIncarnation,
   watchLane,
   type RetryInfo,
   type WatchClient,
@@ -38,6 +39,7 @@ import {
 interface Call {
   laneId: string;
   afterRevision: bigint | undefined;
+  incarnation: string | undefined;
   signal: AbortSignal;
 }
 
@@ -49,12 +51,13 @@ class FakeClient implements WatchClient {
   constructor(private readonly scripts: Script[]) {}
 
   watchLane(
-    request: { laneId?: string; afterRevision?: bigint },
+    request: { laneId?: string; afterRevision?: bigint; incarnation?: string },
     options?: CallOptions,
   ): AsyncIterable<WatchLaneResponse> {
     const call: Call = {
       laneId: request.laneId ?? "",
       afterRevision: request.afterRevision,
+      incarnation: request.incarnation,
       signal: options?.signal ?? new AbortController().signal,
     };
     this.calls.push(call);
@@ -309,6 +312,33 @@ describe("watchLane: re-snapshotting", () => {
     assert.equal(updates[1]!.snapshot.revision, 500n);
     assert.deepEqual(retries.map((r) => r.mode), ["resume", "resnapshot"]);
     assert.equal(retries[1]!.error?.reason, "REVISION_OUT_OF_RANGE");
+  });
+
+  it("resumes naming the incarnation, and watches afresh when the lane is another one", async () => {
+    const retries: RetryInfo[] = [];
+    const old = base();
+    old.incarnation = "7";
+    const recreated = create(LaneSnapshotSchema, { laneId: LANE, revision: 12n, incarnation: "9" });
+    const client = new FakeClient([
+      stream([head(old)], serviceError(Code.Unavailable, "UNAVAILABLE")),
+      stream([], serviceError(Code.FailedPrecondition, "LANE_INCARNATION_CHANGED", { incarnation: "9" })),
+      stream([head(recreated)]),
+    ]);
+    const updates = await take(client, 2, { onRetry: (info) => retries.push(info) });
+    assert.deepEqual(
+      client.calls.map((c) => [c.afterRevision, c.incarnation]),
+      [[undefined, undefined], [10n, "7"], [undefined, undefined]],
+    );
+    assert.deepEqual(updates.map((u) => [u.kind, u.snapshot.incarnation]), [["snapshot", "7"], ["snapshot", "9"]]);
+    assert.deepEqual(retries.map((r) => r.mode), ["resume", "resnapshot"]);
+    assert.equal(retries[1]!.error?.reason, "LANE_INCARNATION_CHANGED");
+  });
+
+  it("learns the incarnation from heartbeats and refuses a heartbeat of another", () => {
+    assert.equal(checkIncarnation("", "5"), "5");
+    assert.equal(checkIncarnation("5", ""), "5");
+    assert.equal(checkIncarnation("5", "5"), "5");
+    assert.throws(() => checkIncarnation("5", "6"), WatchProtocolError);
   });
 
   it("watches afresh after navigation_end, yielding the rebasing group first", async () => {

@@ -309,10 +309,11 @@ def _big_payload_lane() -> LaneState:
 def test_content_bound_bounds_the_live_and_durable_state_the_others_bound_the_real_commits(
     build: Callable[[], LaneState],
 ) -> None:
-    state = build()
+    # The largest incarnation, so the lease carries the largest fencing token.
+    state = replace(build(), incarnation=(1 << 31) - 1)
     operation = state.operation
     assert operation is not None
-    leased = leases.granted(operation, "d" * 128, 30, NOW)
+    leased = leases.granted(state, operation, "d" * 128, 30, NOW)
     answer = lane_service_pb2.AcquireOperationResponse(
         state=operation_state(leased), revision=1 << 62
     )

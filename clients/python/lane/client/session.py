@@ -44,7 +44,10 @@ Answers arrive one per message or several in one; each reaches its caller by its
 
 A request too large for a DriveLane message (near the 4 MiB limit) and a command answered
 RESOURCE_EXHAUSTED ``ANSWER_TOO_LARGE`` go through the unary RPC instead (the latter with its
-request id: the answer recorded when the command ran comes back).
+request id: the answer recorded when the command ran comes back). So do the commands of a
+stream the server refuses RESOURCE_EXHAUSTED ``TOO_MANY_SESSIONS`` (it serves as many DriveLane
+streams as it will): nothing on it was run, and the session sends its commands unary until the
+refusal's retry delay has passed, then opens a stream again.
 """
 
 from __future__ import annotations
@@ -74,6 +77,9 @@ _ANSWER_TOO_LARGE = reason_name(reasons_pb2.REASON_ANSWER_TOO_LARGE)
 #: The service cut the stream off: the session took no answer for its write deadline (a loop
 #: blocked that long). The stream broke; its commands are sent again as after any break.
 _TOO_SLOW = reason_name(reasons_pb2.REASON_SESSION_TOO_SLOW)
+_TOO_MANY_SESSIONS = reason_name(reasons_pb2.REASON_TOO_MANY_SESSIONS)
+#: How long commands go unary after a TOO_MANY_SESSIONS refusal without a retry delay.
+_UNARY_SECONDS = 2.0
 #: What a DriveLaneRequest adds around a command: the sequence and the command's field header
 #: (and, in a batch, the batch entry's header).
 _FRAME_BYTES = 32
@@ -195,6 +201,8 @@ class LaneSession:
         self._reconnect: asyncio.Task[None] | None = None
         self._failures = 0
         self._closed = False
+        #: Until then (monotonic time) commands go unary: the server refused a stream.
+        self._unary_until = 0.0
         #: Streams opened so far (the first, then one per break).
         self.streams_opened = 0
         #: Messages written (one per command, or one per batch) and commands sent in them.
@@ -243,7 +251,7 @@ class LaneSession:
             else:
                 has_id = False
         size = request.ByteSize()
-        if size > MAX_MESSAGE_BYTES - _FRAME_BYTES:
+        if size > MAX_MESSAGE_BYTES - _FRAME_BYTES or time.monotonic() < self._unary_until:
             return await self._unary(method, request, retry, timeout)
         resend = has_id or method in _READS
         deadline = retry.deadline()
@@ -257,7 +265,11 @@ class LaneSession:
                 raise
             except LaneError as err:
                 error = err
-            if error.reason == _ANSWER_TOO_LARGE:
+            if error.reason == _TOO_MANY_SESSIONS:
+                # The stream was refused before anything on it was read.
+                wait = _UNARY_SECONDS if error.retry_after is None else error.retry_after
+                self._unary_until = max(self._unary_until, time.monotonic() + wait)
+            if error.reason in (_ANSWER_TOO_LARGE, _TOO_MANY_SESSIONS):
                 return await self._unary(method, request, retry, timeout)
             attempt += 1
             if not is_retryable(error) or retry.gives_up(attempt, deadline):

@@ -25,7 +25,10 @@ Recovery, without the caller noticing:
   delivered.
 * **Re-snapshot** (a new watch without ``after_revision``, at once) on OUT_OF_RANGE
   ``REVISION_OUT_OF_RANGE`` (the revision fell below the retention floor, on resume or while
-  the watcher lagged behind retention) and when a folded group holds ``navigation_end`` (the
+  the watcher lagged behind retention), on FAILED_PRECONDITION ``LANE_INCARNATION_CHANGED``
+  (the lane was deleted and created again under its id while the watch was away: a resume
+  names the incarnation its revision belongs to, ``LaneSnapshot.incarnation``, and the
+  service refuses it for another), and when a folded group holds ``navigation_end`` (the
   lane's history moved: the reducer's rebase signal). The fresh snapshot is yielded with
   ``resnapshotted=True``; the best-effort fold of a rebase group is never yielded.
 
@@ -69,6 +72,7 @@ __all__ = [
     "RetryPolicy",
     "WatchProtocolError",
     "check_heartbeat",
+    "check_incarnation",
     "fold_group",
     "recovery_for",
     "watch_lane",
@@ -157,8 +161,12 @@ def recovery_for(error: LaneError) -> Recovery:
         return Recovery.RESUME
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason in _RESUMED:
         return Recovery.RESUME
-    if error.reason_code == reasons_pb2.REASON_REVISION_OUT_OF_RANGE:
+    if error.reason_code in (
         # On resume, or mid-stream when retention removed events the watcher had not read.
+        reasons_pb2.REASON_REVISION_OUT_OF_RANGE,
+        # On resume: the lane was deleted and created again; its revisions start over.
+        reasons_pb2.REASON_LANE_INCARNATION_CHANGED,
+    ):
         return Recovery.RESNAPSHOT
     return Recovery.RAISE
 
@@ -214,6 +222,18 @@ def check_heartbeat(lane_id: str, revision: int, head_revision: int) -> None:
         )
 
 
+def check_incarnation(lane_id: str, known: str, heartbeat: str) -> str:
+    """The incarnation the watch follows after a heartbeat naming ``heartbeat`` ("" from a
+    service that names none), when it followed ``known`` ("" if unknown); raise
+    :class:`WatchProtocolError` when they differ: the stream is of another lane than the
+    watcher's snapshot."""
+    if known and heartbeat and heartbeat != known:
+        raise WatchProtocolError(
+            f"lane {lane_id}: heartbeat of incarnation {heartbeat}, the watch follows {known}"
+        )
+    return known or heartbeat
+
+
 class _IdleTimeout(Exception):
     """The stream sent nothing for the idle timeout."""
 
@@ -231,6 +251,8 @@ class _Position:
     shown: bool
     #: Events of a rebase group, handed out with the re-snapshot.
     rebase_events: tuple[events_pb2.HarnessEvent, ...] = ()
+    #: The lane incarnation ``revision`` belongs to ("" while unknown: not sent on resume).
+    incarnation: str = ""
     #: The last stream stopped because a group asked for a rebase.
     rebase_requested: bool = False
 
@@ -287,6 +309,7 @@ async def watch_lane(
         revision=base.revision if base is not None else 0,
         need_snapshot=base is None,
         shown=base is not None,
+        incarnation=base.incarnation if base is not None else "",
     )
     attempt = 0
     deadline: float | None = None
@@ -294,6 +317,7 @@ async def watch_lane(
         request = lane_service_pb2.WatchLaneRequest(lane_id=lane_id)
         if not position.need_snapshot:
             request.after_revision = position.revision
+            request.incarnation = position.incarnation
         call = stub.WatchLane(request)
         error: LaneError | None = None
         try:
@@ -427,6 +451,9 @@ async def _follow(
                     f"lane {lane_id}: heartbeat before the snapshot was complete"
                 )
             check_heartbeat(lane_id, position.revision, response.heartbeat.head_revision)
+            position.incarnation = check_incarnation(
+                lane_id, position.incarnation, response.heartbeat.incarnation
+            )
             if include_heartbeats:
                 yield LaneView(snapshot=position.snapshot, heartbeat=True)
             else:
@@ -445,6 +472,7 @@ async def _follow(
             )
             position.snapshot = head
             position.revision = head.revision
+            position.incarnation = head.incarnation
             position.need_snapshot = False
             position.shown = True
             position.rebase_events = ()

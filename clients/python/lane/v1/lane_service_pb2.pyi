@@ -1714,6 +1714,7 @@ class WatchLaneRequest(_message.Message):
 
     LANE_ID_FIELD_NUMBER: _builtins.int
     AFTER_REVISION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     lane_id: _builtins.str
     after_revision: _builtins.int
     """Resume: stream only events with a higher revision, no snapshot. Must be at or above the
@@ -1722,15 +1723,22 @@ class WatchLaneRequest(_message.Message):
     heartbeat. A revision inside a group is refused (OUT_OF_RANGE REVISION_INSIDE_GROUP), as
     groups are never split: the stream never starts with part of a commit.
     """
+    incarnation: _builtins.str
+    """With after_revision: the incarnation of the lane it belongs to (LaneSnapshot.incarnation,
+    Heartbeat.incarnation). When the lane is now another incarnation (it was deleted and
+    created again under its id), the resume is refused FAILED_PRECONDITION
+    LANE_INCARNATION_CHANGED: take a new snapshot. Empty: not checked (older clients).
+    """
     def __init__(
         self,
         *,
         lane_id: _builtins.str = ...,
         after_revision: _builtins.int | None = ...,
+        incarnation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision", "after_revision", b"after_revision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision", "after_revision", b"after_revision", "lane_id", b"lane_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision", "after_revision", b"after_revision", "incarnation", b"incarnation", "lane_id", b"lane_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__after_revision: _TypeAlias = _typing.Literal["after_revision"]  # noqa: Y015
     _WhichOneofArgType__after_revision: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision"]  # noqa: Y015
@@ -1816,15 +1824,19 @@ class Heartbeat(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HEAD_REVISION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     head_revision: _builtins.int
+    incarnation: _builtins.str
+    """The lane's incarnation (LaneSnapshot.incarnation), for a stream that resumed."""
     def __init__(
         self,
         *,
         head_revision: _builtins.int = ...,
+        incarnation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_revision", b"head_revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_revision", b"head_revision", "incarnation", b"incarnation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

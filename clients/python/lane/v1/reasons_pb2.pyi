@@ -142,6 +142,8 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """FAILED_PRECONDITION"""
     REASON_NOT_REPLAYABLE: _Reason.ValueType  # 82
     """FAILED_PRECONDITION"""
+    REASON_LANE_INCARNATION_CHANGED: _Reason.ValueType  # 89
+    """FAILED_PRECONDITION"""
     REASON_STALE_LEASE: _Reason.ValueType  # 90
     """ABORTED"""
     REASON_REVISION_OUT_OF_RANGE: _Reason.ValueType  # 100
@@ -174,6 +176,10 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """DATA_LOSS"""
     REASON_INTERNAL: _Reason.ValueType  # 140
     """INTERNAL"""
+    REASON_TOO_MANY_SESSIONS: _Reason.ValueType  # 150
+    """RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's DriveLane streams)"""
+    REASON_TOO_MANY_TRANSFERS: _Reason.ValueType  # 151
+    """RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's exports and imports)"""
 
 class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper):
     """The stable reasons of the lane service's refusals. A refusal carries its reason as the string
@@ -305,6 +311,8 @@ REASON_NOT_LEASED: Reason.ValueType  # 81
 """FAILED_PRECONDITION"""
 REASON_NOT_REPLAYABLE: Reason.ValueType  # 82
 """FAILED_PRECONDITION"""
+REASON_LANE_INCARNATION_CHANGED: Reason.ValueType  # 89
+"""FAILED_PRECONDITION"""
 REASON_STALE_LEASE: Reason.ValueType  # 90
 """ABORTED"""
 REASON_REVISION_OUT_OF_RANGE: Reason.ValueType  # 100
@@ -337,4 +345,8 @@ REASON_LANE_STATE_CORRUPT: Reason.ValueType  # 130
 """DATA_LOSS"""
 REASON_INTERNAL: Reason.ValueType  # 140
 """INTERNAL"""
+REASON_TOO_MANY_SESSIONS: Reason.ValueType  # 150
+"""RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's DriveLane streams)"""
+REASON_TOO_MANY_TRANSFERS: Reason.ValueType  # 151
+"""RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's exports and imports)"""
 Global___Reason: _TypeAlias = Reason  # noqa: Y015

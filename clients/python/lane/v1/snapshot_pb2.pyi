@@ -544,12 +544,19 @@ class LaneSnapshot(_message.Message):
     LAST_RESULT_FIELD_NUMBER: _builtins.int
     FAULTED_FIELD_NUMBER: _builtins.int
     OPERATION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     lane_id: _builtins.str
     revision: _builtins.int
     """The lane revision this snapshot reflects: every event with a higher revision comes after it."""
     tip_id: _builtins.str
     """Empty while the lane has no entries."""
     faulted: _builtins.bool
+    incarnation: _builtins.str
+    """Which incarnation of the lane id this is: an opaque id, new each time a lane is created or
+    imported under the id (a lane deleted and created again is a new incarnation, its
+    revisions starting over). A WatchLane resume names it (WatchLaneRequest.incarnation) so
+    that a revision of an earlier incarnation is never resumed from. Not part of an export.
+    """
     @_builtins.property
     def transcript(self) -> _containers.RepeatedCompositeFieldContainer[_entries_pb2.Entry]:
         """From the newest compaction entry (if any) to the tip, oldest first."""
@@ -581,10 +588,11 @@ class LaneSnapshot(_message.Message):
         last_result: Global___OperationResult | None = ...,
         faulted: _builtins.bool = ...,
         operation: Global___SnapshotOperation | None = ...,
+        incarnation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["configuration", b"configuration", "last_result", b"last_result", "operation", b"operation", "stats", b"stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["configuration", b"configuration", "faulted", b"faulted", "lane_id", b"lane_id", "last_result", b"last_result", "operation", b"operation", "queues", b"queues", "revision", b"revision", "stats", b"stats", "tip_id", b"tip_id", "transcript", b"transcript"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["configuration", b"configuration", "faulted", b"faulted", "incarnation", b"incarnation", "lane_id", b"lane_id", "last_result", b"last_result", "operation", b"operation", "queues", b"queues", "revision", b"revision", "stats", b"stats", "tip_id", b"tip_id", "transcript", b"transcript"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

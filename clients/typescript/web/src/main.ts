@@ -1,6 +1,6 @@
 /**
  * The service's web view, served at `/` of its HTTP port: `#/` lists the lanes, `#/lanes/ID`
- * is a lane's live page. It talks Connect to the page's own origin. With auth on, the service
+ * is a lane's live page (route.ts). It talks Connect to the page's own origin. With auth on, the service
  * answers UNAUTHENTICATED and the page asks for a token, kept for the browser tab
  * (sessionStorage) and sent as a bearer token.
  */
@@ -8,6 +8,7 @@ import { createLaneClient, type LaneError } from "@lane/client";
 import { h } from "./dom.js";
 import { showLane } from "./lane.js";
 import { showLanes } from "./lanes.js";
+import { routeOf } from "./route.js";
 
 const TOKEN_KEY = "lane-token";
 const root = document.getElementById("app")!;
@@ -43,13 +44,24 @@ function route(): void {
   current.abort();
   current = new AbortController();
   const signal = current.signal;
-  const match = /^#\/lanes\/(.+)$/.exec(location.hash);
+  const target = routeOf(location.hash);
   const failed = (thrown: unknown): void => {
     root.replaceChildren(h("p", { id: "fatal", class: "error" }, String(thrown)));
   };
-  if (match?.[1] !== undefined) {
+  if (target.page === "lane") {
     document.body.dataset.page = "lane";
-    showLane(root, client, decodeURIComponent(match[1]), { unauthenticated: askToken }, signal).catch(failed);
+    showLane(root, client, target.laneId, { unauthenticated: askToken }, signal).catch(failed);
+  } else if (target.page === "invalid") {
+    // Nothing of the page before stays: it would still say "live" about another lane.
+    document.body.dataset.page = "invalid";
+    root.replaceChildren(
+      h(
+        "main",
+        { id: "bad-address" },
+        h("p", { class: "error" }, `not a valid lane address: ${target.address}`),
+        h("p", {}, h("a", { href: "#/" }, "all lanes")),
+      ),
+    );
   } else {
     document.body.dataset.page = "lanes";
     showLanes(root, client, askToken, signal).catch(failed);

@@ -7,6 +7,7 @@ from typing import Any
 from lane.server.api import validation as v
 from lane.server.api.auth import Authenticator, caller_namespace
 from lane.server.api.call import Call
+from lane.server.api.fair_shares import FairShares, ShareLimits, ShareSettings
 from lane.server.api.watch import WatchSettings
 from lane.server.api.watcher_reads import WatcherReads
 from lane.server.api.write_deadline import WriteDeadline
@@ -26,6 +27,7 @@ class ServicerBase:
         hub: Hub,
         watch_settings: WatchSettings,
         authenticator: Authenticator,
+        shares: ShareSettings | None = None,
     ) -> None:
         self.store = store
         self.hub = hub
@@ -35,6 +37,23 @@ class ServicerBase:
         #: What this server's exports and imports hold (commands/transfer.py).
         self.transfers = TransferUsage()
         self.authenticator = authenticator
+        shares = shares or ShareSettings()
+        #: WatchLane streams, DriveLane sessions, ExportLane and ImportLane calls, each capped
+        #: per process and per namespace (fair_shares.py).
+        self.watcher_shares = FairShares(
+            "watchers",
+            "TOO_MANY_WATCHERS",
+            ShareLimits(
+                watch_settings.max_watchers_per_process, watch_settings.max_watchers_per_namespace
+            ),
+            watch_settings.full_retry_seconds,
+        )
+        self.session_shares = FairShares(
+            "sessions", "TOO_MANY_SESSIONS", shares.sessions, shares.retry_seconds
+        )
+        self.transfer_shares = FairShares(
+            "transfers", "TOO_MANY_TRANSFERS", shares.transfers, shares.retry_seconds
+        )
 
     @staticmethod
     def lane(lane_id: str) -> LaneRef:

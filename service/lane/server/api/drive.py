@@ -105,6 +105,7 @@ from lane.server.api.drive_frames import (
 )
 from lane.server.api.encoded_counts import check_encoded_counts
 from lane.server.api.errors import error_answer, implementation, rich_status, status_of
+from lane.server.api.fair_shares import holding
 from lane.server.api.instrument import MethodMetrics, bind_answer, bind_request, method_metrics
 from lane.server.api.rpc_spans import start_command
 from lane.server.api.validation import check_counts
@@ -204,6 +205,7 @@ class DriveRpcs(ServicerBase):
         self.drive_sessions = DriveSessions()
         self._drive_commands = command_table(type(self))
 
+    @holding("session_shares")  # TOO_MANY_SESSIONS past a cap
     async def DriveLane(self, requests: Any, context: Context) -> None:
         refusal = self.authenticator.admit(context.invocation_metadata())
         if refusal is not None:

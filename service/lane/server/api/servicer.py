@@ -15,6 +15,7 @@ from lane.server.api.call import Call, Context
 from lane.server.api.drive import DriveRpcs
 from lane.server.api.encoded_counts import check_encoded_counts
 from lane.server.api.errors import lane_error_status, unary
+from lane.server.api.fair_shares import ShareSettings
 from lane.server.api.framing import serialize
 from lane.server.api.harness_rpcs import HarnessRpcs
 from lane.server.api.instrument import binding_ids, observed
@@ -23,7 +24,7 @@ from lane.server.api.ownership_rpcs import OwnershipRpcs
 from lane.server.api.run_rpcs import RunRpcs
 from lane.server.api.tool_rpcs import ToolRpcs
 from lane.server.api.transfer_rpcs import TransferRpcs
-from lane.server.api.validation import check_counts
+from lane.server.api.validation import check_counts, require_id
 from lane.server.api.watch import WatchSettings, watch_lane
 from lane.server.domain.errors import InvalidArgument
 from lane.server.hub import Hub
@@ -38,9 +39,11 @@ class LaneServicer(
     @unary
     def WatchLane(self, request: pb.WatchLaneRequest, call: Call) -> Awaitable[None]:
         lane = self.lane(request.lane_id)
+        require_id(request.incarnation, "incarnation", optional=True)
         return watch_lane(
             self.watcher_reads,
             self.hub,
+            self.watcher_shares,
             lane,
             request,
             call.context,
@@ -152,10 +155,11 @@ def add_lane_service(
     hub: Hub,
     watch_settings: WatchSettings | None = None,
     authenticator: Authenticator | None = None,
+    shares: ShareSettings | None = None,
 ) -> LaneServicer:
     """Register the LaneService on ``server`` (without an ``authenticator``, auth is off)."""
     servicer = LaneServicer(
-        store, hub, watch_settings or WatchSettings(), authenticator or Authenticator({})
+        store, hub, watch_settings or WatchSettings(), authenticator or Authenticator({}), shares
     )
     handlers = _method_handlers(servicer)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -35,6 +35,7 @@ from lane.server.api.auth import caller_namespace
 from lane.server.api.base import ServicerBase
 from lane.server.api.call import Call, Context
 from lane.server.api.errors import error_answer, status_of, unary
+from lane.server.api.fair_shares import holding
 from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cut_off
 from lane.server.commands import transfer
 from lane.server.domain.errors import InvalidArgument
@@ -151,6 +152,7 @@ class TransferRpcs(ServicerBase):
     """ExportLane and ImportLane (module docstring)."""
 
     @unary
+    @holding("transfer_shares")  # TOO_MANY_TRANSFERS past a cap
     async def ExportLane(self, request: pb.ExportLaneRequest, call: Call) -> None:
         lane = self.lane(request.lane_id)
         deadline = self.write_deadline
@@ -182,6 +184,7 @@ class TransferRpcs(ServicerBase):
             except Exception:
                 return  # the status cannot be sent: the client is gone
 
+    @holding("transfer_shares")  # TOO_MANY_TRANSFERS past a cap
     async def ImportLane(self, requests: AsyncIterator[bytes], context: Context) -> Any:
         refusal = self.authenticator.admit(context.invocation_metadata())
         if refusal is not None:

@@ -24,21 +24,27 @@ from typing import Any
 
 import grpc
 from google.rpc import code_pb2
-from lane.limits import DEFAULT_MAX_WATCHERS, DEFAULT_MAX_WATCHERS_PER_LANE, HEARTBEAT_SECONDS
+from lane.limits import (
+    DEFAULT_MAX_WATCHERS,
+    DEFAULT_MAX_WATCHERS_PER_LANE,
+    DEFAULT_MAX_WATCHERS_PER_NAMESPACE,
+    HEARTBEAT_SECONDS,
+)
 from lane.v1 import lane_service_pb2 as pb
 from psycopg import OperationalError
 from psycopg_pool import PoolTimeout
 
 from lane.server import metrics, traces
 from lane.server.api.errors import status_of
+from lane.server.api.fair_shares import FairShares, Share
 from lane.server.api.framing import event_group_frame
 from lane.server.api.instrument import error_reason, status_code_name
 from lane.server.api.snapshot_stream import snapshot_frames
 from lane.server.api.watcher_reads import WatcherReads
 from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cut_off
-from lane.server.domain.errors import LaneError, OutOfRange, ResourceExhausted
+from lane.server.domain.errors import FailedPrecondition, LaneError, OutOfRange, ResourceExhausted
 from lane.server.hub import Hub, Subscription
-from lane.server.store import LaneRef, read_was_full
+from lane.server.store import IncarnationGone, LaneRef, read_was_full
 from lane.server.store.pool import DatabaseBusy
 
 DEFAULT_WRITE_DEADLINE_SECONDS = 30.0
@@ -60,9 +66,11 @@ class WatchSettings:
     #: Transcript bytes per snapshot message.
     chunk_bytes: int = 1 << 20
     #: Concurrent WatchLane streams of one lane, and of all lanes, in this process; a stream
-    #: over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
+    #: over any of these is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
     max_watchers_per_lane: int = DEFAULT_MAX_WATCHERS_PER_LANE
     max_watchers_per_process: int = DEFAULT_MAX_WATCHERS
+    #: ... and of one namespace (fair_shares.py: one tenant cannot hold every slot).
+    max_watchers_per_namespace: int = DEFAULT_MAX_WATCHERS_PER_NAMESPACE
     #: Database reads watchers make at once in this process (snapshots, resumes, catch-up):
     #: a reconnect storm of thousands queues here, leaving the rest of the pool to commands.
     max_concurrent_reads: int = 4
@@ -75,19 +83,14 @@ class WatchSettings:
         return self.stream_bytes // 2
 
 
-def admit(hub: Hub, lane: LaneRef, settings: WatchSettings) -> None:
-    """Refuse a new watcher of ``lane`` over either watcher limit (RESOURCE_EXHAUSTED
-    ``TOO_MANY_WATCHERS``). Called right before it subscribes, with no await between."""
-    refusal = _over_limits(hub, lane, settings)
-    if refusal is not None:
-        refusal.retry_after_seconds = settings.full_retry_seconds
-        raise refusal
-
-
-def _over_limits(hub: Hub, lane: LaneRef, settings: WatchSettings) -> ResourceExhausted | None:
+def admit(hub: Hub, shares: FairShares, lane: LaneRef, settings: WatchSettings) -> Share:
+    """A watcher slot of ``lane``'s namespace, or the refusal (RESOURCE_EXHAUSTED
+    ``TOO_MANY_WATCHERS``) over a limit: of the lane, of its namespace, of the process. Called
+    right before the watcher subscribes, with no await between; the slot is held while the
+    subscription is."""
     count = hub.watcher_count(lane)
     if count >= settings.max_watchers_per_lane:
-        return ResourceExhausted(
+        refusal = ResourceExhausted(
             "TOO_MANY_WATCHERS",
             f"lane {lane.lane_id} has {count} watchers on this server, its limit; retry later",
             laneId=lane.lane_id,
@@ -95,17 +98,9 @@ def _over_limits(hub: Hub, lane: LaneRef, settings: WatchSettings) -> ResourceEx
             watchers=count,
             limit=settings.max_watchers_per_lane,
         )
-    count = hub.watcher_count()
-    if count >= settings.max_watchers_per_process:
-        return ResourceExhausted(
-            "TOO_MANY_WATCHERS",
-            f"this server has {count} watchers, its limit; retry later or on another server",
-            laneId=lane.lane_id,
-            scope="process",
-            watchers=count,
-            limit=settings.max_watchers_per_process,
-        )
-    return None
+        refusal.retry_after_seconds = settings.full_retry_seconds
+        raise refusal
+    return shares.acquire(lane.namespace, laneId=lane.lane_id)
 
 
 class WatcherGone(Exception):
@@ -122,10 +117,12 @@ class WatcherTooSlow(Exception):
 
 async def _write(
     context: grpc.aio.ServicerContext[Any, Any],
-    message: pb.WatchLaneResponse | bytes,
+    message: pb.WatchLaneResponse | bytes | None,
     deadline: WriteDeadline,
     revision: int,
 ) -> None:
+    """Write ``message`` (None: the stream's headers alone, see :func:`_send_headers`) under
+    the write deadline: WatcherTooSlow when cut off, WatcherGone when the peer is gone."""
     try:
         await deadline.write(context, message)
     except DeadlinePassed:
@@ -136,6 +133,19 @@ async def _write(
     except Exception as exc:
         # grpcio raises an internal error type when the peer is already gone.
         raise WatcherGone from exc
+
+
+async def _send_headers(
+    context: grpc.aio.ServicerContext[Any, Any], deadline: WriteDeadline, revision: int
+) -> None:
+    """Send the stream's headers on their own, right before its first message.
+
+    Otherwise gRPC sends them with the first message, and until that write completes grpc.aio
+    counts them unsent: a stream cut while its first message is held back by flow control
+    would then be ended with the headers sent again beside the status, which gRPC core
+    refuses (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS), and the client would never get its
+    ``WATCHER_TOO_SLOW``. Refusals before the first message stay trailers-only."""
+    await _write(context, None, deadline, revision)
 
 
 async def _let_go(
@@ -166,6 +176,7 @@ async def _end(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status)
 async def watch_lane(
     store: WatcherReads,
     hub: Hub,
+    shares: FairShares,
     lane: LaneRef,
     request: pb.WatchLaneRequest,
     context: grpc.aio.ServicerContext[Any, Any],
@@ -177,8 +188,7 @@ async def watch_lane(
     ended = "error"
     subscription: Subscription | None = None
     try:
-        admit(hub, lane, settings)
-        with hub.subscribe(lane) as subscription:
+        with admit(hub, shares, lane, settings), hub.subscribe(lane) as subscription:
             await _serve(store, subscription, request, context, settings, deadline)
     except WatcherGone:
         ended = "client_left"
@@ -228,7 +238,17 @@ async def _serve(
     lane_id = lane.lane_id
     if request.HasField("after_revision"):
         revision = request.after_revision
-        head, floor, inside_group = await store.resume_point(lane, revision)
+        head, floor, inside_group, incarnation = await store.resume_point(lane, revision)
+        if request.incarnation and request.incarnation != str(incarnation):
+            # The revision counts events of a lane deleted since: this one's start over.
+            raise FailedPrecondition(
+                "LANE_INCARNATION_CHANGED",
+                f"lane {lane_id} was deleted and created again since incarnation "
+                f"{request.incarnation}: its revisions start over; take a new snapshot",
+                laneId=lane_id,
+                incarnation=incarnation,
+                resumedIncarnation=request.incarnation,
+            )
         if not floor <= revision <= head:
             raise _out_of_range(lane_id, revision, floor, head)
         if inside_group is not None:
@@ -246,23 +266,35 @@ async def _serve(
                 groupFirst=first,
                 groupLast=last,
             )
+        subscription.attached(incarnation)
         subscription.delivered(revision)
-        if revision == head:
-            subscription.caught_up()
+        if not subscription.deleted:
+            await _send_headers(context, deadline, revision)
+            if revision == head:
+                subscription.caught_up()
     else:
         with traces.span("lane.watch.snapshot"):
-            revision = await _send_snapshot(store, lane, context, settings.chunk_bytes, deadline)
+            revision = await _send_snapshot(
+                store, subscription, context, settings.chunk_bytes, deadline
+            )
             traces.annotate("lane.revision", revision)
         subscription.delivered(revision)
-        subscription.caught_up()
+        if not subscription.deleted:
+            subscription.caught_up()
+    following = subscription.incarnation
+    assert following is not None  # set by the first read (attached)
     while not subscription.closed and not subscription.deleted:
         shared = subscription.take()
         if shared is None:
             # Behind the lane's feed (just resumed, or slow), or the feed has no position yet:
             # read the log from this watcher's revision, a batch at a time.
-            groups = await store.read_events(
-                lane, revision, settings.read_batch, settings.read_bytes
-            )
+            try:
+                groups = await store.read_events(
+                    lane, revision, settings.read_batch, settings.read_bytes, following
+                )
+            except IncarnationGone:
+                subscription.gone()  # deleted: this watcher ends, with the lane's others
+                continue
             full = read_was_full(groups, settings.read_batch, settings.read_bytes)
             got_any = bool(groups)
             groups.reverse()
@@ -303,7 +335,9 @@ async def _serve(
         while not await subscription.wait(settings.heartbeat_seconds) and not (
             subscription.closed or subscription.deleted
         ):
-            heartbeat = pb.WatchLaneResponse(heartbeat=pb.Heartbeat(head_revision=revision))
+            heartbeat = pb.WatchLaneResponse(
+                heartbeat=pb.Heartbeat(head_revision=revision, incarnation=str(following))
+            )
             await _write(context, heartbeat, deadline, revision)
     if subscription.deleted and not subscription.closed:
         await _end(
@@ -328,15 +362,21 @@ async def _serve(
 
 async def _send_snapshot(
     store: WatcherReads,
-    lane: LaneRef,
+    subscription: Subscription,
     context: grpc.aio.ServicerContext[Any, Any],
     chunk_bytes: int,
     deadline: WriteDeadline,
 ) -> int:
     """Send the lane's snapshot (head, then transcript chunks); return its revision. Its own
-    function so that nothing of the snapshot outlives it: an idle watcher keeps no transcript."""
+    function so that nothing of the snapshot outlives it: an idle watcher keeps no transcript.
+    Nothing is sent when the hub already knows the incarnation read was deleted."""
+    lane = subscription.lane
     outline = await store.snapshot_outline(lane)
     revision = outline.snapshot.revision
+    subscription.attached(int(outline.snapshot.incarnation))
+    if subscription.deleted:
+        return revision
+    await _send_headers(context, deadline, revision)
     read_entries = functools.partial(store.entry_bodies, lane)
     async for frame in snapshot_frames(outline, read_entries, chunk_bytes):
         await _write(context, frame, deadline, revision)

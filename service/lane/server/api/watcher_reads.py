@@ -34,11 +34,13 @@ class WatcherReads:
             return await self._store.lane_head(lane)
 
     async def read_events(
-        self, lane: LaneRef, after_revision: int, limit: int, max_bytes: int
+        self, lane: LaneRef, after_revision: int, limit: int, max_bytes: int, incarnation: int
     ) -> list[EventGroup]:
-        """See :meth:`Store.read_events`."""
+        """See :meth:`Store.read_events` (the events of ``incarnation``)."""
         async with self._places:
-            return await self._store.read_events(lane, after_revision, limit, max_bytes)
+            return await self._store.read_events(
+                lane, after_revision, limit, max_bytes, incarnation
+            )
 
     async def snapshot_outline(self, lane: LaneRef) -> SnapshotOutline:
         """See :meth:`Store.snapshot_outline`."""

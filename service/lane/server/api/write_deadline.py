@@ -58,14 +58,17 @@ class WriteDeadline:
         return task.uncancel() <= cancelling
 
     async def write(self, context: grpc.aio.ServicerContext[Any, Any], message: object) -> None:
-        """Write ``message`` to the stream of ``context`` within the deadline; raise
-        :class:`DeadlinePassed` when the sweep cuts it off (anything else as the write raised
-        it)."""
+        """Write ``message`` (None: the stream's headers alone) to the stream of ``context``
+        within the deadline; raise :class:`DeadlinePassed` when the sweep cuts it off (anything
+        else as the write raised it)."""
         task = asyncio.current_task()
         assert task is not None
         self.begin(task)
         try:
-            await context.write(message)
+            if message is None:
+                await context.send_initial_metadata(())
+            else:
+                await context.write(message)
         except asyncio.CancelledError:
             if self.end(task):
                 raise DeadlinePassed from None
@@ -97,5 +100,9 @@ async def end_cut_off(context: grpc.aio.ServicerContext[Any, Any], status: grpc.
         # sleeps, so wait briefly; gRPC sends the status either way.
         async with asyncio.timeout(STATUS_SEND_SECONDS):
             await context.abort_with_status(status)
-    except TimeoutError:
+    except grpc.aio.AbortError:
+        raise
+    except Exception:
+        # TimeoutError, or gRPC took no status (the peer left meanwhile): nothing to tell,
+        # and no fault of the service's to log.
         return

@@ -33,10 +33,22 @@ Every variable is optional; an empty value counts as unset.
     How long a leased run may sit with no live lease and no abort before the service ends it
     itself (aborted, every unfinished call settled; see docs/recovery.md); seconds >= 0.
     A run whose abort was requested is ended as soon as its lease lapses. Default ``600``.
-``LANE_MAX_WATCHERS_PER_LANE``, ``LANE_MAX_WATCHERS``
-    How many WatchLane streams this process serves at once of one lane, and of all lanes; a
-    stream over either is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``. Whole numbers
-    >= 1. Defaults ``1000`` and ``10000``.
+``LANE_MAX_WATCHERS_PER_LANE``, ``LANE_MAX_WATCHERS``, ``LANE_MAX_WATCHERS_PER_NAMESPACE``
+    How many WatchLane streams this process serves at once of one lane, of all lanes, and of
+    one namespace's lanes; a stream over any is refused with RESOURCE_EXHAUSTED
+    ``TOO_MANY_WATCHERS``. Whole numbers >= 1. Defaults ``1000``, ``10000`` and ``5000``.
+``LANE_MAX_SESSIONS``, ``LANE_MAX_SESSIONS_PER_NAMESPACE``
+    How many DriveLane streams this process serves at once, in all and of one namespace; past
+    either a new stream is refused RESOURCE_EXHAUSTED ``TOO_MANY_SESSIONS``. Whole numbers >= 1.
+    Defaults ``2000`` and ``1000``.
+``LANE_MAX_TRANSFERS``, ``LANE_MAX_TRANSFERS_PER_NAMESPACE``
+    How many ExportLane and ImportLane calls this process serves at once, in all and of one
+    namespace; past either a call is refused RESOURCE_EXHAUSTED ``TOO_MANY_TRANSFERS``. Whole
+    numbers >= 1. Defaults ``16`` and ``8``.
+
+The per-namespace limits apply when the tokens name two or more namespaces (with one
+namespace, or auth off, the process limits are the only ones): one namespace at its limit
+then leaves the rest of the process's to the others (``service/lane/server/api/fair_shares.py``).
 ``LANE_WATCH_WRITE_DEADLINE_SECONDS``
     How long a WatchLane stream may wait for its client to take what it was sent (HTTP/2 flow
     control: the client stopped reading and the buffers between are full) before the service
@@ -122,7 +134,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from lane.limits import DEFAULT_MAX_WATCHERS, DEFAULT_MAX_WATCHERS_PER_LANE
+from lane.limits import (
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_SESSIONS_PER_NAMESPACE,
+    DEFAULT_MAX_TRANSFERS,
+    DEFAULT_MAX_TRANSFERS_PER_NAMESPACE,
+    DEFAULT_MAX_WATCHERS,
+    DEFAULT_MAX_WATCHERS_PER_LANE,
+    DEFAULT_MAX_WATCHERS_PER_NAMESPACE,
+)
 from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -208,6 +228,31 @@ SETTINGS: tuple[Setting, ...] = (
         "WatchLane streams this process serves in all",
     ),
     Setting(
+        "LANE_MAX_WATCHERS_PER_NAMESPACE",
+        str(DEFAULT_MAX_WATCHERS_PER_NAMESPACE),
+        "WatchLane streams of one namespace this process serves (with 2+ namespaces)",
+    ),
+    Setting(
+        "LANE_MAX_SESSIONS",
+        str(DEFAULT_MAX_SESSIONS),
+        "DriveLane streams this process serves in all",
+    ),
+    Setting(
+        "LANE_MAX_SESSIONS_PER_NAMESPACE",
+        str(DEFAULT_MAX_SESSIONS_PER_NAMESPACE),
+        "DriveLane streams of one namespace this process serves (with 2+ namespaces)",
+    ),
+    Setting(
+        "LANE_MAX_TRANSFERS",
+        str(DEFAULT_MAX_TRANSFERS),
+        "ExportLane and ImportLane calls this process serves at once in all",
+    ),
+    Setting(
+        "LANE_MAX_TRANSFERS_PER_NAMESPACE",
+        str(DEFAULT_MAX_TRANSFERS_PER_NAMESPACE),
+        "ExportLane and ImportLane calls of one namespace at once (with 2+ namespaces)",
+    ),
+    Setting(
         "LANE_WATCH_WRITE_DEADLINE_SECONDS",
         f"{DEFAULT_WRITE_DEADLINE_SECONDS:g}",
         "a watcher whose client takes nothing for this long is ended WATCHER_TOO_SLOW",
@@ -282,6 +327,11 @@ class Settings:
     orphan_seconds: float = 600.0
     max_watchers_per_lane: int = DEFAULT_MAX_WATCHERS_PER_LANE
     max_watchers: int = DEFAULT_MAX_WATCHERS
+    max_watchers_per_namespace: int = DEFAULT_MAX_WATCHERS_PER_NAMESPACE
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_sessions_per_namespace: int = DEFAULT_MAX_SESSIONS_PER_NAMESPACE
+    max_transfers: int = DEFAULT_MAX_TRANSFERS
+    max_transfers_per_namespace: int = DEFAULT_MAX_TRANSFERS_PER_NAMESPACE
     watch_write_deadline_seconds: float = DEFAULT_WRITE_DEADLINE_SECONDS
     watch_stream_bytes: int = DEFAULT_STREAM_BYTES
     db_pool_size: int = DEFAULT_POOL_SIZE
@@ -328,6 +378,17 @@ class Settings:
         orphan = get("LANE_ORPHAN_SECONDS")
         watchers_per_lane = get("LANE_MAX_WATCHERS_PER_LANE")
         watchers = get("LANE_MAX_WATCHERS")
+        counts = {
+            name: _count(name, value)
+            for name in (
+                "LANE_MAX_WATCHERS_PER_NAMESPACE",
+                "LANE_MAX_SESSIONS",
+                "LANE_MAX_SESSIONS_PER_NAMESPACE",
+                "LANE_MAX_TRANSFERS",
+                "LANE_MAX_TRANSFERS_PER_NAMESPACE",
+            )
+            if (value := get(name)) is not None
+        }
         write_deadline = get("LANE_WATCH_WRITE_DEADLINE_SECONDS")
         stream_bytes = get("LANE_WATCH_STREAM_BYTES")
         pool_size = get("LANE_DB_POOL_SIZE")
@@ -403,6 +464,17 @@ class Settings:
             ),
             max_watchers=(
                 defaults.max_watchers if watchers is None else _count("LANE_MAX_WATCHERS", watchers)
+            ),
+            max_watchers_per_namespace=counts.get(
+                "LANE_MAX_WATCHERS_PER_NAMESPACE", defaults.max_watchers_per_namespace
+            ),
+            max_sessions=counts.get("LANE_MAX_SESSIONS", defaults.max_sessions),
+            max_sessions_per_namespace=counts.get(
+                "LANE_MAX_SESSIONS_PER_NAMESPACE", defaults.max_sessions_per_namespace
+            ),
+            max_transfers=counts.get("LANE_MAX_TRANSFERS", defaults.max_transfers),
+            max_transfers_per_namespace=counts.get(
+                "LANE_MAX_TRANSFERS_PER_NAMESPACE", defaults.max_transfers_per_namespace
             ),
             watch_write_deadline_seconds=(
                 defaults.watch_write_deadline_seconds

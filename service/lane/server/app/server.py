@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry
 
 from lane.server.api import LaneServicer, WatchSettings, add_lane_service
 from lane.server.api.auth import Authenticator
+from lane.server.api.fair_shares import ShareLimits, ShareSettings
 from lane.server.app.config import (
     Settings,
     is_loopback,
@@ -272,13 +273,16 @@ async def start_server(
         watch = watch or WatchSettings(
             max_watchers_per_lane=settings.max_watchers_per_lane,
             max_watchers_per_process=settings.max_watchers,
+            max_watchers_per_namespace=_per_namespace(
+                settings, settings.max_watchers_per_namespace, settings.max_watchers
+            ),
             write_deadline_seconds=settings.watch_write_deadline_seconds,
             stream_bytes=settings.watch_stream_bytes,
             # Half the pool at most: a reconnect storm never keeps commands from the database.
             max_concurrent_reads=max(1, settings.db_pool_size // 2),
         )
         health_servicer, lane_servicer = await _add_services(
-            server, store, hub, watch, Authenticator(settings.auth_tokens)
+            server, store, hub, watch, Authenticator(settings.auth_tokens), _shares(settings)
         )
         try:
             credentials = server_credentials(settings)
@@ -419,19 +423,40 @@ async def check_database(dsn: str, database: str) -> None:
     await conn.close()
 
 
+def _per_namespace(settings: Settings, limit: int, process_limit: int) -> int:
+    """A namespace's limit: its own when the tokens name two or more namespaces; else the
+    process's, since the one namespace is all the process serves."""
+    return limit if len(set(settings.auth_tokens.values())) > 1 else process_limit
+
+
+def _shares(settings: Settings) -> ShareSettings:
+    """The caps of DriveLane sessions and of exports and imports (fair_shares.py)."""
+    return ShareSettings(
+        sessions=ShareLimits(
+            settings.max_sessions,
+            _per_namespace(settings, settings.max_sessions_per_namespace, settings.max_sessions),
+        ),
+        transfers=ShareLimits(
+            settings.max_transfers,
+            _per_namespace(settings, settings.max_transfers_per_namespace, settings.max_transfers),
+        ),
+    )
+
+
 async def _add_services(
     server: grpc.aio.Server,
     store: Store,
     hub: Hub,
     watch: WatchSettings | None,
     authenticator: Authenticator,
+    shares: ShareSettings,
 ) -> tuple[Any, LaneServicer]:
     """Register LaneService, health (all SERVING) and reflection; return the health servicer
     and the LaneService servicer.
 
     Health and reflection stay open without a token: probes and tools need them, and they
     reveal no lane."""
-    lane_servicer = add_lane_service(server, store, hub, watch, authenticator)
+    lane_servicer = add_lane_service(server, store, hub, watch, authenticator, shares)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in (health.OVERALL_HEALTH, LANE_SERVICE_NAME):

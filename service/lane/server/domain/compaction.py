@@ -48,7 +48,7 @@ def start_compaction(
         reason=reason,
     )
     if lease is not None:
-        operation = granted(operation, lease[0], lease[1], now)
+        operation = granted(state, operation, lease[0], lease[1], now)
     log = EventLog(state.lane_id, state.revision, now)
     start = events_pb2.CompactionStartEvent(run_id=operation_id, reason=reason)
     start.started_time.FromDatetime(now)

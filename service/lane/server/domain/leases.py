@@ -28,11 +28,28 @@ class Leased(Transition):
     operation: Operation
 
 
-def granted(operation: Operation, driver_id: str, seconds: int, now: datetime) -> Operation:
-    """``operation`` leased to ``driver_id`` with the next fencing token."""
+#: Fencing tokens of a lane's incarnation n start above n << TOKEN_BITS (see :func:`granted`).
+TOKEN_BITS = 32
+
+
+def grants(lease_token: int) -> int:
+    """How many leases of its run came before and with ``lease_token``: the token's count
+    within its incarnation's range (see :func:`granted`)."""
+    return lease_token & ((1 << TOKEN_BITS) - 1)
+
+
+def granted(
+    state: LaneState, operation: Operation, driver_id: str, seconds: int, now: datetime
+) -> Operation:
+    """``operation`` of ``state`` leased to ``driver_id`` with the next fencing token.
+
+    Tokens count up from the lane's incarnation shifted by :data:`TOKEN_BITS`, not from 0: a
+    lane deleted and created again under its id is a later incarnation, so none of its tokens
+    is one a driver of the deleted lane holds, even for a run given the same (caller-chosen)
+    operation id. Such a driver's commands are refused ``STALE_LEASE``."""
     return replace(
         operation,
-        lease_token=operation.lease_token + 1,
+        lease_token=max(operation.lease_token, state.incarnation << TOKEN_BITS) + 1,
         lease_holder=driver_id,
         lease_expires=now + timedelta(seconds=seconds),
     )
@@ -57,7 +74,7 @@ def acquire(
             driverId=operation.lease_holder or "",
             expireTime=operation.lease_expires.isoformat() if operation.lease_expires else "",
         )
-    operation = granted(operation, driver_id, seconds, now)
+    operation = granted(state, operation, driver_id, seconds, now)
     log = EventLog(state.lane_id, state.revision, now)
     state = replace(state, operation=operation)
     batch = operation.batch

@@ -158,7 +158,7 @@ def start_run(
         settings=settings,
     )
     if lease is not None:
-        operation = granted(operation, lease[0], lease[1], now)
+        operation = granted(state, operation, lease[0], lease[1], now)
     next_state = replace(
         state,
         operation=operation,

@@ -144,3 +144,6 @@ class LaneState:
     last_operation_id: str | None = None
     last_result: snapshot_pb2.OperationResult | None = None
     faulted: bool = False
+    #: Which incarnation of the lane id this is: a number the store gives each lane it creates
+    #: or imports, higher for a later one (0 until the lane's row exists).
+    incarnation: int = 0

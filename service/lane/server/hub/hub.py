@@ -14,8 +14,16 @@ as the store wrote them, shared by all of the lane's watchers. Three things brin
 
 A deleted lane's watchers are ended (:attr:`Subscription.deleted`): at once when the lane was
 deleted in this process (the store's delete listener); on a deletion notice (payload
-``-namespace/lane_id``) from the process that deleted it; and, failing that, by the poll, which
-finds the lane gone.
+``-namespace/lane_id``, then the incarnation deleted) from the process that deleted it; and,
+failing that, by the poll, which finds the lane gone or another incarnation of it.
+
+Incarnations: a lane id may be deleted and created again; each lane row has its own
+incarnation, a number that grows with each creation. A watcher reports the incarnation its
+first read found (:meth:`Subscription.attached`); all the watchers of a feed follow one
+incarnation, the feed's, and its groups are that incarnation's (shared reads check it). Only a
+watcher whose incarnation is known to be gone is ended: a lane that is absent from a poll, or
+deleted, ends none of the watchers that have not read it yet — they started before it existed,
+and their own reads tell what they follow. Such watchers stay, on a feed of their own.
 
 Correctness never depends on NOTIFY, nor on the feed: the log is the source of truth, a feed
 holds only whole groups that continue each other, and a watcher the feed cannot serve reads the
@@ -37,7 +45,15 @@ import time
 from lane.server import metrics
 from lane.server.hub import interest
 from lane.server.hub.feed import FEED_MAX_BYTES, Feed, FeedMemory, SharedGroup
-from lane.server.store import ChannelError, EventGroup, LaneRef, Notifier, Store, read_was_full
+from lane.server.store import (
+    ChannelError,
+    EventGroup,
+    IncarnationGone,
+    LaneRef,
+    Notifier,
+    Store,
+    read_was_full,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +85,24 @@ class Subscription:
 
     # Slots and a bare future rather than an asyncio.Event (whose deque of waiters alone is
     # ~600 B): an idle watcher is mostly this object, and a process holds thousands.
-    __slots__ = ("_closed", "_deleted", "_feed", "_hub", "_rung", "_waiter", "lane", "revision")
+    __slots__ = (
+        "_closed",
+        "_deleted",
+        "_feed",
+        "_hub",
+        "_rung",
+        "_waiter",
+        "incarnation",
+        "lane",
+        "revision",
+    )
 
     def __init__(self, hub: Hub, lane: LaneRef, feed: LaneFeed, *, closed: bool) -> None:
         self.lane = lane
         #: The revision this watcher has delivered through.
         self.revision = 0
+        #: The lane's incarnation this watcher follows (None until it read the lane).
+        self.incarnation: int | None = None
         self._hub = hub
         self._feed = feed
         #: Rung since the last wait returned (a ring while the watcher writes is kept).
@@ -104,6 +132,18 @@ class Subscription:
         """Ask the watcher to end its stream: its lane is gone."""
         self._deleted = True
         self.ring()
+
+    def gone(self) -> None:
+        """The watcher's read found the incarnation it follows deleted: end it, and the lane's
+        other watchers here that follow it."""
+        self._hub._lane_gone(self.lane, self.incarnation)
+        self.lane_deleted()
+
+    def attached(self, incarnation: int) -> None:
+        """The watcher's first read (its snapshot, or its resume point) found the lane's
+        ``incarnation``: the one it follows. Ends it (:attr:`deleted`) when this process knows
+        a later incarnation already."""
+        self._hub._attached(self, incarnation)
 
     def delivered(self, revision: int) -> None:
         """The watcher has delivered every event through ``revision``."""
@@ -166,6 +206,9 @@ class LaneFeed:
 
     def __init__(self, lane: LaneRef, memory: FeedMemory) -> None:
         self.lane = lane
+        #: The lane's incarnation the feed and its watchers follow (None until a watcher read
+        #: the lane, or a commit here named it). Set before the feed has a position.
+        self.incarnation: int | None = None
         self.feed = Feed(memory)
         self.subscriptions: set[Subscription] = set()
         #: A shared read is due (another process committed, or a watcher is ahead).
@@ -193,8 +236,8 @@ class Hub:
         self.feed_memory = FeedMemory()
         self._readers: set[asyncio.Task[None]] = set()
         self._dirty: set[LaneRef] = set()
-        #: Lanes deleted here, still to tell the other processes about.
-        self._deleted: set[LaneRef] = set()
+        #: Lanes deleted here (with the incarnation deleted), still to tell the others about.
+        self._deleted: dict[LaneRef, int] = {}
         self._dirty_event = asyncio.Event()
         self._notifier: Notifier | None = None
         #: The lanes other processes watch; our watched lanes still to announce.
@@ -271,11 +314,21 @@ class Hub:
         """Whether another process announced watchers of ``lane`` (its commits ring them)."""
         return self._remote.watched(lane)
 
-    def committed(self, lane: LaneRef, group: EventGroup) -> None:
+    def committed(self, lane: LaneRef, incarnation: int, group: EventGroup) -> None:
         """A commit in this process (the store's commit listener): hand its group to the lane's
         feed and wake its watchers now; ring other processes soon."""
         watched = self._lanes.get(lane)
+        if watched is not None and watched.incarnation not in (None, incarnation):
+            known = watched.incarnation
+            assert known is not None
+            if incarnation < known:
+                watched = None  # a commit of an incarnation its watchers here left already
+            else:
+                # A later incarnation committed: the feed's was deleted.
+                self._lane_gone(lane, known)
+                watched = self._lanes.get(lane)
         if watched is not None:
+            watched.incarnation = incarnation
             feed = watched.feed
             end = feed.end
             if end is None:
@@ -293,21 +346,55 @@ class Hub:
             self._dirty.add(lane)
             self._dirty_event.set()
 
-    def lane_deleted(self, lane: LaneRef) -> None:
-        """The lane was deleted in this process (the store's delete listener): end its watchers
-        here now, and tell the other processes."""
-        self._lane_gone(lane)
+    def lane_deleted(self, lane: LaneRef, incarnation: int) -> None:
+        """The lane's ``incarnation`` was deleted in this process (the store's delete
+        listener): end its watchers here now, and tell the other processes."""
+        self._lane_gone(lane, incarnation)
         if self.notify:
-            self._deleted.add(lane)
+            self._deleted[lane] = incarnation
             self._dirty_event.set()
 
-    def _lane_gone(self, lane: LaneRef) -> None:
-        """End the watchers of a deleted lane. Its feed is dropped at once, so a watcher of a
-        lane created again under the id starts on a feed of its own."""
-        watched = self._lanes.pop(lane, None)
-        if watched is not None:
-            for subscription in watched.subscriptions:
+    def _attached(self, subscription: Subscription, incarnation: int) -> None:
+        subscription.incarnation = incarnation
+        watched = subscription._feed
+        known = watched.incarnation
+        if subscription.deleted or self._lanes.get(watched.lane) is not watched:
+            return
+        if known is None:
+            watched.incarnation = incarnation
+        elif incarnation < known:
+            # A later incarnation exists: the one this watcher read was deleted meanwhile.
+            subscription.lane_deleted()
+        elif incarnation > known:
+            # The feed's incarnation was deleted; this watcher moves to a feed of its own.
+            self._lane_gone(watched.lane, known)
+
+    def _lane_gone(self, lane: LaneRef, gone: int | None) -> None:
+        """End the watchers of the incarnation ``gone`` of a deleted lane (None: the one its
+        watchers here follow). Its feed is dropped at once, so a watcher of a lane created
+        again under the id starts on a feed of its own. Watchers that have not read the lane
+        yet, or follow a later incarnation, stay, on a new feed: they may follow a lane
+        created after the delete."""
+        watched = self._lanes.get(lane)
+        if watched is None or watched.incarnation is None:
+            return  # none of its watchers here has read it: none follows what was deleted
+        known = watched.incarnation
+        if gone is not None and gone < known:
+            return  # an earlier incarnation's deletion, heard late
+        del self._lanes[lane]
+        self.feed_memory.forget(watched.feed)
+        fresh: LaneFeed | None = None
+        for subscription in list(watched.subscriptions):
+            if subscription.incarnation is not None and subscription.incarnation <= known:
                 subscription.lane_deleted()
+                continue
+            if fresh is None:
+                fresh = self._lanes[lane] = LaneFeed(lane, self.feed_memory)
+            watched.subscriptions.discard(subscription)
+            fresh.subscriptions.add(subscription)
+            subscription._feed = fresh
+            if subscription.incarnation is not None:
+                fresh.incarnation = subscription.incarnation
 
     def refresh(self, lane: LaneRef) -> None:
         """Bring ``lane``'s feed up to the log (another process committed to it)."""
@@ -351,12 +438,20 @@ class Hub:
         try:
             while watched.read_wanted and self._lanes.get(lane) is watched:
                 watched.read_wanted = False
-                assert feed.end is not None
+                # A position comes with an incarnation (committed, _caught_up after attached).
+                assert feed.end is not None and watched.incarnation is not None
                 try:
                     self.shared_reads += 1
                     groups = await self.store.read_events(
-                        lane, feed.end, SHARED_READ_BATCH, SHARED_READ_BYTES
+                        lane,
+                        feed.end,
+                        SHARED_READ_BATCH,
+                        SHARED_READ_BYTES,
+                        incarnation=watched.incarnation,
                     )
+                except IncarnationGone as gone:
+                    self._lane_gone(lane, gone.incarnation)
+                    return
                 except Exception as exc:  # the database: transient, as for every other read
                     log.warning("could not read the events of lane %s: %s", lane, exc)
                     watched.read_wanted = True
@@ -393,10 +488,12 @@ class Hub:
                     refresh_at = time.monotonic() + interest.REFRESH_SECONDS
                 announced = self._to_announce()
                 doorbells = [interest.doorbell(lane) for lane in sorted(self._dirty)]
-                deletions = [interest.deletion(lane) for lane in sorted(self._deleted)]
+                deletions = [
+                    interest.deletion(*deleted) for deleted in sorted(self._deleted.items())
+                ]
                 payloads = doorbells + deletions + interest.announcements(announced)
                 self._dirty = set()
-                self._deleted = set()
+                self._deleted = {}
                 if not payloads:
                     continue
                 metrics.current.doorbells_sent.inc(len(doorbells))
@@ -457,7 +554,7 @@ class Hub:
         elif payload.startswith(interest.ANNOUNCE):
             self._remote.heard(payload)
         elif payload.startswith(interest.DELETED):
-            self._lane_gone(interest.rung_lane(payload[len(interest.DELETED) :]))
+            self._lane_gone(*interest.deleted_lane(payload))
         else:
             self.refresh(interest.rung_lane(payload))
 
@@ -466,26 +563,32 @@ class Hub:
             await asyncio.sleep(self.poll_interval)
             if not self._lanes:
                 continue
-            # Only the lanes asked about: one first watched during the read is not "gone".
-            polled = dict(self._lanes)
+            # Only the lanes asked about, with the incarnation their watchers had read before
+            # the poll's read: what is missing from it, or another incarnation, was deleted.
+            polled = {lane: (watched, watched.incarnation) for lane, watched in self._lanes.items()}
             try:
                 heads = await self.store.lane_heads(list(polled))
             except Exception as exc:  # the database: transient, try again next time
                 log.warning("poll failed: %s", exc)
                 continue
-            for lane, watched in polled.items():
+            for lane, (watched, known) in polled.items():
                 head = heads.get(lane)
                 end = watched.feed.end
                 if self._lanes.get(lane) is not watched:
                     continue  # deleted, or deleted and watched again, during the poll's read
-                if head is None:
-                    self._lane_gone(lane)  # deleted (its deletion notice did not reach us)
+                if known is not None and (head is None or head.incarnation != known):
+                    # Deleted (its deletion notice did not reach us), maybe created again.
+                    self._lane_gone(lane, known)
+                elif head is None or head.incarnation != watched.incarnation:
+                    # Not read by any of its watchers before the poll: absent from the poll
+                    # only means they started first, and their own reads tell what they follow.
+                    continue
                 elif end is None:
                     # No feed position yet: the watchers behind read the log themselves.
                     for subscription in watched.subscriptions:
-                        if head > subscription.revision:
+                        if head.revision > subscription.revision:
                             subscription.ring()
-                elif head > end:
+                elif head.revision > end:
                     self._want_read(watched)
                 else:
                     start = watched.feed.start

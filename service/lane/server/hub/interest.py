@@ -29,7 +29,8 @@ TTL_SECONDS = 3 * REFRESH_SECONDS
 #: The largest NOTIFY payload sent (PostgreSQL's limit is 8,000 bytes).
 MAX_PAYLOAD_BYTES = 7_000
 ANNOUNCE = "+"
-#: The prefix of a deletion notice (``-ns/lane``): the lane was deleted; its watchers end.
+#: The prefix of a deletion notice (``-ns/lane``, a newline, the incarnation deleted): the
+#: lane was deleted; the watchers of that incarnation end.
 DELETED = "-"
 
 
@@ -38,9 +39,18 @@ def doorbell(lane: LaneRef) -> str:
     return f"{lane.namespace}/{lane.lane_id}"
 
 
-def deletion(lane: LaneRef) -> str:
-    """The payload saying ``lane`` was deleted."""
-    return DELETED + doorbell(lane)
+def deletion(lane: LaneRef, incarnation: int) -> str:
+    """The payload saying ``lane``'s ``incarnation`` was deleted."""
+    return f"{DELETED}{doorbell(lane)}\n{incarnation}"
+
+
+def deleted_lane(payload: str) -> tuple[LaneRef, int | None]:
+    """The lane and incarnation a deletion notice names (None: a notice without one, from a
+    process of an earlier version). Lane ids are printable: a newline ends one."""
+    body, newline, incarnation = payload[len(DELETED) :].rpartition("\n")
+    if newline and incarnation.isdigit():
+        return rung_lane(body), int(incarnation)
+    return rung_lane(payload[len(DELETED) :]), None
 
 
 def rung_lane(payload: str) -> LaneRef:

@@ -6,7 +6,12 @@ from lane.server.store.lane_ref import DEFAULT_NAMESPACE, LANE_SCAN, LaneRef
 from lane.server.store.lane_store import Store
 from lane.server.store.lane_transfer import IMPORT_COLUMNS, ExportPage, ImportBatch
 from lane.server.store.notify import ChannelError, Listener, Notification, Notifier
-from lane.server.store.store_reads import ResumePoint, SnapshotOutline
+from lane.server.store.store_reads import (
+    IncarnationGone,
+    LaneHead,
+    ResumePoint,
+    SnapshotOutline,
+)
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -17,6 +22,8 @@ __all__ = [
     "EventGroup",
     "ExportPage",
     "ImportBatch",
+    "IncarnationGone",
+    "LaneHead",
     "LaneRef",
     "Listener",
     "Notification",

@@ -31,7 +31,7 @@ Conn = AsyncConnection[Any]
 
 _LANE = (
     "SELECT revision, tip_id, configuration, message_count, usage_totals,"
-    " current_operation_id, last_operation_id, faulted, version FROM lanes"
+    " current_operation_id, last_operation_id, faulted, version, incarnation FROM lanes"
     " WHERE namespace = %(ns)s AND lane_id = %(lane)s"
 )
 _INBOX = "SELECT body FROM inbox WHERE namespace = %(ns)s AND lane_id = %(lane)s ORDER BY position"
@@ -96,7 +96,8 @@ async def load_versioned(
         row = await lane_row.fetchone()
         if row is None:
             return None
-        (revision, tip_id, configuration, message_count, totals, _, last_id, faulted, version) = row
+        (revision, tip_id, configuration, message_count, totals, _, last_id, faulted) = row[:8]
+        version, incarnation = row[8:]
         state = LaneState(
             lane_id=lane.lane_id,
             revision=revision,
@@ -109,6 +110,7 @@ async def load_versioned(
             last_operation_id=last_id,
             last_result=await _last_result(last),
             faulted=faulted,
+            incarnation=incarnation,
         )
         return VersionedLane(state, version)
 
@@ -260,12 +262,39 @@ async def load_bodies(
 
 async def load_events(
     conn: Conn, lane: LaneRef, after_revision: int, limit: int, max_bytes: int
-) -> list[tuple[int, int, bytes, datetime]]:
+) -> list[EventRow]:
     """Events after ``after_revision`` as (revision, group_end, body, commit_time), whole
     groups only (a group is never cut): the groups that start within the first ``limit``
     events and within the first ``max_bytes`` bytes of bodies. The first group always comes,
     whatever its size, so a read makes progress; it can run over by at most one group."""
-    cur = await conn.execute(
+    cur = await conn.execute(*_events_query(lane, after_revision, limit, max_bytes), binary=True)
+    return _event_rows(await cur.fetchall())
+
+
+async def load_events_of(
+    conn: Conn, lane: LaneRef, after_revision: int, limit: int, max_bytes: int
+) -> tuple[list[EventRow], int | None]:
+    """:func:`load_events`, and the lane's incarnation read just after them in the same round
+    trip (None when the lane is gone)."""
+    async with conn.pipeline():
+        events = await conn.execute(
+            *_events_query(lane, after_revision, limit, max_bytes), binary=True
+        )
+        lane_row = await conn.execute(_INCARNATION, lane.params)
+        rows = await events.fetchall()
+        row = await lane_row.fetchone()
+    return _event_rows(rows), None if row is None else row[0]
+
+
+#: One event as read: (revision, group_end, body, commit_time).
+EventRow = tuple[int, int, bytes, datetime]
+_INCARNATION = "SELECT incarnation FROM lanes WHERE namespace = %(ns)s AND lane_id = %(lane)s"
+
+
+def _events_query(
+    lane: LaneRef, after_revision: int, limit: int, max_bytes: int
+) -> tuple[str, dict[str, Any]]:
+    return (
         "WITH head AS ("
         "   SELECT revision, group_end,"
         "   sum(octet_length(body)) OVER (ORDER BY revision) - octet_length(body) AS bytes_before"
@@ -278,7 +307,9 @@ async def load_events(
         "   WHERE bytes_before < %(max_bytes)s OR revision = %(after)s + 1)"
         " ORDER BY revision",
         {**lane.params, "after": after_revision, "limit": limit, "max_bytes": max_bytes},
-        # Binary results: bytea as text is hex, twice the bodies' size held while decoding.
-        binary=True,
     )
-    return [(r, g, bytes(b), t) for (r, g, b, t) in await cur.fetchall()]
+
+
+def _event_rows(rows: list[Any]) -> list[EventRow]:
+    # Binary results (bytea as text is hex, twice the bodies' size held while decoding).
+    return [(r, g, bytes(b), t) for (r, g, b, t) in rows]

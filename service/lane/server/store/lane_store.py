@@ -9,6 +9,7 @@ import functools
 import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -56,13 +57,14 @@ A = TypeVar("A")
 
 log = logging.getLogger(__name__)
 
-#: Called after every commit that appended events, with the lane and its events as written
-#: (the hub hands them to the lane's watchers from memory). Called in commit order per lane, in
-#: the lane's turn (``LaneCache.turn``): must not block, and must not keep the list it is given
-#: for anything but reading.
-CommitListener = Callable[[LaneRef, EventGroup], None]
-#: Called after a lane was deleted in this process (the hub ends its watchers). Must not block.
-DeleteListener = Callable[[LaneRef], None]
+#: Called after every commit that appended events, with the lane, its incarnation and its events
+#: as written (the hub hands them to the lane's watchers from memory). Called in commit order
+#: per lane, in the lane's turn (``LaneCache.turn``): must not block, and must not keep the list
+#: it is given for anything but reading.
+CommitListener = Callable[[LaneRef, int, EventGroup], None]
+#: Called after a lane was deleted in this process, with the incarnation deleted (the hub ends
+#: its watchers). Must not block.
+DeleteListener = Callable[[LaneRef, int], None]
 
 
 _VERSION = "SELECT version FROM lanes WHERE namespace = %(ns)s AND lane_id = %(lane)s"
@@ -187,13 +189,16 @@ class Store(StoreReads):
         """A session of its own for sending NOTIFYs; close it when done."""
         return notify.Notifier(str(self.pool.conninfo))
 
-    def _committed(self, lane: LaneRef, statement: CommitStatement | None) -> None:
-        """Hand a commit's events, as written, to the commit listeners."""
+    def _committed(
+        self, lane: LaneRef, state: LaneState, statement: CommitStatement | None
+    ) -> None:
+        """Hand a commit's events, as written, to the commit listeners (``state``: the lane
+        after it)."""
         if statement is None or statement.events is None:
             return
         metrics.current.events_appended.inc(len(statement.events.bodies))
         for listener in self._commit_listeners:
-            listener(lane, statement.events)
+            listener(lane, state.incarnation, statement.events)
 
     async def command(
         self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None = None
@@ -259,7 +264,7 @@ class Store(StoreReads):
             return None
         metrics.current.optimistic_commits.inc()
         self.cache.put(lane, VersionedLane(transition.state, cached.version + 1))
-        self._committed(lane, statement)
+        self._committed(lane, transition.state, statement)
         return (answer,)
 
     async def _locked(self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None) -> A:
@@ -286,7 +291,7 @@ class Store(StoreReads):
             raise _reused_id(exc, transition) from exc
         if statement is not None:
             self.cache.put(lane, VersionedLane(transition.state, loaded.version + 1))
-            self._committed(lane, statement)
+            self._committed(lane, transition.state, statement)
         return answer
 
     async def create_lane(
@@ -320,7 +325,11 @@ class Store(StoreReads):
                     replay = await replayed_answer(conn, lane, request.key, request.form)
                     if replay is not None:
                         return request.decode(replay)
-                if not inserted:
+                if inserted:
+                    # The row gave the new lane its incarnation.
+                    created = replace(transition.state, incarnation=loaded.state.incarnation)
+                    transition = replace(transition, state=created)
+                else:
                     transition = Transition(loaded.state)
                 result = answer(inserted, transition.state)
                 statement = commit_statement(
@@ -334,7 +343,7 @@ class Store(StoreReads):
                     await run_commit(conn, statement)
             version = loaded.version + (statement is not None)
             self.cache.put(lane, VersionedLane(transition.state, version))
-            self._committed(lane, statement)
+            self._committed(lane, transition.state, statement)
         return result
 
     async def delete_lane(
@@ -385,7 +394,7 @@ class Store(StoreReads):
                     await record_answer(conn, lane, kept)
             self.cache.forget(lane)
         for listener in self._delete_listeners:
-            listener(lane)
+            listener(lane, loaded.state.incarnation)
         return result
 
     @contextlib.asynccontextmanager

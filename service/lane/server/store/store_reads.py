@@ -20,6 +20,7 @@ from lane.server.store.event_log import EventGroup
 from lane.server.store.lane_reads import (
     load_bodies,
     load_events,
+    load_events_of,
     load_lane,
     load_transcript_index,
 )
@@ -54,13 +55,32 @@ class ResumePoint(NamedTuple):
     #: (first, last) revisions of the event group the revision is inside of; None when it is a
     #: group boundary (the end of a group, the floor, or the head).
     inside_group: tuple[int, int] | None
+    #: The lane's incarnation (which lane of the id this is).
+    incarnation: int
+
+
+class LaneHead(NamedTuple):
+    """A lane's head revision and incarnation (:meth:`Store.lane_heads`)."""
+
+    revision: int
+    incarnation: int
+
+
+class IncarnationGone(Exception):
+    """The lane incarnation a read followed was deleted (the lane is gone, or was created again
+    under its id): what the read found belongs to no lane it followed."""
+
+    def __init__(self, lane: LaneRef, incarnation: int) -> None:
+        super().__init__(f"lane {lane.lane_id} incarnation {incarnation} was deleted")
+        self.lane = lane
+        self.incarnation = incarnation
 
 
 # The lane's head and floor; and, when the event at %(after)s is not its group's last, its
 # group's end and the revision before the group (the previous group's last event, found by
 # scanning back at most one group's events).
 _RESUME_POINT = (
-    "SELECT l.revision, l.retention_floor, e.group_end,"
+    "SELECT l.revision, l.retention_floor, l.incarnation, e.group_end,"
     " (SELECT coalesce(max(p.revision), l.retention_floor) FROM events p"
     "   WHERE p.namespace = l.namespace AND p.lane_id = l.lane_id"
     "   AND p.revision <= %(after)s AND p.group_end < e.group_end)"
@@ -95,7 +115,9 @@ class StoreReads:
             if state is None:
                 raise lane_not_found(lane)
             transcript = await load_transcript_index(conn, lane, state.tip_id)
-        return SnapshotOutline(capture(state, []), transcript)
+        snapshot = capture(state, [])
+        snapshot.incarnation = str(state.incarnation)
+        return SnapshotOutline(snapshot, transcript)
 
     async def entry_bodies(self, lane: LaneRef, entry_ids: Sequence[str]) -> list[bytes]:
         """The encoded entries ``entry_ids`` of the lane, in that order."""
@@ -159,34 +181,53 @@ class StoreReads:
             row = await cur.fetchone()
         if row is None:
             raise lane_not_found(lane)
-        head, floor, group_end, before_group = row
+        head, floor, incarnation, group_end, before_group = row
         inside = group_end is not None and group_end != after_revision
-        return ResumePoint(head, floor, (before_group + 1, group_end) if inside else None)
+        group = (before_group + 1, group_end) if inside else None
+        return ResumePoint(head, floor, group, incarnation)
 
-    async def lane_heads(self, lanes: Iterable[LaneRef]) -> dict[LaneRef, int]:
-        """The head revisions of ``lanes``, in one statement (lanes that do not exist are left
-        out)."""
+    async def lane_heads(self, lanes: Iterable[LaneRef]) -> dict[LaneRef, LaneHead]:
+        """The head revisions and incarnations of ``lanes``, in one statement (lanes that do
+        not exist are left out)."""
         lanes = list(lanes)
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                LANE_SCAN + "SELECT l.namespace, l.lane_id, l.revision"
+                LANE_SCAN + "SELECT l.namespace, l.lane_id, l.revision, l.incarnation"
                 " FROM unnest(%s::text[], %s::text[]) AS w(namespace, lane_id)"
                 " JOIN lanes l USING (namespace, lane_id)",
                 ([lane.namespace for lane in lanes], [lane.lane_id for lane in lanes]),
             )
             rows = await cur.fetchall()
-        return {LaneRef(namespace, lane_id): revision for namespace, lane_id, revision in rows}
+        return {
+            LaneRef(namespace, lane_id): LaneHead(revision, incarnation)
+            for namespace, lane_id, revision, incarnation in rows
+        }
 
     async def read_events(
-        self, lane: LaneRef, after_revision: int, limit: int, max_bytes: int
+        self,
+        lane: LaneRef,
+        after_revision: int,
+        limit: int,
+        max_bytes: int,
+        incarnation: int | None = None,
     ) -> list[EventGroup]:
         """Whole event groups after ``after_revision``: at least one group when any exists,
         then more while they start within ``limit`` events and ``max_bytes`` bytes (so the read
-        holds at most ``max_bytes`` plus one group). Counted in :attr:`event_log_reads`."""
+        holds at most ``max_bytes`` plus one group). Counted in :attr:`event_log_reads`.
+
+        With ``incarnation``, the events are those of that incarnation of the lane, or
+        :class:`IncarnationGone` is raised: the lane's row is read after its events (in the same
+        round trip), and an incarnation that still exists then existed when the events were
+        read, since a deleted one never comes back."""
         self.event_log_reads += 1
         metrics.current.event_log_reads.inc()
         async with self.pool.connection() as conn:
-            rows = await load_events(conn, lane, after_revision, limit, max_bytes)
+            if incarnation is None:
+                rows = await load_events(conn, lane, after_revision, limit, max_bytes)
+            else:
+                rows, now = await load_events_of(conn, lane, after_revision, limit, max_bytes)
+                if now != incarnation:
+                    raise IncarnationGone(lane, incarnation)
         groups: list[EventGroup] = []
         group_end = None
         for revision, end, body, commit_time in rows:
