@@ -12,8 +12,12 @@ Everything a caller needs is importable from here::
   Real models are in :mod:`lane.client.models` (optional extras ``openai``, ``anthropic``).
 * :func:`watch_lane`: follows a lane live as :class:`LaneView` s, resuming after failures.
 * :class:`RetryPolicy`: how everything that retries retries.
+* :class:`Hooks` with :class:`ReplaceArguments`, :class:`Deny` and :class:`AfterToolPatch`
+  (what hooks return), :class:`RunSettings` and its ``TOOL_EXECUTION_*`` and
+  ``DELIVERY_MODE_*`` values: a driver's tool hooks and run settings.
 * :class:`LaneError` and its subclasses, one per reason a caller acts on, derived from
-  :data:`Reason`, the contract's enum of refusal reasons (shared with the TypeScript client).
+  :data:`Reason`, the contract's enum of refusal reasons (shared with the TypeScript client);
+  :class:`Unreachable` when the service cannot be reached (the target, the cause, the fix).
 
 The submodules (``lane.client.session``, ``lane.client.reducer``, ...) are the building blocks
 underneath; the generated contract is ``lane.v1``.
@@ -37,7 +41,7 @@ from lane.client.errors import (
     Unauthenticated,
     WatchProtocolError,
 )
-from lane.client.hooks import Hooks
+from lane.client.hooks import AfterToolPatch, Deny, Hooks, ReplaceArguments
 from lane.client.lane_client import LaneClient
 from lane.client.model import (
     Model,
@@ -48,12 +52,26 @@ from lane.client.model import (
     ScriptedModel,
     ScriptStep,
 )
+from lane.client.reach import Unreachable
 from lane.client.retry import RetryPolicy
 from lane.client.tools import Tool, ToolContext, ToolResult
 from lane.client.watch import LaneView, watch_lane
+from lane.v1.lane_service_pb2 import (
+    DELIVERY_MODE_ALL,
+    DELIVERY_MODE_ONE_AT_A_TIME,
+    TOOL_EXECUTION_PARALLEL,
+    TOOL_EXECUTION_SEQUENTIAL,
+    RunSettings,
+)
 from lane.v1.reasons_pb2 import Reason
 
 __all__ = [
+    "DELIVERY_MODE_ALL",
+    "DELIVERY_MODE_ONE_AT_A_TIME",
+    "TOOL_EXECUTION_PARALLEL",
+    "TOOL_EXECUTION_SEQUENTIAL",
+    "AfterToolPatch",
+    "Deny",
     "Driver",
     "Hooks",
     "LaneBusy",
@@ -70,10 +88,12 @@ __all__ = [
     "OperationNotOpen",
     "PartialSink",
     "Reason",
+    "ReplaceArguments",
     "RequestIdReused",
     "RetryPolicy",
     "RevisionOutOfRange",
     "RunResult",
+    "RunSettings",
     "ScriptStep",
     "ScriptedCall",
     "ScriptedModel",
@@ -84,6 +104,7 @@ __all__ = [
     "ToolContext",
     "ToolResult",
     "Unauthenticated",
+    "Unreachable",
     "WatchProtocolError",
     "open_channel",
     "watch_lane",
