@@ -207,7 +207,11 @@ class _LaneFollower:
         while True:
             try:
                 async for view in watch_lane(
-                    self._stub, self.lane_id, snapshot=self._snapshot, retry=_WATCH_RETRY
+                    self._stub,
+                    self.lane_id,
+                    snapshot=self._snapshot,
+                    retry=_WATCH_RETRY,
+                    connect_timeout=None,  # the run's commands reached the service: ride out
                 ):
                     self._snapshot = view.snapshot
                     operation = view.snapshot.operation
@@ -239,7 +243,7 @@ class _LaneFollower:
 
 async def _capture(stub: Any, lane_id: str) -> snapshot_pb2.LaneSnapshot:
     """The lane now, from the first view of a watch (however large its transcript)."""
-    async with contextlib.aclosing(watch_lane(stub, lane_id)) as views:
+    async with contextlib.aclosing(watch_lane(stub, lane_id, connect_timeout=None)) as views:
         async for view in views:
             return view.snapshot
     raise DriverError(f"the watch of lane {lane_id} ended without a snapshot")
