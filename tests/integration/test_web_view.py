@@ -614,7 +614,8 @@ async def test_queued_messages_show_until_a_run_takes_them(
     service: Service, browser: Browser
 ) -> None:
     rpc = Rpc(service, TOKEN_A)
-    script = await LaneScript.create(RpcStub(rpc), new_lane_id("web-queue"))
+    stub: Any = RpcStub(rpc)
+    script = await LaneScript.create(stub, new_lane_id("web-queue"))
     await script.enqueue("Also list the files.", snapshot_pb2.QUEUE_KIND_STEER)
     queued = await script.enqueue("Then tidy up.", snapshot_pb2.QUEUE_KIND_NEXT_RUN)
     await browser.open_lane(service.origin, script.lane_id)
