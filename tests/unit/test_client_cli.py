@@ -105,3 +105,10 @@ def test_the_cli_does_not_import_grpc_before_it_sets_its_log_level() -> None:
     code = "import sys, lane.client.cli; print('grpc' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_lane_not_found_with_a_token_hints_at_namespaces() -> None:
+    missing = LaneError(grpc.StatusCode.NOT_FOUND, "LANE_NOT_FOUND", "lane x does not exist")
+    assert explain(missing, "h:1") == str(missing)  # no token: no namespaces to speak of
+    hinted = explain(missing, "h:1", token=True)
+    assert hinted.startswith(str(missing)) and "its own namespace's lanes" in hinted

@@ -56,6 +56,16 @@ describe("explained", () => {
     assert.ok(error.message.startsWith("cannot reach the lane service at 127.0.0.1:1: connection refused."));
   });
 
+  it("hints at namespaces for a lane not found when a token was sent", () => {
+    const refused = new ConnectError("lane x does not exist", Code.NotFound);
+    refused.details.push({
+      desc: ErrorInfoSchema,
+      value: create(ErrorInfoSchema, { reason: "LANE_NOT_FOUND", domain: "lane.v1" }),
+    });
+    assert.equal(explained(refused, "h:1").message, "lane x does not exist");
+    assert.match(explained(refused, "h:1", true).message, /a token sees only its own namespace's lanes/);
+  });
+
   it("says how to pass a token when the service refuses one", () => {
     const error = explained(new ConnectError("no token", Code.Unauthenticated), "h:1");
     assert.equal(error.code, Code.Unauthenticated);
