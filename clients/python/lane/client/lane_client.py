@@ -85,10 +85,11 @@ def _messages(prompt: Prompt) -> list[messages_pb2.AgentMessage]:
 class LaneClient:
     """The lane service's commands as typed async methods (see the module doc).
 
-    ``target`` (``HOST:PORT``; no port: 50051) and ``token``/``credentials`` open a channel of
-    the client's own (:func:`~lane.client.connect.open_channel`), closed by :meth:`aclose` or
-    ``async with``; pass ``channel`` instead to share one (it is left open; ``target`` and
-    ``credentials`` then only name it in messages). ``retry`` paces and bounds the retries of
+    ``target`` (``HOST:PORT``; no port: 50051; default ``127.0.0.1:50051``) and
+    ``token``/``credentials`` open a channel of the client's own
+    (:func:`~lane.client.connect.open_channel`), closed by :meth:`aclose` or ``async with``;
+    pass ``channel`` instead to share one (it is left open; ``target``, ``token`` and
+    ``credentials`` then only describe it in messages). ``retry`` paces and bounds the retries of
     every method; ``timeout`` bounds each attempt (None: no bound). ``session``: send the
     commands over one DriveLane stream (see the module doc) instead of unary RPCs.
     ``connect_timeout``: how long the first call waits for the service (None: no check).
@@ -99,7 +100,7 @@ class LaneClient:
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         *,
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
@@ -109,11 +110,13 @@ class LaneClient:
         session: bool = False,
         connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
     ) -> None:
-        problem = scheme_problem(target, SDK)
+        if target is None and channel is None:
+            target = DEFAULT_TARGET
+        problem = scheme_problem(target or "", SDK)
         if problem is not None:
             raise ValueError(problem)
-        #: The service's address, as messages name it.
-        self.target = normalize_target(target)
+        #: The service's address, as messages name it ("" for a channel given without it).
+        self.target = normalize_target(target or "")
         self.connect_timeout = connect_timeout
         self._tls = credentials is not None
         self._token = bool(token)
@@ -123,7 +126,7 @@ class LaneClient:
         self._channel = (
             channel
             if channel is not None
-            else open_channel(target, credentials=credentials, token=token)
+            else open_channel(self.target, credentials=credentials, token=token)
         )
         self.stub = lane_service_pb2_grpc.LaneServiceStub(self._channel)
         self.retry = retry
