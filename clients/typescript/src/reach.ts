@@ -88,7 +88,8 @@ const CLOSED_PLAINTEXT: readonly [string, string] = [
   "The service may require TLS: use an https:// address (and createLaneClient's nodeOptions: { ca }).",
 ];
 
-/** Whether `error` is the transport's (no connection, no answer), not the service's answer. */
+/** Whether `error` is the transport's (no connection, no answer, a failed TLS handshake, a
+ *  connection closed under the call), not the service's answer: no lane.v1 ErrorInfo. */
 export function isTransportFailure(error: LaneError): boolean {
   if (error.domain === LANE_ERROR_DOMAIN || error.reason !== "") {
     return false;
@@ -149,7 +150,9 @@ export function explained(error: unknown, target: string, token = false): LaneEr
         "createLaneClient or connectLane, one of its LANE_AUTH_TOKENS",
     );
   }
-  if (isTransportFailure(lane)) {
+  // After the first contact only UNAVAILABLE and DEADLINE_EXCEEDED are the connection's
+  // (a CANCELLED is the caller's own abort, a closed session's).
+  if ((lane.code === Code.Unavailable || lane.code === Code.DeadlineExceeded) && isTransportFailure(lane)) {
     const { cause, fix } = diagnose(lane, isTls(target));
     const unreachable = new ServiceUnreachable(target, cause, `${fix}${gaveUpNote(lane.gaveUp)}`, {
       code: lane.code,

@@ -90,15 +90,14 @@ def _http_errors() -> tuple[type[BaseException], ...]:
 
 
 def _chain(err: BaseException) -> list[BaseException]:
-    """``err`` and the exceptions it was raised from, outermost first."""
+    """``err`` and the exceptions it was raised from (``raise ... from``: the SDKs keep the HTTP
+    library's error so), outermost first. Not the ones merely being handled when it was raised:
+    an HTTP error whose body did not parse is the HTTP error."""
     seen: list[BaseException] = []
     current: BaseException | None = err
     while current is not None and current not in seen:
         seen.append(current)
-        if current.__cause__ is not None or current.__suppress_context__:
-            current = current.__cause__
-        else:
-            current = current.__context__
+        current = current.__cause__
     return seen
 
 
@@ -213,12 +212,9 @@ def model_error(
     """``err`` (from a provider SDK) as a :class:`ModelError`; ``connection_error`` is the
     SDK's class for a request that got no answer (a transport fault: :func:`fault` says
     which, when the SDK kept the HTTP library's error as its cause)."""
-    transport = fault(err, timeouts)
-    if transport is not None:
-        return transport
     message = provider_message(err)
     if isinstance(err, connection_error):
-        return ModelError(message, retryable=True)
+        return fault(err, timeouts) or ModelError(message, retryable=True)
     status = getattr(err, "status_code", None)
     response = getattr(err, "response", None)
     headers = getattr(response, "headers", None)
