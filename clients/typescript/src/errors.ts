@@ -32,6 +32,9 @@ export class LaneError extends Error {
   readonly metadata: Readonly<Record<string, string>>;
   /** Set when a caller retried the call and gave up: the attempts made and the time spent. */
   gaveUp: { readonly attempts: number; readonly ms: number } | undefined;
+  /** The service's own message (`message` may add what to do about it: a LANE_BUSY refusal's
+   *  `freeingHint`). */
+  readonly serviceMessage: string;
 
   constructor(
     init: {
@@ -40,10 +43,12 @@ export class LaneError extends Error {
       reason?: string;
       domain?: string;
       metadata?: Readonly<Record<string, string>>;
+      serviceMessage?: string;
     },
     options?: { cause?: unknown },
   ) {
     super(init.message, options);
+    this.serviceMessage = init.serviceMessage ?? init.message;
     this.code = init.code;
     this.reason = init.reason ?? "";
     this.domain = init.domain ?? "";
@@ -54,7 +59,14 @@ export class LaneError extends Error {
   /** This error (code, reason, metadata) with another message; `cause` is this one. */
   withMessage(message: string): LaneError {
     const copy = new LaneError(
-      { code: this.code, message, reason: this.reason, domain: this.domain, metadata: this.metadata },
+      {
+        code: this.code,
+        message,
+        reason: this.reason,
+        domain: this.domain,
+        metadata: this.metadata,
+        serviceMessage: this.serviceMessage,
+      },
       { cause: this },
     );
     copy.gaveUp = this.gaveUp;
@@ -97,7 +109,8 @@ export function errorInfoOf(error: ConnectError): ErrorInfo | undefined {
  * Decode any thrown value into a `LaneError`. A `LaneError` is returned as is; anything else
  * goes through `ConnectError.from()` (so a non-Connect error becomes `Code.Unknown`, an abort
  * `Code.Canceled`), and its ErrorInfo, if any, fills `reason`, `domain` and `metadata`.
- * `message` is the server's message without connect's `[code]` prefix.
+ * `message` is the server's message without connect's `[code]` prefix (`serviceMessage`),
+ * followed for LANE_BUSY by how to free the lane (`freeingHint`).
  */
 export function laneErrorFrom(error: unknown): LaneError {
   if (error instanceof LaneError) {
@@ -114,6 +127,7 @@ export function laneErrorFrom(error: unknown): LaneError {
       reason: info?.reason ?? "",
       domain: info?.domain ?? "",
       metadata,
+      serviceMessage: connectError.rawMessage,
     },
     { cause: error },
   );
