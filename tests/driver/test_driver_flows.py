@@ -265,3 +265,37 @@ async def test_a_tool_the_lane_does_not_activate_is_unknown(lane_stub) -> None:
     assert results["call_1_2"].is_error and text_of(results["call_1_2"]) == (
         "Tool other is not available."
     )
+
+
+async def test_a_plain_function_tool_runs_in_a_thread_and_its_result_is_placed(
+    lane_stub,
+) -> None:
+    """``Tool(execute=<plain def>)``: once every call failed ("An asyncio.Future ... is
+    required") while the run reported completed."""
+    from lane.client import Tool
+
+    threads: list[str] = []
+
+    def add(args: dict[str, Any], ctx: ToolContext) -> str:
+        import threading
+
+        threads.append(threading.current_thread().name)
+        return f"{args['a'] + args['b']} (call {ctx.tool_call_id})"
+
+    adder = Tool(name="add", parameters={"type": "object"}, execute=add)
+    lane = new_lane_id("drv-plain")
+    model = ScriptedModel([step("adding", ("add", {"a": 2, "b": 3})), step("done")])
+    result = await Driver(lane_stub, lane, [adder]).run("add", model)
+    assert result.status == COMPLETED
+    placed = by_call(await snapshot(lane_stub, lane))["call_1_1"]
+    assert not placed.is_error and text_of(placed) == "5 (call call_1_1)"
+    assert threads and threads[0] != "MainThread"
+
+
+async def test_what_the_readme_examples_import_comes_from_lane_client() -> None:
+    import lane.client as client
+
+    for name in ("Deny", "ReplaceArguments", "AfterToolPatch", "RunSettings", "Unreachable"):
+        assert name in client.__all__ and hasattr(client, name), name
+    settings = client.RunSettings(tool_execution=client.TOOL_EXECUTION_SEQUENTIAL)
+    assert settings.tool_execution == pb.TOOL_EXECUTION_SEQUENTIAL

@@ -77,6 +77,9 @@ async def test_cli_with_tls_against_a_plaintext_service(lane_server, certificate
     target = f"127.0.0.1:{lane_server.port}"
     status, output = await lane("lanes", "--target", target, "--ca-file", str(certificates.ca_file))
     assert status == 1 and "does not speak TLS" in output and "Drop --tls" in output
+    # The message alone: no raw gRPC core log line before it.
+    assert output.startswith("lane: cannot reach"), output
+    assert "Handshake failed" not in output and "ssl_transport_security" not in output
 
 
 async def test_cli_reaches_a_mutual_tls_service(

@@ -232,6 +232,9 @@ async def test_python_and_typescript_drivers_agree(
     assert py_status == case["status"]
     assert ts_result["status"].lower() == case["status"], node.tail()
     calls = ts_result["calls"]
+    # The client's first contact: one ListLanes of one lane (it fails fast when the service is
+    # not there), before anything else.
+    assert calls.pop("ListLanes") == 1, calls
     if transport == "session":
         # Every command on one DriveLane stream; the lane's watch is its own stream.
         assert calls["DriveLane"] == 1 and set(calls) <= {"DriveLane", "WatchLane"}, calls

@@ -113,13 +113,16 @@ async def test_the_retry_policy_bounds_a_client_that_finds_no_service() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     policy = RetryPolicy(initial_backoff=0.05, max_backoff=0.1, timeout=0.6)
-    async with LaneClient(f"127.0.0.1:{port}", retry=policy, timeout=1.0) as unreachable:
+    # Without the first call's connection check, which fails at once (test_sdk_fail_fast.py).
+    client = LaneClient(f"127.0.0.1:{port}", retry=policy, timeout=1.0, connect_timeout=None)
+    async with client as unreachable:
         began = time.monotonic()
         with pytest.raises(LaneError) as refused:
             await unreachable.snapshot("any")
         waited = time.monotonic() - began
     assert refused.value.code == grpc.StatusCode.UNAVAILABLE
     assert 0.6 <= waited < 5.0  # retried until the policy's timeout, then gave up
+    assert refused.value.gave_up is not None and "(gave up after" in str(refused.value)
 
 
 async def test_max_attempts_zero_raises_the_first_failure() -> None:
@@ -127,7 +130,8 @@ async def test_max_attempts_zero_raises_the_first_failure() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     policy = RetryPolicy(max_attempts=0, timeout=30.0)
-    async with LaneClient(f"127.0.0.1:{port}", retry=policy, timeout=5.0) as unreachable:
+    client = LaneClient(f"127.0.0.1:{port}", retry=policy, timeout=5.0, connect_timeout=None)
+    async with client as unreachable:
         began = time.monotonic()
         with pytest.raises(LaneError) as refused:
             await unreachable.snapshot("any")

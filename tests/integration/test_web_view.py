@@ -82,6 +82,7 @@ STATE_JS = """(() => {
     results: [...document.querySelectorAll("li.tool-result")].map((r) => ({
       id: r.dataset.callId, text: r.textContent,
       error: r.classList.contains("error"), color: getComputedStyle(r).color })),
+    queued: [...document.querySelectorAll("#queue li.queued")].map((q) => q.textContent),
     lastResult: last ? (last.dataset.status ?? null) : null,
     lastResultColor: last ? getComputedStyle(last).color : null,
     fatal: fatal ? fatal.textContent : null,
@@ -525,7 +526,7 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
     # protobuf-es's timestampMs rounds the nanoseconds to the nearest millisecond.
     assert retry["nextAttemptMs"] == at.seconds * 1000 + (at.nanos + 500_000) // 1_000_000
     left = re.fullmatch(
-        r"model call failed · attempt 2 of 3 scheduled · in (\d+\.\d)s", retry["text"]
+        r"model call failed: 529 overloaded · attempt 2 of 3 in (\d+\.\d)s", retry["text"]
     )
     assert left is not None, retry["text"]
     assert 0 < float(left[1]) <= 60.0
@@ -607,6 +608,23 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
     revision = await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
     state = await browser.at_revision(revision)
     assert state["lastResult"] == "completed"
+
+
+async def test_queued_messages_show_until_a_run_takes_them(
+    service: Service, browser: Browser
+) -> None:
+    rpc = Rpc(service, TOKEN_A)
+    stub: Any = RpcStub(rpc)
+    script = await LaneScript.create(stub, new_lane_id("web-queue"))
+    await script.enqueue("Also list the files.", snapshot_pb2.QUEUE_KIND_STEER)
+    queued = await script.enqueue("Then tidy up.", snapshot_pb2.QUEUE_KIND_NEXT_RUN)
+    await browser.open_lane(service.origin, script.lane_id)
+    state = await browser.at_revision(queued.revision)
+    assert state["queued"] == ["queued steer Also list the files.", "queued next run Then tidy up."]
+    await browser.screenshot("queue-1-before-the-run")
+    run = await script.start_run("go")
+    state = await browser.at_revision(run.started.revision)
+    assert state["queued"] == []  # the run took them into its transcript
 
 
 async def test_resume_after_a_service_restart(service: Service, browser: Browser) -> None:

@@ -6,7 +6,9 @@ recorded (:attr:`FakeProvider.requests`: the path, headers and JSON body). A rep
 JSON body with a status (an error, say a 429 with ``retry-after``) or a server-sent-event
 stream: :class:`Event` s written one chunk each (chunked transfer encoding), and
 :class:`Gate` s, where the stream waits until the test opens them. Gates let a test see what
-the lane holds while the provider is mid-answer, without timing anything.
+the lane holds while the provider is mid-answer, without timing anything; a gate never opened
+is a provider that stalls mid-answer. :data:`DROP` in a stream cuts the connection there (no
+end of the chunked body), as a provider whose connection breaks mid-answer.
 
 HTTP/1.1 with ``Connection: close`` after every reply: small and enough for the SDKs' clients.
 """
@@ -45,6 +47,15 @@ class Gate:
         self.opened.set()
 
 
+@dataclass(frozen=True)
+class Drop:
+    """The point where the server drops the connection mid-stream."""
+
+
+#: Drop the connection here.
+DROP = Drop()
+
+
 @dataclass
 class Reply:
     """One HTTP answer: ``body`` as JSON with ``status``, or ``stream`` as SSE (status 200)."""
@@ -52,7 +63,7 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     body: Any = None
-    stream: list[Event | Gate] | None = None
+    stream: list[Event | Gate | Drop] | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +162,9 @@ class FakeProvider:
                 item.reached.set()
                 await item.opened.wait()
                 continue
+            if isinstance(item, Drop):
+                writer.transport.abort()  # a reset, not the body's last chunk
+                return
             data = item.encode()
             writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             await writer.drain()
@@ -159,7 +173,13 @@ class FakeProvider:
 
     @staticmethod
     def _head(reply: Reply, content_type: str, extra: dict[str, str]) -> bytes:
-        reasons = {200: "OK", 400: "Bad Request", 429: "Too Many Requests", 500: "Server Error"}
+        reasons = {
+            200: "OK",
+            400: "Bad Request",
+            401: "Unauthorized",
+            429: "Too Many Requests",
+            500: "Server Error",
+        }
         lines = [f"HTTP/1.1 {reply.status} {reasons.get(reply.status, 'Status')}"]
         headers = {"content-type": content_type, "connection": "close", **extra, **reply.headers}
         lines.extend(f"{name}: {value}" for name, value in headers.items())

@@ -119,6 +119,10 @@ async def test_send_queues_a_user_message(lane_server, lane_stub) -> None:
         (snapshot_pb2.QUEUE_KIND_STEER, "steer me"),
         (snapshot_pb2.QUEUE_KIND_FOLLOW_UP, "after that"),
     ]
+    # Shown before any run takes them (lane watch draws the same lines).
+    status, out, err = await lane("snapshot", lane_id, "--target", target)
+    assert status == 0, err
+    assert "── queued (2)\n  steer: steer me\n  follow-up: after that" in out, out
     status, _, err = await lane("send", "no-such-lane-anywhere", "x", "--target", target)
     assert status == 1 and "NOT_FOUND" in err
 

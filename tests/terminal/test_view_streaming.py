@@ -73,3 +73,31 @@ def test_a_scheduled_retry_is_shown_with_its_attempt() -> None:
     snap.operation.retry.attempt, snap.operation.retry.max_attempts = 2, 5
     lines = view.render(snap, color=False, now=0)
     assert lines[2] == "  model call failed · attempt 2 of 5 scheduled"
+
+
+def test_a_scheduled_retry_says_why_and_the_time_left() -> None:
+    snap = streaming_lane()
+    snap.operation.ClearField("streaming_message")
+    retry = snap.operation.retry
+    retry.attempt, retry.max_attempts = 3, 5
+    retry.error_message = "529 overloaded\n(the body)"
+    retry.next_attempt_time.FromSeconds(100)
+    lines = view.render(snap, color=False, now=96)
+    assert lines[2] == "  model call failed: 529 overloaded · attempt 3 of 5 in 4.0s"
+    assert view.render(snap, color=False, now=101)[2].endswith("attempt 3 of 5 due")
+
+
+def test_queued_messages_are_shown_until_a_run_takes_them() -> None:
+    snap = snapshot_pb2.LaneSnapshot(lane_id="l", revision=4)
+    for kind, words in (
+        (snapshot_pb2.QUEUE_KIND_STEER, "Also list the files."),
+        (snapshot_pb2.QUEUE_KIND_NEXT_RUN, "Then tidy up."),
+    ):
+        item = snap.queues.add(entry_id=f"q-{kind}", kind=kind)
+        item.message.user.content.add().text.text = words
+    lines = view.render(snap, color=False, now=0)
+    assert lines[-3:] == [
+        "── queued (2)",
+        "  steer: Also list the files.",
+        "  next run: Then tidy up.",
+    ]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import grpc
+import pytest
 from lane.client.cli import build_parser
 from lane.client.errors import LaneError
 from lane.client.reach import cause_of, explain, normalize_target
@@ -53,3 +56,59 @@ def test_transport_failures_are_explained() -> None:
     assert cause_of(shutting_down) == "the service is shutting down"
     refused_lane = LaneError(grpc.StatusCode.NOT_FOUND, "LANE_NOT_FOUND", "lane x not found")
     assert explain(refused_lane, "h:1") == str(refused_lane)
+
+
+def test_a_url_target_says_drop_the_scheme(capsys: pytest.CaptureFixture[str]) -> None:
+    from lane.client.cli import main
+
+    assert main(["lanes", "--target", "http://127.0.0.1:50051"]) == 2
+    said = capsys.readouterr().err
+    assert "drop the scheme ('127.0.0.1:50051')" in said and "unknown host" not in said
+    assert main(["lanes", "--target", "https://lanes.example:443/"]) == 2
+    assert "add --tls" in capsys.readouterr().err
+
+
+def test_watch_help_lists_the_keys() -> None:
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = " ".join(commands.choices["watch"].format_help().split())
+    for key in ("PageUp/PageDown", "Up/Down arrows", "Home", "End", "Escape", "q or Ctrl-C"):
+        assert key in helps, key
+
+
+def test_agent_help_lists_the_provider_timeouts() -> None:
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = commands.choices["agent"].format_help()
+    for flag in ("--model-connect-timeout", "--model-read-timeout", "--max-retry-after"):
+        assert flag in helps, flag
+    args = parser.parse_args(["agent", "--model", "openai:m", "--model-read-timeout", "5", "x"])
+    assert (args.model_connect_timeout, args.model_read_timeout) == (10.0, 5.0)
+    assert args.max_retry_after == 60.0
+
+
+def test_a_missing_provider_sdk_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lane.client.models import model_from_spec
+
+    monkeypatch.delitem(sys.modules, "lane.client.models.openai", raising=False)
+    monkeypatch.setitem(sys.modules, "openai", None)  # import openai fails
+    with pytest.raises(ImportError) as missing:
+        model_from_spec("openai:gpt-test", api_key="k")
+    said = str(missing.value)
+    assert "pip install openai" in said and "./clients/python[openai]" in said
+    assert "lane-client[" not in said  # not published: never suggested
+
+
+def test_the_cli_does_not_import_grpc_before_it_sets_its_log_level() -> None:
+    """gRPC's C core printed a raw handshake log line before the CLI's own message: the CLI
+    turns its logs off, which works only if gRPC was not imported yet."""
+    code = "import sys, lane.client.cli; print('grpc' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_lane_not_found_with_a_token_hints_at_namespaces() -> None:
+    missing = LaneError(grpc.StatusCode.NOT_FOUND, "LANE_NOT_FOUND", "lane x does not exist")
+    assert explain(missing, "h:1") == str(missing)  # no token: no namespaces to speak of
+    hinted = explain(missing, "h:1", token=True)
+    assert hinted.startswith(str(missing)) and "its own namespace's lanes" in hinted

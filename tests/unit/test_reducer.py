@@ -721,7 +721,7 @@ def test_retry_scheduled_sets_retry_and_retry_start_and_end_clear_it() -> None:
     )
     with_retry = step(snapshot, scheduled)
     assert with_retry.operation.retry == snapshot_pb2.RetryState(
-        attempt=2, max_attempts=4, next_attempt_time=ts(99)
+        attempt=2, max_attempts=4, next_attempt_time=ts(99), error_message="overloaded"
     )
     for clear in (
         ev(retry_start=events_pb2.RetryStartEvent(run_id=RUN, attempt=2)),

@@ -5,6 +5,7 @@ import { createClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport, type GrpcTransportOptions } from "@connectrpc/connect-node";
 import { LaneService } from "./gen/lane/v1/lane_service_pb.js";
 import type { LaneServiceClient } from "./lane-client.js";
+import { nameEndpoint } from "./reach.js";
 import { traceContext } from "./tracing.js";
 
 /** Options of {@link createLaneClient}: the transport's, plus the service's bearer token. */
@@ -34,7 +35,8 @@ export function createLaneClient(address: string, options: LaneClientOptions = {
   if (tracing) {
     interceptors.unshift(traceContext());
   }
-  return createClient(LaneService, createGrpcTransport({ ...transport, interceptors, baseUrl }));
+  const client = createClient(LaneService, createGrpcTransport({ ...transport, interceptors, baseUrl }));
+  return nameEndpoint(client, { target: address, token: Boolean(token) });
 }
 
 function bearer(token: string): Interceptor {

@@ -6,10 +6,11 @@
  * every retry reuses it, so a command whose answer was lost commits once and the retry returns
  * the first answer. Retried: UNAVAILABLE and DEADLINE_EXCEEDED (a restarting or overloaded
  * server) and RESOURCE_EXHAUSTED `DATABASE_BUSY`. Every other failure is thrown at once as a
- * `LaneError`. The same rules as the Python client's `lane.client.commands`.
+ * `LaneError`; so is the last one once the retries give up, saying how many attempts they made
+ * (`error.gaveUp`). The same rules as the Python client's `lane.client.commands`.
  */
 import { Code } from "@connectrpc/connect";
-import { LaneError, Reason, laneErrorFrom } from "./errors.js";
+import { LaneError, Reason, gaveUpNote, laneErrorFrom } from "./errors.js";
 
 /** How a command is retried. */
 export interface RetryOptions {
@@ -46,7 +47,8 @@ export async function withRetries<T>(
   signal?: AbortSignal,
   retryable: (error: LaneError) => boolean = isRetryable,
 ): Promise<T> {
-  const deadline = Date.now() + (options.timeoutMs ?? 30_000);
+  const started = Date.now();
+  const deadline = started + (options.timeoutMs ?? 30_000);
   const initial = options.initialMs ?? 100;
   const max = options.maxMs ?? 2_000;
   const perAttempt = options.attemptTimeoutMs ?? 30_000;
@@ -57,12 +59,30 @@ export async function withRetries<T>(
       const error = laneErrorFrom(thrown);
       const capped = Math.min(max, initial * 2 ** (failures - 1));
       const delay = capped / 2 + Math.random() * (capped / 2);
-      if (!retryable(error) || Date.now() + delay > deadline || signal?.aborted) {
+      if (!retryable(error) || signal?.aborted) {
         throw error;
+      }
+      if (Date.now() + delay > deadline) {
+        throw givingUp(error, failures, started);
       }
       await sleep(delay, signal);
     }
   }
+}
+
+/**
+ * `error`, the last of `attempts` made since `started` (`Date.now()`), marked as the one a
+ * retry gave up on when there was more than one attempt: its message then says so
+ * (`… (gave up after 14 attempts in 30.0s)`).
+ */
+export function givingUp(error: LaneError, attempts: number, started: number): LaneError {
+  if (attempts <= 1) {
+    return error;
+  }
+  const gaveUp = { attempts, ms: Date.now() - started };
+  const marked = error.withMessage(`${error.message}${gaveUpNote(gaveUp)}`);
+  marked.gaveUp = gaveUp;
+  return marked;
 }
 
 /** Wait `ms`, or less when `signal` aborts. */

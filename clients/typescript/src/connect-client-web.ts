@@ -6,6 +6,7 @@ import { createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
 import { interceptorsOf, type LaneConnectClientOptions } from "./connect-options.js";
 import { LaneService } from "./gen/lane/v1/lane_service_pb.js";
+import { nameEndpoint } from "./reach.js";
 import type { LaneServiceClient } from "./lane-client.js";
 
 /**
@@ -23,5 +24,8 @@ export function createLaneConnectClient(
   };
   const transport =
     options.protocol === "grpc-web" ? createGrpcWebTransport(common) : createConnectTransport(common);
-  return createClient(LaneService, transport);
+  return nameEndpoint(createClient(LaneService, transport), {
+    target: baseUrl,
+    token: options.token !== undefined,
+  });
 }

@@ -12,6 +12,7 @@ import {
 import type { LaneServiceClient } from "./lane-client.js";
 import { interceptorsOf, type LaneConnectClientOptions } from "./connect-options.js";
 import { LaneService } from "./gen/lane/v1/lane_service_pb.js";
+import { nameEndpoint } from "./reach.js";
 
 /** Options of the Node `createLaneConnectClient`: the shared ones, plus the HTTP version. */
 export type LaneConnectNodeOptions = LaneConnectClientOptions &
@@ -33,5 +34,8 @@ export function createLaneConnectClient(
   };
   const transport =
     options.protocol === "grpc-web" ? createGrpcWebTransport(common) : createConnectTransport(common);
-  return createClient(LaneService, transport);
+  return nameEndpoint(createClient(LaneService, transport), {
+    target: baseUrl,
+    token: options.token !== undefined,
+  });
 }

@@ -5,16 +5,28 @@
  */
 export { EVENT_KINDS, apply, fold, isRebase, type EventKind, type Reduction } from "./reducer.js";
 export {
+  DEFAULT_ORPHAN_SECONDS,
   LANE_ERROR_DOMAIN,
   LaneError,
   Reason,
   codeName,
   errorInfoOf,
+  freeingHint,
   laneErrorFrom,
   reasonFromName,
   reasonName,
   reasonOf,
 } from "./errors.js";
+export {
+  CONNECT_TIMEOUT_MS,
+  ServiceUnreachable,
+  diagnose,
+  endpointOf,
+  explained,
+  isTransportFailure,
+  reach,
+  type Endpoint,
+} from "./reach.js";
 export {
   WATCHER_TOO_SLOW,
   WatchProtocolError,

@@ -28,6 +28,12 @@
  * DEADLINE_EXCEEDED or `DATABASE_BUSY` (`LaneClient`). A refusal `STALE_LEASE` means another
  * driver took the run over: `LeaseLost` is thrown and nothing more is committed.
  *
+ * Failing fast: `run` and `recover` first wait for the service (`LaneClient.ready`: an
+ * unreachable service throws `ServiceUnreachable` within the client's connect timeout, saying
+ * why), and their errors say what to do: a refused token how to pass one, a busy lane
+ * (LANE_BUSY) how to free it. A model's retry-after beyond `maxRetryAfterMs` (60 s) fails the
+ * run with the provider's message.
+ *
  * Recovery (`recover`): `AcquireOperation` (waiting for a live lease of a dead driver to lapse),
  * then the open batch is finished as docs/recovery.md says — staged calls are left to the
  * service's placement, effect_pending calls of tools declared `replay: "safe"` (and started
@@ -107,6 +113,9 @@ export interface DriverOptions {
   /** Retries of a retryable model error: how many (default 4) and the first backoff (1 s,
    *  doubling to 30 s) when the provider named no delay. */
   modelRetry?: { retries?: number; initialMs?: number; maxMs?: number };
+  /** The longest wait a provider's retry-after may ask for (default 60 s): a longer one fails
+   *  the run with the provider's message instead. */
+  maxRetryAfterMs?: number;
   /** Where the driver's log lines go (default: nowhere). */
   log?: (line: string) => void;
   /**
@@ -126,8 +135,9 @@ class ModelFailed extends Error {
   }
 }
 
-/** The longest retry-after the driver honours (the service takes at most a day). */
-const MAX_RETRY_AFTER_MS = 3_600_000;
+/** The longest wait a provider's retry-after may ask for, by default: a longer one fails the
+ *  run with the provider's message (a quota reset hours away is not worth an agent waiting). */
+export const MAX_RETRY_AFTER_MS = 60_000;
 
 function defaultDriverId(): string {
   return `${hostname().slice(0, 64)}-${process.pid}-${crypto.randomUUID().slice(0, 8)}`;
@@ -164,6 +174,7 @@ class LaneFollower {
         for await (const update of watchLane(this.lanes.service, this.laneId, {
           signal: this.stopper.signal,
           backoff: { maxMs: 2_000 },
+          connectTimeoutMs: 0, // the run's commands reached the service: ride outages out
         })) {
           this.snapshot = update.snapshot;
           const operation = update.snapshot.operation;
@@ -219,6 +230,7 @@ export class Driver {
   readonly watchAbort: boolean;
   readonly model: Model | undefined;
   private readonly modelRetry: Required<NonNullable<DriverOptions["modelRetry"]>>;
+  private readonly maxRetryAfterMs: number;
   private readonly log: (line: string) => void;
   /** How commands travel (`DriverOptions.session`). */
   readonly session: boolean | LaneSession;
@@ -250,6 +262,7 @@ export class Driver {
     this.watchAbort = options.watchAbort ?? true;
     this.model = options.model;
     this.modelRetry = { retries: 4, initialMs: 1_000, maxMs: 30_000, ...options.modelRetry };
+    this.maxRetryAfterMs = options.maxRetryAfterMs ?? MAX_RETRY_AFTER_MS;
     this.log = options.log ?? (() => undefined);
     this.session = options.session ?? true;
     this.flow = new ToolFlow(laneId, byName, options.hooks ?? {}, options.abortGraceMs, this.command, this.log);
@@ -270,6 +283,7 @@ export class Driver {
     if (this.run_ !== undefined) {
       throw new DriverError(`this driver already drives operation ${this.run_.operationId}`);
     }
+    await this.lanes.ready();
     return this.withCommands(() => this.start(prompt, model, options.operationId));
   }
 
@@ -305,6 +319,7 @@ export class Driver {
     if (this.run_ !== undefined) {
       throw new DriverError(`this driver already drives operation ${this.run_.operationId}`);
     }
+    await this.lanes.ready();
     return this.withCommands(() => this.takeOver(operationId, options));
   }
 
@@ -708,10 +723,15 @@ export class Driver {
     if (retries < 1) {
       throw new ModelFailed(error.code, error.message);
     }
-    const delay =
-      error.retryAfterMs !== undefined
-        ? Math.min(Math.max(0, error.retryAfterMs), MAX_RETRY_AFTER_MS)
-        : Math.min(maxMs, initialMs * 2 ** (failures - 1));
+    const asked = error.retryAfterMs === undefined ? undefined : Math.max(0, error.retryAfterMs);
+    if (asked !== undefined && asked > this.maxRetryAfterMs) {
+      throw new ModelFailed(
+        error.code,
+        `${error.message} (the provider asks to retry after ${asked / 1000}s, longer than the ` +
+          `${this.maxRetryAfterMs / 1000}s this driver waits)`,
+      );
+    }
+    const delay = asked ?? Math.min(maxMs, initialMs * 2 ** (failures - 1));
     try {
       await this.command("scheduleRetry", {
         laneId: this.laneId,

@@ -30,6 +30,11 @@ export class LaneError extends Error {
   readonly domain: string;
   /** The ErrorInfo metadata (lowerCamelCase keys, string values); empty when none. */
   readonly metadata: Readonly<Record<string, string>>;
+  /** Set when a caller retried the call and gave up: the attempts made and the time spent. */
+  gaveUp: { readonly attempts: number; readonly ms: number } | undefined;
+  /** The service's own message (`message` may add what to do about it: a LANE_BUSY refusal's
+   *  `freeingHint`). */
+  readonly serviceMessage: string;
 
   constructor(
     init: {
@@ -38,14 +43,34 @@ export class LaneError extends Error {
       reason?: string;
       domain?: string;
       metadata?: Readonly<Record<string, string>>;
+      serviceMessage?: string;
     },
     options?: { cause?: unknown },
   ) {
     super(init.message, options);
+    this.serviceMessage = init.serviceMessage ?? init.message;
     this.code = init.code;
     this.reason = init.reason ?? "";
     this.domain = init.domain ?? "";
     this.metadata = Object.freeze({ ...(init.metadata ?? {}) });
+    this.gaveUp = undefined;
+  }
+
+  /** This error (code, reason, metadata) with another message; `cause` is this one. */
+  withMessage(message: string): LaneError {
+    const copy = new LaneError(
+      {
+        code: this.code,
+        message,
+        reason: this.reason,
+        domain: this.domain,
+        metadata: this.metadata,
+        serviceMessage: this.serviceMessage,
+      },
+      { cause: this },
+    );
+    copy.gaveUp = this.gaveUp;
+    return copy;
   }
 
   /** `reason` as the contract's enum; `Reason.UNSPECIFIED` when none or not known here. */
@@ -84,7 +109,8 @@ export function errorInfoOf(error: ConnectError): ErrorInfo | undefined {
  * Decode any thrown value into a `LaneError`. A `LaneError` is returned as is; anything else
  * goes through `ConnectError.from()` (so a non-Connect error becomes `Code.Unknown`, an abort
  * `Code.Canceled`), and its ErrorInfo, if any, fills `reason`, `domain` and `metadata`.
- * `message` is the server's message without connect's `[code]` prefix.
+ * `message` is the server's message without connect's `[code]` prefix (`serviceMessage`),
+ * followed for LANE_BUSY by how to free the lane (`freeingHint`).
  */
 export function laneErrorFrom(error: unknown): LaneError {
   if (error instanceof LaneError) {
@@ -92,15 +118,60 @@ export function laneErrorFrom(error: unknown): LaneError {
   }
   const connectError = ConnectError.from(error);
   const info = errorInfoOf(connectError);
+  const metadata = info?.metadata ?? {};
+  const hint = info?.reason === reasonName(Reason.LANE_BUSY) ? freeingHint(metadata) : "";
   return new LaneError(
     {
       code: connectError.code,
-      message: connectError.rawMessage,
+      message: hint ? `${connectError.rawMessage}. ${hint}` : connectError.rawMessage,
       reason: info?.reason ?? "",
       domain: info?.domain ?? "",
-      metadata: info?.metadata ?? {},
+      metadata,
+      serviceMessage: connectError.rawMessage,
     },
     { cause: error },
+  );
+}
+
+/** ` (gave up after 14 attempts in 30.0s)` for a call retried until it gave up, else `""`. */
+export function gaveUpNote(gaveUp: LaneError["gaveUp"]): string {
+  return gaveUp === undefined ? "" : ` (gave up after ${gaveUp.attempts} attempts in ${(gaveUp.ms / 1000).toFixed(1)}s)`;
+}
+
+/** How long the service waits after a lease lapsed before it ends the run itself, when its
+ *  operator kept the default (`LANE_ORPHAN_SECONDS`). */
+export const DEFAULT_ORPHAN_SECONDS = 600;
+
+/**
+ * How to free a lane whose open operation a LANE_BUSY refusal describes (its metadata:
+ * `openOperationId`, `leaseHolder`, `leaseExpires`, `leaseLive`, `cancelRequested`): `lane
+ * abort`, a takeover once the lease lapsed, the service's orphan timeout. The message of a
+ * LANE_BUSY `LaneError` ends with it.
+ */
+export function freeingHint(metadata: Readonly<Record<string, string>>): string {
+  const lane = metadata["laneId"] ?? "";
+  const operation = metadata["openOperationId"] ?? "";
+  if (!lane || !operation) {
+    return "";
+  }
+  const abort = `\`lane abort ${lane}\` (or AbortOperation of ${operation}; driver.abort() in its driver)`;
+  if (metadata["operationKind"] === "run" && !metadata["leaseExpires"]) {
+    return `To free the lane: ${abort}, then end the run (EndRun: it is not leased, so any client may)`;
+  }
+  const takeover = `driver.recover("${operation}") takes the run over`;
+  const live = metadata["leaseLive"] !== "false";
+  const ends = live
+    ? "when its driver winds it down, or at the latest once its lease lapses"
+    : "within seconds: its lease lapsed, so the service ends it";
+  const when = live
+    ? `once its lease lapses (${metadata["leaseExpires"] ?? ""})`
+    : "now (its lease lapsed: its driver is gone)";
+  if (metadata["cancelRequested"] === "true") {
+    return `Its abort was requested: the run ends ${ends}. Or ${takeover} ${when}`;
+  }
+  return (
+    `To free the lane: ${abort}; the run then ends ${ends}. Or ${takeover} ${when}. Left alone, ` +
+    `the service ends a run whose lease lapsed LANE_ORPHAN_SECONDS after it (${DEFAULT_ORPHAN_SECONDS} s by default)`
   );
 }
 

@@ -9,7 +9,8 @@
  * - `watchLane(client, laneId, opts)`: a resumable watch yielding folded snapshots.
  * - `apply` / `fold` / `isRebase`: the snapshot reducer (same rules as the Python client).
  * - `LaneError` / `laneErrorFrom`: the service's errors with their decoded ErrorInfo;
- *   `Reason` / `reasonOf`: their reasons as the contract's enum (shared with the Python client).
+ *   `Reason` / `reasonOf`: their reasons as the contract's enum (shared with the Python client);
+ *   `ServiceUnreachable`: the service could not be reached (the address, the cause, the fix).
  * - `LaneClient` (`connectLane(address)`): the commands as typed methods, with request ids,
  *   retries and lease tokens (the Python facade's shape).
  * - `LaneSession`: the commands over one DriveLane stream (pipelined, resent after a break);
@@ -33,7 +34,7 @@ export {
   type ResponseOf,
   type UnaryMethod,
 } from "./lane-client.js";
-export { isRetryable, newRequestId, withRetries, type RetryOptions } from "./commands.js";
+export { givingUp, isRetryable, newRequestId, withRetries, type RetryOptions } from "./commands.js";
 export {
   LaneSession,
   MAX_COMMANDS_IN_FLIGHT,
@@ -41,7 +42,7 @@ export {
   type LaneSessionOptions,
   type SessionCallOptions,
 } from "./session.js";
-export { Driver, DriverError, LeaseLost, type DriverOptions, type RunResult } from "./driver.js";
+export { Driver, DriverError, LeaseLost, MAX_RETRY_AFTER_MS, type DriverOptions, type RunResult } from "./driver.js";
 export {
   Tool,
   ToolContext,

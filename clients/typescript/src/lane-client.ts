@@ -26,13 +26,22 @@
  * stream the client owns (`session.ts`: the same answers and errors, pipelined, resent on a new
  * stream after a break; `close()` ends it); `{ session: aLaneSession }` shares one, and a call's
  * `{ session }` option picks one (or `false`: unary) for that call alone.
+ *
+ * Failing fast (`reach.ts`): the first command, watch or driven run checks within
+ * `connectTimeoutMs` (5 s by default) that the service answers, and otherwise throws
+ * `ServiceUnreachable` naming the address, the cause (connection refused, unknown host, TLS
+ * against a plaintext service or the reverse, an untrusted certificate) and the fix; a refused
+ * token throws UNAUTHENTICATED saying how to pass one. Once the service answered, a connection
+ * that drops is ridden out by the retries; when they give up, the error is a
+ * `ServiceUnreachable` too, saying how many attempts they made.
  */
 import { create, type DescMessage, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
 import type { CallOptions, Client } from "@connectrpc/connect";
 import type { DescMethodUnary } from "@bufbuild/protobuf";
 import { newRequestId, withRetries, type RetryOptions } from "./commands.js";
-import { Reason } from "./errors.js";
+import { Reason, type LaneError } from "./errors.js";
+import { CONNECT_TIMEOUT_MS, endpointOf, explained, reach } from "./reach.js";
 import { LaneSession, type LaneSessionOptions } from "./session.js";
 import {
   LaneService,
@@ -69,7 +78,7 @@ import {
   type OperationError,
   type OperationResultStatus,
 } from "./gen/lane/v1/snapshot_pb.js";
-import { watchLane, type WatchOptions, type WatchUpdate } from "./watch.js";
+import { WatchProtocolError, watchLane, type WatchOptions, type WatchUpdate } from "./watch.js";
 
 /** The raw connect-es client of the LaneService (what `createLaneClient` returns). */
 export type LaneServiceClient = Client<typeof LaneService>;
@@ -101,6 +110,11 @@ export interface LaneClientFacadeOptions {
    * unary RPCs. gRPC in Node only (Connect and gRPC-Web have no bidirectional streams).
    */
   session?: boolean | LaneSession;
+  /** How long the first call waits for the service before it throws `ServiceUnreachable`
+   *  (default 5 s; 0: no check). */
+  connectTimeoutMs?: number;
+  /** The service's address, as messages name it (default: what `createLaneClient` was given). */
+  target?: string;
 }
 
 /** Per-call options of `LaneClient.call`. */
@@ -142,6 +156,14 @@ export class LaneClient {
   /** Lease tokens of runs this client leased: lane id + operation id → token. */
   private readonly leases = new Map<string, bigint>();
 
+  /** The service's address, as messages name it. */
+  readonly target: string;
+  /** How long the first call waits for the service (0: no check). */
+  readonly connectTimeoutMs: number;
+  private readonly token: boolean;
+  /** The first contact, once made (or under way). */
+  private reaching: Promise<void> | undefined;
+
   /** The session every command goes over (undefined: unary RPCs), and whether it is ours. */
   private session_: LaneSession | undefined;
   private readonly ownsSession: boolean;
@@ -150,6 +172,10 @@ export class LaneClient {
     this.service = service;
     this.retry = options.retry ?? {};
     this.headers = options.headers;
+    const endpoint = endpointOf(service);
+    this.target = options.target ?? endpoint?.target ?? "";
+    this.token = endpoint?.token ?? false;
+    this.connectTimeoutMs = options.connectTimeoutMs ?? CONNECT_TIMEOUT_MS;
     this.ownsSession = options.session === true;
     if (options.session instanceof LaneSession) {
       this.session_ = options.session;
@@ -180,6 +206,30 @@ export class LaneClient {
       this.session_ = undefined;
       await session?.close();
     }
+  }
+
+  /**
+   * Wait until the service answers, at most `connectTimeoutMs`; throw `ServiceUnreachable`
+   * (the address, the cause, the fix), or UNAUTHENTICATED saying how to pass a token, when it
+   * does not. Once it answered, this returns at once. Every command, `watch` and the `Driver`
+   * call it first.
+   */
+  ready(): Promise<void> {
+    if (this.connectTimeoutMs <= 0) {
+      return Promise.resolve();
+    }
+    if (this.reaching === undefined) {
+      this.reaching = reach(this.service, this.target, this.connectTimeoutMs, { headers: this.headers });
+      this.reaching.catch(() => {
+        this.reaching = undefined; // the next call tries again
+      });
+    }
+    return this.reaching;
+  }
+
+  /** `error` saying what to do about it (`reach.ts`'s `explained`). */
+  explained(error: unknown): LaneError {
+    return explained(error, this.target, this.token);
   }
 
   /** The token this client holds for the run, if it leased it. */
@@ -217,6 +267,7 @@ export class LaneClient {
       options: CallOptions,
     ) => Promise<ResponseOf<K>>;
     const session = options.session === undefined ? this.session_ : options.session || undefined;
+    await this.ready();
     let response: ResponseOf<K>;
     try {
       response =
@@ -232,7 +283,7 @@ export class LaneClient {
       if (key !== undefined && (error as { reasonCode?: Reason }).reasonCode === Reason.STALE_LEASE) {
         this.leases.delete(key);
       }
-      throw error;
+      throw this.explained(error);
     }
     this.learn(method, request, response as Record<string, unknown>, key);
     return response;
@@ -296,9 +347,14 @@ export class LaneClient {
     });
   }
 
-  /** Follow the lane live: `watchLane` on this client's transport. */
-  watch(laneId: string, options: WatchOptions = {}): AsyncGenerator<WatchUpdate, void, undefined> {
-    return watchLane(this.service, laneId, { headers: this.headers, ...options });
+  /** Follow the lane live: `watchLane` on this client's transport, after `ready()`. */
+  async *watch(laneId: string, options: WatchOptions = {}): AsyncGenerator<WatchUpdate, void, undefined> {
+    await this.ready();
+    try {
+      yield* watchLane(this.service, laneId, { headers: this.headers, target: this.target, ...options });
+    } catch (error) {
+      throw error instanceof WatchProtocolError ? error : this.explained(error);
+    }
   }
 
   // -- runs ----------------------------------------------------------------------------------

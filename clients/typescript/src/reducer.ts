@@ -246,6 +246,7 @@ const HANDLERS: Handlers = {
         attempt: body.attempt,
         maxAttempts: body.maxAttempts,
         nextAttemptTime: copyTime(body.notBeforeTime),
+        errorMessage: body.errorMessage,
       });
     }
   },

@@ -22,7 +22,8 @@
  *   (an event group before the snapshot, …) with a `WatchProtocolError`.
  *
  * Aborting `signal` ends the iteration quietly (no error), also during a backoff; leaving a
- * `for await` loop early cancels the underlying call.
+ * `for await` loop early cancels the underlying call. Before the first message, a service that
+ * cannot be reached fails the watch within `connectTimeoutMs` (`ServiceUnreachable`).
  */
 import { clone } from "@bufbuild/protobuf";
 import { Code, type CallOptions, type Client } from "@connectrpc/connect";
@@ -31,6 +32,7 @@ import { LANE_ERROR_DOMAIN, LaneError, Reason, laneErrorFrom, reasonName } from 
 import type { HarnessEvent } from "./gen/lane/v1/events_pb.js";
 import type { LaneService, WatchLaneResponse } from "./gen/lane/v1/lane_service_pb.js";
 import { LaneSnapshotSchema, type LaneSnapshot } from "./gen/lane/v1/snapshot_pb.js";
+import { CONNECT_TIMEOUT_MS, FirstContact, endpointOf } from "./reach.js";
 import { fold } from "./reducer.js";
 
 /** What `watchLane` needs of a client: `createClient(LaneService, transport)` fits. */
@@ -86,6 +88,13 @@ export interface WatchOptions {
   headers?: CallOptions["headers"];
   /** Called before every new stream after the first; for logs and metrics. */
   onRetry?: (info: RetryInfo) => void;
+  /** Until the first message arrives, a transport failure (no connection) is tried again only
+   *  for this long, then thrown as `ServiceUnreachable` with the cause and the fix (default
+   *  5 s; 0: as any other failure). Once the service answered, outages are ridden out. */
+  connectTimeoutMs?: number;
+  /** The service's address, as `ServiceUnreachable` names it (default: what
+   *  `createLaneClient` was given). */
+  target?: string;
 }
 
 /** The stream broke the WatchLane protocol; the watcher stops rather than guess. */
@@ -125,6 +134,10 @@ export async function* watchLane(
           incarnation: opts.from.incarnation,
         };
   let failures = 0;
+  const firstContact = new FirstContact(
+    opts.target ?? endpointOf(client)?.target ?? "",
+    opts.connectTimeoutMs ?? CONNECT_TIMEOUT_MS,
+  );
 
   while (!aborted(signal)) {
     const attempt = new AbortController();
@@ -158,6 +171,7 @@ export async function* watchLane(
           break;
         }
         failures = 0; // any message is progress: the backoff starts over
+        firstContact.made();
         const item = next.value.item;
         let completed: LaneSnapshot | undefined;
         switch (item.case) {
@@ -263,6 +277,7 @@ export async function* watchLane(
       });
       continue;
     }
+    firstContact.check(ending.error);
     failures += 1;
     if (failures > maxRetries) {
       throw (

@@ -13,7 +13,7 @@
  *   session, as the unary RPC (`LaneServiceClient`, errors through `laneErrorFrom`), or through
  *   `LaneClient.call` of a `connectLane(target, { session: true })` client; the answer is
  *   `{"id", "response": base64}` or `{"id", "error": {"code", "reason", "message", "metadata",
- *   "sessionBroken"}}`.
+ *   "sessionBroken"}}` (the message is the service's own, `serviceMessage`).
  * - `{"id", "op": "burst", "calls": [{"method", "request"}, ...]}`: every call through the session
  *   at once (submitted in one synchronous loop, so the session may batch them); the answer is
  *   `{"id", "answers": [each as a call's answer], "messagesSent", "commandsSent"}` (what the
@@ -72,7 +72,7 @@ async function call(line: Json): Promise<Json> {
       error: {
         code: codeName(error.code),
         reason: error.reason,
-        message: error.message,
+        message: error.serviceMessage,
         metadata: error.metadata,
         sessionBroken: error instanceof SessionBroken,
       },

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lane.client.demo import READ_FILE, SHELL, drive_interruptibly
-from lane.client.driver import Driver
+from lane.client.driver import MAX_RETRY_AFTER_SECONDS, Driver
 from lane.client.model import Model, ModelRequest
 from lane.client.tools import Tool, ToolContext, ToolResult, ToolResultLike, content_text
 from lane.v1 import messages_pb2
@@ -119,6 +119,7 @@ async def run_agent(
     *,
     lease_seconds: int = 30,
     max_turns: int = 50,
+    max_retry_after: float = MAX_RETRY_AFTER_SECONDS,
     target: str = "",
     out: Any = None,
 ) -> int:
@@ -132,6 +133,7 @@ async def run_agent(
         lease_seconds=lease_seconds,
         max_turns=max_turns,
         abort_grace_seconds=10.0,
+        max_retry_after=max_retry_after,
     )
     where = f" --target {target}" if target else ""
     print(f"lane agent: lane {lane_id}", file=out, flush=True)

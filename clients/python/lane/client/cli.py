@@ -52,7 +52,14 @@ Handler = Callable[[argparse.Namespace], int]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``lane`` command with ``argv`` (default: ``sys.argv[1:]``); return the status."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(serve_flags=bool(argv) and argv[0] == "serve")
+    serving = bool(argv) and argv[0] == "serve"
+    if not serving:
+        # gRPC's C core logs a failed TLS handshake (plaintext service, untrusted certificate)
+        # on stderr before the command explains it; the command's own message says it all.
+        # Set before gRPC is first imported (lane.client's modules load it only when used);
+        # GRPC_VERBOSITY in the environment still wins.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    parser = build_parser(serve_flags=serving)
     args = parser.parse_args(argv)
     handler: Handler = args.handler
     return handler(args)
@@ -95,7 +102,9 @@ def _add_watch(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Show a lane live: its transcript, the open operation, running tools with a "
             "spinner and their elapsed time, settled tools waiting for placement, error results "
-            "in red. Escape sends AbortOperation for the open operation; q or Ctrl-C quits. "
+            "in red, queued messages. Keys: PageUp/PageDown and the Up/Down arrows scroll, Home "
+            "goes to the top and End to the bottom (at the bottom the view follows the lane "
+            "again); Escape sends AbortOperation for the open operation; q or Ctrl-C quits. "
             "Survives server restarts (the watch resumes where it stopped)."
         ),
     )

@@ -7,7 +7,12 @@ import sys
 import uuid
 from typing import Any
 
-from lane.client.cli_connection import Connection, add_connection_options, run_client
+from lane.client.cli_connection import Connection, add_connection_options, run_client, seconds
+
+# The defaults, without importing the driver or a provider SDK for ``lane --help``.
+CONNECT_TIMEOUT_SECONDS = 10.0
+READ_TIMEOUT_SECONDS = 60.0
+MAX_RETRY_AFTER_SECONDS = 60.0
 
 __all__ = ["add_agent"]
 
@@ -17,7 +22,10 @@ _DESCRIPTION = (
     "written (lane watch LANE draws them live). MODEL is PROVIDER:NAME, the provider one of "
     "openai (Chat Completions; with --base-url any OpenAI-compatible server), "
     "openai-responses (Responses) or anthropic (Messages). Keys come from OPENAI_API_KEY or "
-    "ANTHROPIC_API_KEY. Ctrl-C aborts the run (twice quits). Exit status: 0 completed, "
+    "ANTHROPIC_API_KEY. A provider that goes silent, drops the connection or sends a broken "
+    "chunk is asked again (up to 4 retries, recorded in the lane); one that asks to wait "
+    "longer than --max-retry-after fails the run. Ctrl-C aborts the run (twice quits). "
+    "Exit status: 0 completed, "
     "3 aborted, 1 failed or unreachable, 2 bad arguments or a missing key or SDK."
 )
 
@@ -56,6 +64,31 @@ def add_agent(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     command.add_argument(
         "--lease-seconds", type=int, default=30, help="the driver's lease (default: 30)"
     )
+    provider = command.add_argument_group("the model's provider")
+    provider.add_argument(
+        "--model-connect-timeout",
+        type=seconds,
+        default=CONNECT_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="give an attempt up when no connection to the provider is made within this long "
+        f"(default: {CONNECT_TIMEOUT_SECONDS:g}; retried)",
+    )
+    provider.add_argument(
+        "--model-read-timeout",
+        type=seconds,
+        default=READ_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="give an attempt up when the provider sends nothing for this long, before or within "
+        f"its answer (default: {READ_TIMEOUT_SECONDS:g}; retried)",
+    )
+    provider.add_argument(
+        "--max-retry-after",
+        type=seconds,
+        default=MAX_RETRY_AFTER_SECONDS,
+        metavar="SECONDS",
+        help="fail the run when the provider asks to retry after longer than this "
+        f"(default: {MAX_RETRY_AFTER_SECONDS:g})",
+    )
     add_connection_options(command)
     command.set_defaults(handler=_agent)
 
@@ -65,7 +98,10 @@ def _agent(args: argparse.Namespace) -> int:
     from lane.client.demo import configure_demo_logging
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    options: dict[str, object] = {}
+    options: dict[str, object] = {
+        "connect_timeout": args.model_connect_timeout,
+        "read_timeout": args.model_read_timeout,
+    }
     if args.thinking_budget is not None:
         options["thinking_budget"] = args.thinking_budget
     if args.reasoning_effort is not None:
@@ -95,6 +131,7 @@ def _agent(args: argparse.Namespace) -> int:
             model,
             lease_seconds=args.lease_seconds,
             max_turns=args.max_turns,
+            max_retry_after=args.max_retry_after,
             target=connection.target,
         )
 

@@ -53,6 +53,11 @@ def _env(name: str) -> str | None:
     return os.environ.get(name) or None
 
 
+def seconds(text: str) -> float:
+    """A command-line number of seconds, > 0 (argparse's ``type``)."""
+    return _seconds(text)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -124,10 +129,14 @@ def run_client(
     failure print a message naming the target, the cause and the fix, and return 1."""
     from lane.client.connect import connect, tls_credentials
     from lane.client.errors import LaneError
-    from lane.client.reach import Unreachable, explain, normalize_target
+    from lane.client.reach import Unreachable, explain, normalize_target, scheme_problem
     from lane.v1 import lane_service_pb2_grpc
 
     connection = Connection.from_args(args)
+    problem = scheme_problem(connection.target)
+    if problem is not None:
+        print(f"lane: {problem}", file=sys.stderr)
+        return 2
     target = normalize_target(connection.target)
     if (connection.cert_file is None) != (connection.key_file is None):
         print("lane: --cert-file and --key-file go together (mutual TLS)", file=sys.stderr)
@@ -163,7 +172,8 @@ def run_client(
         print(f"lane: {err}", file=sys.stderr)
         return 1
     except LaneError as err:
-        print(f"lane: {explain(err, target, tls=connection.tls)}", file=sys.stderr)
+        explained = explain(err, target, tls=connection.tls, token=connection.token is not None)
+        print(f"lane: {explained}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 130

@@ -7,11 +7,13 @@ errors). Retried (:func:`is_retryable`): the transport failures UNAVAILABLE and
 DEADLINE_EXCEEDED (a restarting or overloaded server) and RESOURCE_EXHAUSTED ``DATABASE_BUSY``
 (every database connection of the server was busy; nothing was written), paced and bounded by
 a :class:`~lane.client.retry.RetryPolicy`; each attempt may take ``attempt_timeout`` seconds.
-Every other failure raises its :class:`~lane.client.errors.LaneError` at once.
+Every other failure raises its :class:`~lane.client.errors.LaneError` at once; so does the last
+failure once the policy gives up, saying how many attempts it made (``LaneError.gave_up``).
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import TypeVar
 
@@ -21,7 +23,7 @@ from lane.client.errors import LaneError, lane_error, reason_name
 from lane.client.retry import COMMAND_RETRY, RetryPolicy
 from lane.v1 import reasons_pb2
 
-__all__ = ["RETRYABLE_CODES", "call", "is_retryable", "new_request_id"]
+__all__ = ["RETRYABLE_CODES", "call", "giving_up", "is_retryable", "new_request_id"]
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp")
@@ -60,6 +62,7 @@ async def call(
     if retry_seconds is not None:
         retry = retry.with_timeout(retry_seconds)
     with_request_id(request)
+    started = time.monotonic()
     deadline = retry.deadline()
     attempt = 0
     while True:
@@ -68,9 +71,20 @@ async def call(
         except grpc.aio.AioRpcError as err:
             error = lane_error(err)
         attempt += 1
-        if not is_retryable(error) or retry.gives_up(attempt, deadline):
+        if not is_retryable(error):
             raise error
+        if retry.gives_up(attempt, deadline):
+            raise giving_up(error, attempt, started)
         await retry.backoff(attempt, deadline)
+
+
+def giving_up(error: LaneError, attempts: int, started: float) -> LaneError:
+    """``error``, the last of ``attempts`` made since ``started`` (``time.monotonic()``),
+    marked as the one a retry gave up on when there was more than one attempt: its text then
+    says so (``... (gave up after 14 attempts in 30.0s)``)."""
+    if attempts > 1:
+        error.gave_up = (attempts, time.monotonic() - started)
+    return error
 
 
 def is_retryable(error: LaneError) -> bool:

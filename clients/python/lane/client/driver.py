@@ -103,7 +103,14 @@ from lane.client.watch import RetryPolicy, watch_lane
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
-__all__ = ["MODEL_RETRY", "Driver", "DriverError", "LeaseLost", "RunResult"]
+__all__ = [
+    "MAX_RETRY_AFTER_SECONDS",
+    "MODEL_RETRY",
+    "Driver",
+    "DriverError",
+    "LeaseLost",
+    "RunResult",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -157,8 +164,9 @@ class _RetryModel(Exception):
 #: long to wait; 4 retries, so 5 attempts in all.
 MODEL_RETRY = RetryPolicy(initial_backoff=1.0, max_backoff=30.0, jitter=0.2, max_attempts=4)
 
-#: The longest retry-after the driver honours (the service takes at most a day).
-_MAX_RETRY_AFTER = 3600.0
+#: The longest wait a provider's Retry-After may ask for: a longer one fails the run with the
+#: provider's message instead (a quota reset hours away is not worth an agent waiting for).
+MAX_RETRY_AFTER_SECONDS = 60.0
 
 
 def _active_tools(snapshot: snapshot_pb2.LaneSnapshot) -> frozenset[str] | None:
@@ -199,7 +207,11 @@ class _LaneFollower:
         while True:
             try:
                 async for view in watch_lane(
-                    self._stub, self.lane_id, snapshot=self._snapshot, retry=_WATCH_RETRY
+                    self._stub,
+                    self.lane_id,
+                    snapshot=self._snapshot,
+                    retry=_WATCH_RETRY,
+                    connect_timeout=None,  # the run's commands reached the service: ride out
                 ):
                     self._snapshot = view.snapshot
                     operation = view.snapshot.operation
@@ -231,7 +243,7 @@ class _LaneFollower:
 
 async def _capture(stub: Any, lane_id: str) -> snapshot_pb2.LaneSnapshot:
     """The lane now, from the first view of a watch (however large its transcript)."""
-    async with contextlib.aclosing(watch_lane(stub, lane_id)) as views:
+    async with contextlib.aclosing(watch_lane(stub, lane_id, connect_timeout=None)) as views:
         async for view in views:
             return view.snapshot
     raise DriverError(f"the watch of lane {lane_id} ended without a snapshot")
@@ -256,9 +268,18 @@ class Driver:
     seen at the next command or lease renewal). ``model`` is the default model of
     :meth:`run` and :meth:`recover`. ``stream_interval``: the least time between two commits
     of a streaming model's partials. ``model_retry``: how a retryable model error is retried
-    (its ``max_attempts`` retries at most; :data:`MODEL_RETRY` by default). ``session``: send
-    the commands of each run over one DriveLane stream (True, the default), as unary RPCs
-    (False), or over the given :class:`~lane.client.session.LaneSession` (see the module doc).
+    (its ``max_attempts`` retries at most; :data:`MODEL_RETRY` by default).
+    ``max_retry_after``: the longest Retry-After of a provider the driver waits for (a longer
+    one fails the run with the provider's message; :data:`MAX_RETRY_AFTER_SECONDS`).
+    ``session``: send the commands of each run over one DriveLane stream (True, the default),
+    as unary RPCs (False), or over the given :class:`~lane.client.session.LaneSession` (see the
+    module doc).
+
+    With a :class:`~lane.client.lane_client.LaneClient`, :meth:`run` and :meth:`recover` first
+    wait for the service (:meth:`LaneClient.ready`: an unreachable service fails within its
+    connect timeout, saying why), and their errors say what to do
+    (:meth:`LaneClient.explained`): a refused token how to pass one, a busy lane
+    (:class:`~lane.client.errors.LaneBusy`) how to free it.
     """
 
     def __init__(
@@ -279,10 +300,13 @@ class Driver:
         session: bool | LaneSession = True,
         stream_interval: float = DEFAULT_INTERVAL,
         model_retry: RetryPolicy = MODEL_RETRY,
+        max_retry_after: float = MAX_RETRY_AFTER_SECONDS,
     ) -> None:
         if not 1 <= lease_seconds <= 3600:
             raise ValueError("lease_seconds must be between 1 and 3600")
+        self._client: LaneClient | None = None
         if isinstance(client, LaneClient):
+            self._client = client
             stub = client.stub
             if session is True and client.session is not None:
                 session = client.session
@@ -307,6 +331,7 @@ class Driver:
         self.session = session
         self.stream_interval = stream_interval
         self.model_retry = model_retry
+        self.max_retry_after = max_retry_after
         #: The session the commands go through now (None: unary RPCs).
         self._session: LaneSession | None = None
         self._run: RunControl | None = None
@@ -349,7 +374,7 @@ class Driver:
             messages = [prompt]
         else:
             messages = list(prompt)
-        async with self._commands():
+        async with self._explaining(), self._commands():
             await self._call(self._stub.CreateLane, pb.CreateLaneRequest(lane_id=self.lane_id))
             started = await self._call(
                 self._stub.StartRun,
@@ -379,7 +404,7 @@ class Driver:
         """
         if self._run is not None:
             raise DriverError(f"this driver already drives operation {self._run.operation_id}")
-        async with self._commands():
+        async with self._explaining(), self._commands():
             return await self._recover(operation_id, model, wait_seconds)
 
     async def _recover(
@@ -429,6 +454,23 @@ class Driver:
         return True
 
     # -- commands ------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _explaining(self) -> AsyncIterator[None]:
+        """Wait for the client's service (fail fast, saying why), and raise the errors of the
+        block as the client explains them."""
+        client = self._client
+        if client is None:
+            yield
+            return
+        await client.ready()
+        try:
+            yield
+        except LaneError as err:
+            better = client.explained(err)
+            if better is err:
+                raise
+            raise better from err
 
     @contextlib.asynccontextmanager
     async def _commands(self) -> AsyncIterator[None]:
@@ -752,7 +794,13 @@ class Driver:
         if retries < 1:
             raise _ModelFailed(error.code, error.message)
         if error.retry_after is not None:
-            delay = min(max(0.0, error.retry_after), _MAX_RETRY_AFTER)
+            delay = max(0.0, error.retry_after)
+            if delay > self.max_retry_after:
+                raise _ModelFailed(
+                    error.code,
+                    f"{error.message} (the provider asks to retry after {delay:g}s, longer "
+                    f"than the {self.max_retry_after:g}s this driver waits)",
+                )
         else:
             delay = policy.delay(failures)
         try:

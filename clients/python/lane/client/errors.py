@@ -35,6 +35,7 @@ from lane.v1 import reasons_pb2
 from lane.v1.reasons_pb2 import Reason
 
 __all__ = [
+    "DEFAULT_ORPHAN_SECONDS",
     "LaneBusy",
     "LaneError",
     "LaneNotFound",
@@ -49,6 +50,7 @@ __all__ = [
     "TooManyWatchers",
     "Unauthenticated",
     "WatchProtocolError",
+    "freeing_hint",
     "lane_error",
     "reason_name",
     "status_error",
@@ -94,6 +96,8 @@ class LaneError(Exception):
         #: Seconds the service asked the caller to wait before trying again (its
         #: ``google.rpc.RetryInfo``), or None when it did not say.
         self.retry_after = retry_after
+        #: Set when a caller retried the call and gave up: (attempts made, seconds spent).
+        self.gave_up: tuple[int, float] | None = None
 
     @property
     def reason_code(self) -> Reason.ValueType:
@@ -103,7 +107,20 @@ class LaneError(Exception):
 
     def __str__(self) -> str:
         reason = f" {self.reason}" if self.reason else ""
-        return f"{self.code.name}{reason}: {self.message}"
+        return f"{self.code.name}{reason}: {self.message}{self.retries_note()}"
+
+    def retries_note(self) -> str:
+        """`` (gave up after N attempts in S s)`` when the call was retried, else ``""``."""
+        if self.gave_up is None:
+            return ""
+        attempts, seconds = self.gave_up
+        return f" (gave up after {attempts} attempts in {seconds:.1f}s)"
+
+    def with_message(self, message: str) -> LaneError:
+        """This error (its class, code, reason, metadata) with another message."""
+        error = type(self)(self.code, self.reason, message, self.metadata, self.retry_after)
+        error.gave_up = self.gave_up
+        return error
 
     def __repr__(self) -> str:
         return (
@@ -125,9 +142,49 @@ class LaneNotFound(LaneError):
 
 
 class LaneBusy(LaneError):
-    """The lane already has an open operation (``metadata["openOperationId"]``)."""
+    """The lane already has an open operation (``metadata["openOperationId"]``; who holds it:
+    ``leaseHolder``, ``leaseExpires``, ``leaseLive``, ``cancelRequested``). Its text ends with
+    how to free the lane (:func:`freeing_hint`)."""
 
     reasons = frozenset({reasons_pb2.REASON_LANE_BUSY})
+
+    def __str__(self) -> str:
+        hint = freeing_hint(self.metadata)
+        return f"{super().__str__()}. {hint}" if hint else super().__str__()
+
+
+#: How long the service waits after a lease lapsed before it ends the run itself, when its
+#: operator kept the default (``LANE_ORPHAN_SECONDS``).
+DEFAULT_ORPHAN_SECONDS = 600
+
+
+def freeing_hint(metadata: dict[str, str]) -> str:
+    """How to free a lane whose open operation a LANE_BUSY refusal describes (its metadata):
+    ``lane abort``, a takeover once the lease lapsed, the service's orphan timeout."""
+    lane = metadata.get("laneId", "")
+    operation = metadata.get("openOperationId", "")
+    if not lane or not operation:
+        return ""
+    abort = f"`lane abort {lane}` (or AbortOperation of {operation}; Driver.abort() in its driver)"
+    if metadata.get("operationKind") == "run" and not metadata.get("leaseExpires"):
+        return (
+            f"To free the lane: {abort}, then end the run (EndRun: it is not leased, so any "
+            "client may)"
+        )
+    takeover = f"Driver(...).recover({operation!r}) takes the run over"
+    if metadata.get("leaseLive") != "false":
+        ends = "when its driver winds it down, or at the latest once its lease lapses"
+        when = f"once its lease lapses ({metadata.get('leaseExpires', '')})"
+    else:
+        ends = "within seconds: its lease lapsed, so the service ends it"
+        when = "now (its lease lapsed: its driver is gone)"
+    if metadata.get("cancelRequested") == "true":
+        return f"Its abort was requested: the run ends {ends}. Or {takeover} {when}"
+    return (
+        f"To free the lane: {abort}; the run then ends {ends}. Or {takeover} {when}. Left "
+        "alone, the service ends a run whose lease lapsed LANE_ORPHAN_SECONDS after it "
+        f"({DEFAULT_ORPHAN_SECONDS} s by default)"
+    )
 
 
 class OperationNotOpen(LaneError):

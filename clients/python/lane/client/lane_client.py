@@ -31,10 +31,22 @@ service less per command and lets commands be in flight together.
 To drive runs with tools and a model, hand the client to :class:`~lane.client.driver.Driver`
 (``Driver(client, lane_id, tools)``); it does all of the above over a DriveLane session (the
 client's own, when it has one).
+
+Failing fast: the first command (or watch, or driven run) waits for the service to answer a
+health check, at most ``connect_timeout`` seconds (5 by default, as the ``lane`` command's
+``--connect-timeout``), and otherwise raises :class:`~lane.client.reach.Unreachable` naming
+the target, the cause (connection refused, unknown host, TLS against a plaintext service or
+the reverse, an untrusted certificate) and the fix. A token the service refuses raises
+:class:`~lane.client.errors.Unauthenticated` at the first command, saying how to pass one.
+Once the service answered, a connection that drops is ridden out by the retry policy; when it
+gives up, the error is an :class:`~lane.client.reach.Unreachable` too, saying how many
+attempts it made.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -42,9 +54,10 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 from lane.client.commands import call as unary_call
-from lane.client.connect import open_channel
-from lane.client.errors import StaleLease
+from lane.client.connect import CONNECT_TIMEOUT_SECONDS, open_channel
+from lane.client.errors import LaneError, StaleLease
 from lane.client.model import user_message
+from lane.client.reach import SDK, explained, normalize_target, probe, scheme_problem
 from lane.client.retry import COMMAND_RETRY, RetryPolicy
 from lane.client.session import LaneSession
 from lane.client.watch import LaneView, watch_lane
@@ -72,16 +85,22 @@ def _messages(prompt: Prompt) -> list[messages_pb2.AgentMessage]:
 class LaneClient:
     """The lane service's commands as typed async methods (see the module doc).
 
-    ``target`` and ``token``/``credentials`` open a channel of the client's own
+    ``target`` (``HOST:PORT``; no port: 50051; default ``127.0.0.1:50051``) and
+    ``token``/``credentials`` open a channel of the client's own
     (:func:`~lane.client.connect.open_channel`), closed by :meth:`aclose` or ``async with``;
-    pass ``channel`` instead to share one (it is left open). ``retry`` paces and bounds the
-    retries of every method; ``timeout`` bounds each attempt (None: no bound). ``session``:
-    send the commands over one DriveLane stream (see the module doc) instead of unary RPCs.
+    pass ``channel`` instead to share one (it is left open; ``target``, ``token`` and
+    ``credentials`` then only describe it in messages). ``retry`` paces and bounds the retries of
+    every method; ``timeout`` bounds each attempt (None: no bound). ``session``: send the
+    commands over one DriveLane stream (see the module doc) instead of unary RPCs.
+    ``connect_timeout``: how long the first call waits for the service (None: no check).
+
+    A target written as a URL (``http://...``) raises ValueError: gRPC would read the scheme
+    as a host name.
     """
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         *,
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
@@ -89,12 +108,25 @@ class LaneClient:
         retry: RetryPolicy = COMMAND_RETRY,
         timeout: float | None = 30.0,
         session: bool = False,
+        connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
     ) -> None:
+        if target is None and channel is None:
+            target = DEFAULT_TARGET
+        problem = scheme_problem(target or "", SDK)
+        if problem is not None:
+            raise ValueError(problem)
+        #: The service's address, as messages name it ("" for a channel given without it).
+        self.target = normalize_target(target or "")
+        self.connect_timeout = connect_timeout
+        self._tls = credentials is not None
+        self._token = bool(token)
+        self._reached = False
+        self._reaching = asyncio.Lock()
         self._owned = channel is None
         self._channel = (
             channel
             if channel is not None
-            else open_channel(target, credentials=credentials, token=token)
+            else open_channel(self.target, credentials=credentials, token=token)
         )
         self.stub = lane_service_pb2_grpc.LaneServiceStub(self._channel)
         self.retry = retry
@@ -128,6 +160,30 @@ class LaneClient:
         """The token this client holds for the run, if it leased it."""
         return self._leases.get((lane_id, operation_id))
 
+    async def ready(self) -> None:
+        """Wait until the service answers, at most ``connect_timeout`` seconds; raise
+        :class:`~lane.client.reach.Unreachable` (the target, the cause, the fix) when it does
+        not. Once it answered, this returns at once. Every command, :meth:`watch` and the
+        :class:`~lane.client.driver.Driver` call it first."""
+        if self._reached or self.connect_timeout is None:
+            return
+        async with self._reaching:
+            if not self._reached:
+                await probe(
+                    self._channel,
+                    self.target,
+                    within=self.connect_timeout,
+                    tls=self._tls,
+                    wording=SDK,
+                )
+                self._reached = True
+
+    def explained(self, error: LaneError) -> LaneError:
+        """``error`` saying what to do about it (:func:`lane.client.reach.explained`: a
+        transport failure as :class:`~lane.client.reach.Unreachable`, a refused token with how
+        to pass one, a lane not found with a hint about namespaces when a token was given)."""
+        return explained(error, self.target, tls=self._tls, wording=SDK, token=self._token)
+
     # -- any command -------------------------------------------------------------------------
 
     async def call(
@@ -151,6 +207,7 @@ class LaneClient:
                 setattr(request, "lease_token", token)  # noqa: B010
         policy = self.retry if retry is None else retry
         timeout = self.timeout if attempt_timeout == -1.0 else attempt_timeout
+        await self.ready()
         try:
             if self.session is not None:
                 response = await self.session.call(request, retry=policy, attempt_timeout=timeout)
@@ -162,6 +219,11 @@ class LaneClient:
             if key is not None:
                 self._leases.pop(key, None)
             raise
+        except LaneError as err:
+            better = self.explained(err)
+            if better is err:
+                raise
+            raise better from err
         self._learn(method, request, response, key)
         return response
 
@@ -225,10 +287,20 @@ class LaneClient:
         )
         return response
 
-    def watch(self, lane_id: str, **options: Any) -> AsyncGenerator[LaneView, None]:
+    async def watch(self, lane_id: str, **options: Any) -> AsyncGenerator[LaneView, None]:
         """Follow the lane live: :func:`~lane.client.watch.watch_lane` on this client's
-        channel (``options`` are its keyword arguments)."""
-        return watch_lane(self.stub, lane_id, **options)
+        channel (``options`` are its keyword arguments), after :meth:`ready`."""
+        await self.ready()
+        options.setdefault("target", self.target)
+        try:
+            async with contextlib.aclosing(watch_lane(self.stub, lane_id, **options)) as views:
+                async for view in views:
+                    yield view
+        except LaneError as err:
+            better = self.explained(err)
+            if better is err:
+                raise
+            raise better from err
 
     # -- runs --------------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ Per kind
     * ``run_suspend``: matching operation loses ``streaming_message`` and gets the event's
       ``deferred`` (present, possibly empty, even if the event left it unset).
     * ``retry_scheduled``: matching operation's ``retry`` becomes
-      ``{attempt, max_attempts, next_attempt_time = not_before_time}``.
+      ``{attempt, max_attempts, next_attempt_time = not_before_time, error_message}``.
     * ``retry_start``, ``retry_end``: matching operation loses ``retry``.
     * ``message_start``: only with a run id and an assistant message whose stop reason is
       PENDING: matching operation's ``streaming_message`` becomes that message.
@@ -290,7 +290,9 @@ def _retry_scheduled(snap: LaneSnapshot, event: HarnessEvent) -> None:
     op = _matching(snap, body.run_id)
     if op is None:
         return
-    retry = snapshot_pb2.RetryState(attempt=body.attempt, max_attempts=body.max_attempts)
+    retry = snapshot_pb2.RetryState(
+        attempt=body.attempt, max_attempts=body.max_attempts, error_message=body.error_message
+    )
     if body.HasField("not_before_time"):
         retry.next_attempt_time.CopyFrom(body.not_before_time)
     op.retry.CopyFrom(retry)

@@ -64,7 +64,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 from lane.client.commands import call as unary_call
-from lane.client.commands import is_retryable, new_request_id
+from lane.client.commands import giving_up, is_retryable, new_request_id
 from lane.client.errors import LaneError, lane_error, reason_name, status_error
 from lane.client.retry import COMMAND_RETRY, RetryPolicy
 from lane.limits import DRIVE_BATCH_HEADER, MAX_DRIVE_BATCH, MAX_MESSAGE_BYTES
@@ -137,7 +137,7 @@ def _batch_bound(metadata: Any) -> int:
 class _Pending:
     """One command waiting for its answer."""
 
-    __slots__ = ("command", "deadline", "future", "method", "request", "resend", "size")
+    __slots__ = ("command", "deadline", "future", "method", "request", "resend", "sends", "size")
 
     def __init__(
         self,
@@ -159,6 +159,8 @@ class _Pending:
         self.resend = resend
         self.deadline = deadline
         self.future = future
+        #: Times it was written (the first stream, and again on each new one after a break).
+        self.sends = 0
 
 
 class LaneSession:
@@ -254,8 +256,9 @@ class LaneSession:
         if size > MAX_MESSAGE_BYTES - _FRAME_BYTES or time.monotonic() < self._unary_until:
             return await self._unary(method, request, retry, timeout)
         resend = has_id or method in _READS
+        started = time.monotonic()
         deadline = retry.deadline()
-        attempt = 0
+        attempt = sends = 0
         while True:
             future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
             pending = _Pending(request, size, field_name, method, resend, deadline, future)
@@ -272,8 +275,11 @@ class LaneSession:
             if error.reason in (_ANSWER_TOO_LARGE, _TOO_MANY_SESSIONS):
                 return await self._unary(method, request, retry, timeout)
             attempt += 1
-            if not is_retryable(error) or retry.gives_up(attempt, deadline):
+            sends += max(1, pending.sends)
+            if not is_retryable(error):
                 raise error
+            if retry.gives_up(attempt, deadline):
+                raise giving_up(error, sends, started)
             await retry.backoff(attempt, deadline)
 
     async def _unary(
@@ -353,6 +359,7 @@ class LaneSession:
             if taken and size > MAX_MESSAGE_BYTES:
                 break
             outbox.popleft()
+            pending.sends += 1
             sequence = next(self._sequences)
             self._sent[sequence] = pending
             taken.append((sequence, pending))

@@ -98,6 +98,7 @@ class WatchScreen:
                     include_heartbeats=True,
                     retry=VIEW_RETRY,
                     on_retry=self.on_retry,
+                    connect_timeout=None,  # the command checked the service; ride outages out
                 ):
                     self.snapshot = view.snapshot
                     self.clock.observe(view.snapshot, view.events)

@@ -364,7 +364,7 @@ class ToolFlow:
             report=report,
         )
         try:
-            produced = await self._await_tool(run, tool.execute(copy.deepcopy(args), context))
+            produced = await self._await_tool(run, tool.invoke(copy.deepcopy(args), context))
             result, is_error = to_result_proto(produced)
         except _ToolStopped:
             await self._synthetic(run, item, pb.SYNTHETIC_CAUSE_INTERRUPTED)

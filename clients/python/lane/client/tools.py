@@ -18,7 +18,8 @@ policy and an async ``execute(args, ctx)``::
 ``execute`` returns a :data:`ToolResultLike`: a plain string (one text block), a
 :class:`ToolResult` (content, details, usage, added tool names, terminate, is_error) or a
 ``lane.v1.ToolResult`` message. A tool that raises produces an error result whose text is the
-exception's message (docs/contract.md, Tool calls).
+exception's message (docs/contract.md, Tool calls). A plain ``def`` works too: it runs in a
+worker thread (so a blocking tool does not stall the driver) and cannot report progress.
 
 :class:`ToolContext` is the running call's view of the world: its ids, ``progress(result)``
 and ``checkpoint(result)`` (each one ``UpdateToolCall``; a checkpoint is also the call's
@@ -30,10 +31,12 @@ abort has been seen. Tools stop cooperatively when it is set and return what the
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import jsonschema
 from lane.v1 import messages_pb2
@@ -200,6 +203,30 @@ class ToolContext:
 
 
 Execute = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResultLike]]
+#: A plain function as a tool's ``execute``: run in a worker thread (it cannot report progress).
+PlainExecute = Callable[[dict[str, Any], ToolContext], ToolResultLike]
+
+
+def _is_async(execute: Callable[..., Any]) -> bool:
+    """Whether calling ``execute`` gives an awaitable by its declaration (an ``async def``, a
+    partial of one, an object whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(execute) or inspect.iscoroutinefunction(
+        getattr(execute, "__call__", None)  # noqa: B004
+    )
+
+
+def _in_a_thread(execute: PlainExecute) -> Execute:
+    """``execute`` (a plain function) as an async one: it runs in a worker thread, so a slow
+    or blocking tool does not stall the driver; an awaitable it returns is awaited."""
+
+    @functools.wraps(execute)
+    async def run(args: dict[str, Any], ctx: ToolContext) -> ToolResultLike:
+        result: Any = await asyncio.to_thread(execute, args, ctx)
+        if inspect.isawaitable(result):
+            result = await result
+        return cast(ToolResultLike, result)
+
+    return run
 
 
 @dataclass(frozen=True)
@@ -210,11 +237,15 @@ class Tool:
     else the latest); it is checked when the tool is declared. ``replay="safe"`` declares that
     the whole effect may be repeated after a crash (reads, queries): a driver taking the run
     over executes such a call again; ``"never"`` calls get an interruption result instead.
+
+    ``execute`` is an ``async def`` (it may report progress through its
+    :class:`ToolContext`), or a plain function, which runs in a worker thread
+    (``asyncio.to_thread``) so that it does not stall the driver.
     """
 
     name: str
     parameters: Mapping[str, Any]
-    execute: Execute
+    execute: Execute | PlainExecute
     replay: ReplayPolicyName = "never"
     description: str = ""
     _validator: Any = field(init=False, repr=False, compare=False)
@@ -224,9 +255,17 @@ class Tool:
             raise ValueError("a tool needs a name")
         if self.replay not in ("never", "safe"):
             raise ValueError(f"tool {self.name}: replay must be 'never' or 'safe'")
+        if not callable(self.execute):
+            raise TypeError(f"tool {self.name}: execute must be a function")
+        if not _is_async(self.execute):
+            object.__setattr__(self, "execute", _in_a_thread(cast(PlainExecute, self.execute)))
         validator_class = jsonschema.validators.validator_for(self.parameters)
         validator_class.check_schema(dict(self.parameters))
         object.__setattr__(self, "_validator", validator_class(self.parameters))
+
+    def invoke(self, args: dict[str, Any], ctx: ToolContext) -> Awaitable[ToolResultLike]:
+        """``execute(args, ctx)``, awaitable whichever kind of function it was given as."""
+        return cast(Execute, self.execute)(args, ctx)
 
     def validate(self, args: Any) -> str | None:
         """None when ``args`` match the schema, else the validation message."""

@@ -8,9 +8,11 @@ message streaming in (its thinking dimmed, its text ending in a ``▍`` cursor, 
 being written), a scheduled retry, and the presentation-active tools — running ones with a
 spinner, the elapsed seconds and their latest progress line, settled ones with their final
 result marked ``waiting for placement`` — or, with no operation open, the last run's result;
-then a status line. A streaming block shows its last lines (the ones that change). A tool row
-names its status before its arguments, so a narrow screen, which cuts lines at its right edge,
-keeps the status.
+then the inbox (messages queued with ``lane send``, until a run takes them); then a status
+line. A scheduled retry says why the model call failed and the time left until the attempt.
+A streaming block shows its last lines (the ones that change). A tool row names its status
+before its arguments, so a narrow screen, which cuts lines at its right edge, keeps the
+status.
 
 With a ``height``, the content is a window of the rows that fit between the header and the
 footer: its tail (follow mode), or the rows from ``top`` on (scrolled). :func:`render_frame`
@@ -364,6 +366,7 @@ def render_frame(
     for entry in snapshot.transcript:
         content.extend(_entry_lines(entry))
     content.extend(_operation_lines(snapshot, clock, now, frame))
+    content.extend(_queue_lines(snapshot))
     footer_count = (1 if status or height is not None else 0) + (1 if snapshot.faulted else 0)
     total = len(content)
     room = total if height is None else max(0, height - 1 - footer_count)
@@ -399,7 +402,7 @@ def _operation_lines(
                 ERROR if aborting else BOLD,
             ),
             *(_streaming_lines(op.streaming_message) if op.HasField("streaming_message") else []),
-            *(_retry_lines(op.retry) if op.HasField("retry") else []),
+            *(_retry_lines(op.retry, now) if op.HasField("retry") else []),
             *_tool_rows(op, clock, now, frame),
         ]
     if snapshot.HasField("last_result"):
@@ -415,9 +418,41 @@ def _operation_lines(
     return [Line("── no operation yet", DIM)]
 
 
-def _retry_lines(retry: snapshot_pb2.RetryState) -> list[Line]:
-    text = f"  model call failed · attempt {retry.attempt} of {retry.max_attempts} scheduled"
+def _retry_lines(retry: snapshot_pb2.RetryState, now: float) -> list[Line]:
+    """Why the model call failed, the attempt scheduled, and the time left until it."""
+    cause = f": {retry.error_message.splitlines()[0]}" if retry.error_message else ""
+    when = "scheduled"
+    if retry.HasField("next_attempt_time"):
+        at = retry.next_attempt_time.seconds + retry.next_attempt_time.nanos / 1e9
+        when = f"in {at - now:.1f}s" if at > now else "due"
+    text = f"  model call failed{cause} · attempt {retry.attempt} of {retry.max_attempts} {when}"
     return [Line(text, WAITING)]
+
+
+_QUEUE_NAMES = {
+    snapshot_pb2.QUEUE_KIND_STEER: "steer",
+    snapshot_pb2.QUEUE_KIND_FOLLOW_UP: "follow-up",
+    snapshot_pb2.QUEUE_KIND_NEXT_RUN: "next run",
+    snapshot_pb2.QUEUE_KIND_WRITE: "entry",
+}
+
+
+def _queue_lines(snapshot: snapshot_pb2.LaneSnapshot) -> list[Line]:
+    """The lane's inbox: each queued item (``lane send``), until a run takes it."""
+    if not snapshot.queues:
+        return []
+    lines = [Line(f"── queued ({len(snapshot.queues)})", BOLD)]
+    for item in snapshot.queues:
+        kind = _QUEUE_NAMES.get(item.kind, "item")
+        if item.WhichOneof("item") == "custom":
+            body = [f"custom {item.custom.custom_type}"]
+        else:
+            message = item.message
+            which = message.WhichOneof("message")
+            blocks = getattr(message, which).content if which else []
+            body = _lines_of(content_text(blocks)) or [""]
+        lines.extend(_labelled(f"  {kind}: ", body, DIM))
+    return lines
 
 
 def _draw(line: Line, width: int, color: bool) -> str:

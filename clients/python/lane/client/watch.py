@@ -56,8 +56,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import grpc
+from lane.client.connect import CONNECT_TIMEOUT_SECONDS
 from lane.client.errors import LaneError, WatchProtocolError, lane_error
 from lane.client.errors import reason_name as _reason
+from lane.client.reach import FirstContact
 from lane.client.reducer import fold
 from lane.client.retry import RetryPolicy
 from lane.v1 import events_pb2, lane_service_pb2, reasons_pb2, snapshot_pb2
@@ -268,6 +270,8 @@ async def watch_lane(
     retry: RetryPolicy = DEFAULT_RETRY,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     on_retry: Callable[[int, LaneError], object] | None = None,
+    connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
+    target: str = "",
 ) -> AsyncGenerator[LaneView, None]:
     """Watch ``lane_id`` for ever, yielding a :class:`LaneView` per snapshot and commit.
 
@@ -286,6 +290,11 @@ async def watch_lane(
     the consecutive attempts without progress (1, 2, ...), ``error`` is what ended the last
     one; a live view shows it. Stop watching by leaving the ``async for`` (or ``aclose()``):
     the stream is cancelled.
+
+    Failing fast: until the first message arrives, a transport failure (no connection) is
+    tried again only for ``connect_timeout`` seconds (5 by default; None: as any other), then
+    raises :class:`~lane.client.reach.Unreachable` with the cause and the fix (``target``
+    names the service in it). Once the service answered, outages are ridden out as above.
 
     Raises :class:`LaneError` for failures the watch does not recover from and
     :class:`WatchProtocolError` when the stream breaks its contract.
@@ -313,6 +322,7 @@ async def watch_lane(
     )
     attempt = 0
     deadline: float | None = None
+    first_contact = FirstContact(target, connect_timeout)
     while True:
         request = lane_service_pb2.WatchLaneRequest(lane_id=lane_id)
         if not position.need_snapshot:
@@ -326,6 +336,7 @@ async def watch_lane(
             ) as steps:
                 async for view in steps:
                     attempt, deadline = 0, None  # progress
+                    first_contact.made()
                     if view is not None:
                         yield view
         except grpc.aio.AioRpcError as err:
@@ -355,6 +366,7 @@ async def watch_lane(
 
         if recovery is Recovery.RAISE:
             raise error
+        first_contact.check(error)
         attempt += 1
         if attempt == 1:
             deadline = retry.deadline()

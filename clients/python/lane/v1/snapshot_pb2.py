@@ -27,23 +27,23 @@ from lane.v1 import entries_pb2 as lane_dot_v1_dot_entries__pb2
 from lane.v1 import messages_pb2 as lane_dot_v1_dot_messages__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16lane/v1/snapshot.proto\x12\x07lane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15lane/v1/entries.proto\x1a\x16lane/v1/messages.proto\".\n\x08ModelRef\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\"\x80\x01\n\x11LaneConfiguration\x12 \n\x05model\x18\x01 \x01(\x0b\x32\x11.lane.v1.ModelRef\x12.\n\x0ethinking_level\x18\x02 \x01(\x0e\x32\x16.lane.v1.ThinkingLevel\x12\x19\n\x11\x61\x63tive_tool_names\x18\x03 \x03(\t\"A\n\tLaneStats\x12\x15\n\rmessage_count\x18\x01 \x01(\x03\x12\x1d\n\x05usage\x18\x02 \x01(\x0b\x32\x0e.lane.v1.Usage\"\x9a\x01\n\nQueuedItem\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\x12 \n\x04kind\x18\x02 \x01(\x0e\x32\x12.lane.v1.QueueKind\x12(\n\x07message\x18\x03 \x01(\x0b\x32\x15.lane.v1.AgentMessageH\x00\x12&\n\x06\x63ustom\x18\x04 \x01(\x0b\x32\x14.lane.v1.CustomEntryH\x00\x42\x06\n\x04item\"[\n\x0eOperationError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x19\n\x0c\x64\x65tails_json\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x0f\n\r_details_json\"\xac\x02\n\x0fOperationResult\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.lane.v1.OperationKind\x12.\n\x06status\x18\x03 \x01(\x0e\x32\x1e.lane.v1.OperationResultStatus\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x17.lane.v1.OperationError\x12\x13\n\x0b\x66rom_tip_id\x18\x05 \x01(\t\x12\x0e\n\x06tip_id\x18\x06 \x01(\t\x12\x30\n\x0cstarted_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nended_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"j\n\nRetryState\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x02 \x01(\x05\x12\x35\n\x11next_attempt_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"7\n\rDeferredState\x12\x13\n\x0bhandle_json\x18\x01 \x01(\t\x12\x11\n\tpoll_json\x18\x02 \x01(\t\"s\n\x0bRunningTool\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12#\n\x06result\x18\x04 \x01(\x0b\x32\x13.lane.v1.ToolResult\"\x85\x01\n\x0bSettledTool\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12#\n\x06result\x18\x04 \x01(\x0b\x32\x13.lane.v1.ToolResult\x12\x10\n\x08is_error\x18\x05 \x01(\x08\"i\n\x0cSnapshotTool\x12\'\n\x07running\x18\x01 \x01(\x0b\x32\x14.lane.v1.RunningToolH\x00\x12\'\n\x07settled\x18\x02 \x01(\x0b\x32\x14.lane.v1.SettledToolH\x00\x42\x07\n\x05state\"\xe8\x02\n\x11SnapshotOperation\x12\n\n\x02id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.lane.v1.OperationKind\x12\x30\n\x0cstarted_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x66rom_tip_id\x18\x04 \x01(\t\x12(\n\x06status\x18\x05 \x01(\x0e\x32\x18.lane.v1.OperationStatus\x12\"\n\x05retry\x18\x06 \x01(\x0b\x32\x13.lane.v1.RetryState\x12(\n\x08\x64\x65\x66\x65rred\x18\x07 \x01(\x0b\x32\x16.lane.v1.DeferredState\x12\x34\n\x11streaming_message\x18\x08 \x01(\x0b\x32\x19.lane.v1.AssistantMessage\x12,\n\rrunning_tools\x18\t \x03(\x0b\x32\x15.lane.v1.SnapshotTool\"\xe4\x02\n\x0cLaneSnapshot\x12\x0f\n\x07lane_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\"\n\ntranscript\x18\x03 \x03(\x0b\x32\x0e.lane.v1.Entry\x12\x0e\n\x06tip_id\x18\x04 \x01(\t\x12\x31\n\rconfiguration\x18\x05 \x01(\x0b\x32\x1a.lane.v1.LaneConfiguration\x12!\n\x05stats\x18\x06 \x01(\x0b\x32\x12.lane.v1.LaneStats\x12#\n\x06queues\x18\x07 \x03(\x0b\x32\x13.lane.v1.QueuedItem\x12-\n\x0blast_result\x18\x08 \x01(\x0b\x32\x18.lane.v1.OperationResult\x12\x0f\n\x07\x66\x61ulted\x18\t \x01(\x08\x12-\n\toperation\x18\n \x01(\x0b\x32\x1a.lane.v1.SnapshotOperation\x12\x13\n\x0bincarnation\x18\x0b \x01(\t*\xc9\x01\n\rThinkingLevel\x12\x1e\n\x1aTHINKING_LEVEL_UNSPECIFIED\x10\x00\x12\x16\n\x12THINKING_LEVEL_OFF\x10\x01\x12\x1a\n\x16THINKING_LEVEL_MINIMAL\x10\x02\x12\x16\n\x12THINKING_LEVEL_LOW\x10\x03\x12\x19\n\x15THINKING_LEVEL_MEDIUM\x10\x04\x12\x17\n\x13THINKING_LEVEL_HIGH\x10\x05\x12\x18\n\x14THINKING_LEVEL_XHIGH\x10\x06*\x86\x01\n\tQueueKind\x12\x1a\n\x16QUEUE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10QUEUE_KIND_STEER\x10\x01\x12\x18\n\x14QUEUE_KIND_FOLLOW_UP\x10\x02\x12\x17\n\x13QUEUE_KIND_NEXT_RUN\x10\x03\x12\x14\n\x10QUEUE_KIND_WRITE\x10\x04*\x85\x01\n\rOperationKind\x12\x1e\n\x1aOPERATION_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12OPERATION_KIND_RUN\x10\x01\x12\x1d\n\x19OPERATION_KIND_COMPACTION\x10\x02\x12\x1d\n\x19OPERATION_KIND_NAVIGATION\x10\x03*\xd6\x01\n\x15OperationResultStatus\x12\'\n#OPERATION_RESULT_STATUS_UNSPECIFIED\x10\x00\x12%\n!OPERATION_RESULT_STATUS_COMPLETED\x10\x01\x12$\n OPERATION_RESULT_STATUS_DECLINED\x10\x02\x12#\n\x1fOPERATION_RESULT_STATUS_ABORTED\x10\x03\x12\"\n\x1eOPERATION_RESULT_STATUS_FAILED\x10\x04*m\n\x0fOperationStatus\x12 \n\x1cOPERATION_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15OPERATION_STATUS_OPEN\x10\x01\x12\x1d\n\x19OPERATION_STATUS_ABORTING\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16lane/v1/snapshot.proto\x12\x07lane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15lane/v1/entries.proto\x1a\x16lane/v1/messages.proto\".\n\x08ModelRef\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\"\x80\x01\n\x11LaneConfiguration\x12 \n\x05model\x18\x01 \x01(\x0b\x32\x11.lane.v1.ModelRef\x12.\n\x0ethinking_level\x18\x02 \x01(\x0e\x32\x16.lane.v1.ThinkingLevel\x12\x19\n\x11\x61\x63tive_tool_names\x18\x03 \x03(\t\"A\n\tLaneStats\x12\x15\n\rmessage_count\x18\x01 \x01(\x03\x12\x1d\n\x05usage\x18\x02 \x01(\x0b\x32\x0e.lane.v1.Usage\"\x9a\x01\n\nQueuedItem\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\x12 \n\x04kind\x18\x02 \x01(\x0e\x32\x12.lane.v1.QueueKind\x12(\n\x07message\x18\x03 \x01(\x0b\x32\x15.lane.v1.AgentMessageH\x00\x12&\n\x06\x63ustom\x18\x04 \x01(\x0b\x32\x14.lane.v1.CustomEntryH\x00\x42\x06\n\x04item\"[\n\x0eOperationError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x19\n\x0c\x64\x65tails_json\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x0f\n\r_details_json\"\xac\x02\n\x0fOperationResult\x12\x14\n\x0coperation_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.lane.v1.OperationKind\x12.\n\x06status\x18\x03 \x01(\x0e\x32\x1e.lane.v1.OperationResultStatus\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x17.lane.v1.OperationError\x12\x13\n\x0b\x66rom_tip_id\x18\x05 \x01(\t\x12\x0e\n\x06tip_id\x18\x06 \x01(\t\x12\x30\n\x0cstarted_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nended_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x81\x01\n\nRetryState\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x02 \x01(\x05\x12\x35\n\x11next_attempt_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rerror_message\x18\x04 \x01(\t\"7\n\rDeferredState\x12\x13\n\x0bhandle_json\x18\x01 \x01(\t\x12\x11\n\tpoll_json\x18\x02 \x01(\t\"s\n\x0bRunningTool\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12#\n\x06result\x18\x04 \x01(\x0b\x32\x13.lane.v1.ToolResult\"\x85\x01\n\x0bSettledTool\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12#\n\x06result\x18\x04 \x01(\x0b\x32\x13.lane.v1.ToolResult\x12\x10\n\x08is_error\x18\x05 \x01(\x08\"i\n\x0cSnapshotTool\x12\'\n\x07running\x18\x01 \x01(\x0b\x32\x14.lane.v1.RunningToolH\x00\x12\'\n\x07settled\x18\x02 \x01(\x0b\x32\x14.lane.v1.SettledToolH\x00\x42\x07\n\x05state\"\xe8\x02\n\x11SnapshotOperation\x12\n\n\x02id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.lane.v1.OperationKind\x12\x30\n\x0cstarted_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x66rom_tip_id\x18\x04 \x01(\t\x12(\n\x06status\x18\x05 \x01(\x0e\x32\x18.lane.v1.OperationStatus\x12\"\n\x05retry\x18\x06 \x01(\x0b\x32\x13.lane.v1.RetryState\x12(\n\x08\x64\x65\x66\x65rred\x18\x07 \x01(\x0b\x32\x16.lane.v1.DeferredState\x12\x34\n\x11streaming_message\x18\x08 \x01(\x0b\x32\x19.lane.v1.AssistantMessage\x12,\n\rrunning_tools\x18\t \x03(\x0b\x32\x15.lane.v1.SnapshotTool\"\xe4\x02\n\x0cLaneSnapshot\x12\x0f\n\x07lane_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\"\n\ntranscript\x18\x03 \x03(\x0b\x32\x0e.lane.v1.Entry\x12\x0e\n\x06tip_id\x18\x04 \x01(\t\x12\x31\n\rconfiguration\x18\x05 \x01(\x0b\x32\x1a.lane.v1.LaneConfiguration\x12!\n\x05stats\x18\x06 \x01(\x0b\x32\x12.lane.v1.LaneStats\x12#\n\x06queues\x18\x07 \x03(\x0b\x32\x13.lane.v1.QueuedItem\x12-\n\x0blast_result\x18\x08 \x01(\x0b\x32\x18.lane.v1.OperationResult\x12\x0f\n\x07\x66\x61ulted\x18\t \x01(\x08\x12-\n\toperation\x18\n \x01(\x0b\x32\x1a.lane.v1.SnapshotOperation\x12\x13\n\x0bincarnation\x18\x0b \x01(\t*\xc9\x01\n\rThinkingLevel\x12\x1e\n\x1aTHINKING_LEVEL_UNSPECIFIED\x10\x00\x12\x16\n\x12THINKING_LEVEL_OFF\x10\x01\x12\x1a\n\x16THINKING_LEVEL_MINIMAL\x10\x02\x12\x16\n\x12THINKING_LEVEL_LOW\x10\x03\x12\x19\n\x15THINKING_LEVEL_MEDIUM\x10\x04\x12\x17\n\x13THINKING_LEVEL_HIGH\x10\x05\x12\x18\n\x14THINKING_LEVEL_XHIGH\x10\x06*\x86\x01\n\tQueueKind\x12\x1a\n\x16QUEUE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10QUEUE_KIND_STEER\x10\x01\x12\x18\n\x14QUEUE_KIND_FOLLOW_UP\x10\x02\x12\x17\n\x13QUEUE_KIND_NEXT_RUN\x10\x03\x12\x14\n\x10QUEUE_KIND_WRITE\x10\x04*\x85\x01\n\rOperationKind\x12\x1e\n\x1aOPERATION_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12OPERATION_KIND_RUN\x10\x01\x12\x1d\n\x19OPERATION_KIND_COMPACTION\x10\x02\x12\x1d\n\x19OPERATION_KIND_NAVIGATION\x10\x03*\xd6\x01\n\x15OperationResultStatus\x12\'\n#OPERATION_RESULT_STATUS_UNSPECIFIED\x10\x00\x12%\n!OPERATION_RESULT_STATUS_COMPLETED\x10\x01\x12$\n OPERATION_RESULT_STATUS_DECLINED\x10\x02\x12#\n\x1fOPERATION_RESULT_STATUS_ABORTED\x10\x03\x12\"\n\x1eOPERATION_RESULT_STATUS_FAILED\x10\x04*m\n\x0fOperationStatus\x12 \n\x1cOPERATION_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15OPERATION_STATUS_OPEN\x10\x01\x12\x1d\n\x19OPERATION_STATUS_ABORTING\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lane.v1.snapshot_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_THINKINGLEVEL']._serialized_start=2162
-  _globals['_THINKINGLEVEL']._serialized_end=2363
-  _globals['_QUEUEKIND']._serialized_start=2366
-  _globals['_QUEUEKIND']._serialized_end=2500
-  _globals['_OPERATIONKIND']._serialized_start=2503
-  _globals['_OPERATIONKIND']._serialized_end=2636
-  _globals['_OPERATIONRESULTSTATUS']._serialized_start=2639
-  _globals['_OPERATIONRESULTSTATUS']._serialized_end=2853
-  _globals['_OPERATIONSTATUS']._serialized_start=2855
-  _globals['_OPERATIONSTATUS']._serialized_end=2964
+  _globals['_THINKINGLEVEL']._serialized_start=2186
+  _globals['_THINKINGLEVEL']._serialized_end=2387
+  _globals['_QUEUEKIND']._serialized_start=2390
+  _globals['_QUEUEKIND']._serialized_end=2524
+  _globals['_OPERATIONKIND']._serialized_start=2527
+  _globals['_OPERATIONKIND']._serialized_end=2660
+  _globals['_OPERATIONRESULTSTATUS']._serialized_start=2663
+  _globals['_OPERATIONRESULTSTATUS']._serialized_end=2877
+  _globals['_OPERATIONSTATUS']._serialized_start=2879
+  _globals['_OPERATIONSTATUS']._serialized_end=2988
   _globals['_MODELREF']._serialized_start=115
   _globals['_MODELREF']._serialized_end=161
   _globals['_LANECONFIGURATION']._serialized_start=164
@@ -56,18 +56,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPERATIONERROR']._serialized_end=609
   _globals['_OPERATIONRESULT']._serialized_start=612
   _globals['_OPERATIONRESULT']._serialized_end=912
-  _globals['_RETRYSTATE']._serialized_start=914
-  _globals['_RETRYSTATE']._serialized_end=1020
-  _globals['_DEFERREDSTATE']._serialized_start=1022
-  _globals['_DEFERREDSTATE']._serialized_end=1077
-  _globals['_RUNNINGTOOL']._serialized_start=1079
-  _globals['_RUNNINGTOOL']._serialized_end=1194
-  _globals['_SETTLEDTOOL']._serialized_start=1197
-  _globals['_SETTLEDTOOL']._serialized_end=1330
-  _globals['_SNAPSHOTTOOL']._serialized_start=1332
-  _globals['_SNAPSHOTTOOL']._serialized_end=1437
-  _globals['_SNAPSHOTOPERATION']._serialized_start=1440
-  _globals['_SNAPSHOTOPERATION']._serialized_end=1800
-  _globals['_LANESNAPSHOT']._serialized_start=1803
-  _globals['_LANESNAPSHOT']._serialized_end=2159
+  _globals['_RETRYSTATE']._serialized_start=915
+  _globals['_RETRYSTATE']._serialized_end=1044
+  _globals['_DEFERREDSTATE']._serialized_start=1046
+  _globals['_DEFERREDSTATE']._serialized_end=1101
+  _globals['_RUNNINGTOOL']._serialized_start=1103
+  _globals['_RUNNINGTOOL']._serialized_end=1218
+  _globals['_SETTLEDTOOL']._serialized_start=1221
+  _globals['_SETTLEDTOOL']._serialized_end=1354
+  _globals['_SNAPSHOTTOOL']._serialized_start=1356
+  _globals['_SNAPSHOTTOOL']._serialized_end=1461
+  _globals['_SNAPSHOTOPERATION']._serialized_start=1464
+  _globals['_SNAPSHOTOPERATION']._serialized_end=1824
+  _globals['_LANESNAPSHOT']._serialized_start=1827
+  _globals['_LANESNAPSHOT']._serialized_end=2183
 # @@protoc_insertion_point(module_scope)

@@ -335,8 +335,11 @@ class RetryState(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     NEXT_ATTEMPT_TIME_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     max_attempts: _builtins.int
+    error_message: _builtins.str
+    """Why the previous attempt failed: the retry_scheduled event's error_message."""
     @_builtins.property
     def next_attempt_time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -345,10 +348,11 @@ class RetryState(_message.Message):
         attempt: _builtins.int = ...,
         max_attempts: _builtins.int = ...,
         next_attempt_time: _timestamp_pb2.Timestamp | None = ...,
+        error_message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["next_attempt_time", b"next_attempt_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "max_attempts", b"max_attempts", "next_attempt_time", b"next_attempt_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "error_message", b"error_message", "max_attempts", b"max_attempts", "next_attempt_time", b"next_attempt_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -10,7 +10,7 @@ import { Code } from "@connectrpc/connect";
 import { LaneError, laneErrorFrom, watchLane, type LaneServiceClient, type LaneSnapshot } from "@lane/client";
 import { ToolClock } from "./clock.js";
 import { h } from "./dom.js";
-import { countdown, renderOperation, renderTranscript, seconds } from "./render.js";
+import { countdown, renderOperation, renderQueue, renderTranscript, seconds } from "./render.js";
 
 /** Elapsed times and a retry's countdown are redrawn this often, between updates. */
 const TICK_MS = 200;
@@ -58,7 +58,12 @@ export async function showLane(
     if (snapshot === undefined) {
       return;
     }
-    body.replaceChildren(renderTranscript(snapshot), renderOperation(snapshot, clock, abort));
+    const queue = renderQueue(snapshot);
+    body.replaceChildren(
+      renderTranscript(snapshot),
+      renderOperation(snapshot, clock, abort),
+      ...(queue === null ? [] : [queue]),
+    );
     page.querySelector("#revision")!.textContent = `revision ${snapshot.revision}`;
     // Last: whoever waits for a revision finds the page drawn for it.
     page.dataset.revision = snapshot.revision.toString();
@@ -76,6 +81,7 @@ export async function showLane(
     for await (const update of watchLane(client, laneId, {
       signal,
       heartbeats: true,
+      connectTimeoutMs: 0, // a page rides outages out, saying "reconnecting" meanwhile
       onRetry: (info) => {
         const cause = info.error ? `${info.error.codeName}: ${info.error.message}` : "stream ended";
         setConnection(

@@ -14,13 +14,15 @@
  * same redraw. It is drawn as the terminal view draws it: each block so far, in order; thinking
  * dimmed; the text ending in a cursor while it is the last block; a tool call being written
  * with its arguments so far and ` …` while it is the last block. The retry line is the
- * operation's `retry`: the attempt scheduled and the time left until its `nextAttemptTime`.
+ * operation's `retry`: why the last attempt failed, the attempt scheduled and the time left
+ * until its `nextAttemptTime`. The inbox (`renderQueue`) lists the messages queued for a run.
  */
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 import {
   OperationKind,
   OperationResultStatus,
   OperationStatus,
+  QueueKind,
   StopReason,
   type AgentMessage,
   type AssistantMessage,
@@ -28,6 +30,7 @@ import {
   type Entry,
   type LaneSnapshot,
   type OperationResult,
+  type QueuedItem,
   type RetryState,
   type SnapshotOperation,
   type ThinkingContent,
@@ -116,6 +119,7 @@ export function countdown(atMs: number, now = Date.now()): string {
 
 function retryLine(retry: RetryState): HTMLElement {
   const at = retry.nextAttemptTime === undefined ? undefined : timestampMs(retry.nextAttemptTime);
+  const cause = retry.errorMessage ? `: ${retry.errorMessage}` : "";
   return h(
     "p",
     {
@@ -124,10 +128,47 @@ function retryLine(retry: RetryState): HTMLElement {
       "data-max-attempts": String(retry.maxAttempts),
       "data-next-attempt-ms": at?.toString(),
     },
-    `model call failed · attempt ${retry.attempt} of ${retry.maxAttempts} scheduled`,
-    at === undefined ? null : " · ",
-    at === undefined ? null : h("span", { class: "countdown", "data-at": String(at) }, countdown(at)),
+    `model call failed${cause} · attempt ${retry.attempt} of ${retry.maxAttempts} `,
+    at === undefined
+      ? "scheduled"
+      : h("span", { class: "countdown", "data-at": String(at) }, countdown(at)),
   );
+}
+
+const QUEUE_NAMES: Partial<Record<QueueKind, string>> = {
+  [QueueKind.STEER]: "steer",
+  [QueueKind.FOLLOW_UP]: "follow-up",
+  [QueueKind.NEXT_RUN]: "next run",
+  [QueueKind.WRITE]: "entry",
+};
+
+/** The lane's inbox: the messages queued (`lane send`, EnqueueMessage), waiting for a run to
+ *  take them, each with how it will be delivered; nothing when the inbox is empty. */
+export function renderQueue(snapshot: LaneSnapshot): HTMLElement | null {
+  if (snapshot.queues.length === 0) {
+    return null;
+  }
+  const items = snapshot.queues.map((item: QueuedItem) => {
+    const text =
+      item.item.case === "message" ? messageText(item.item.value) : `custom ${item.item.value?.customType ?? ""}`;
+    return h("li", { class: "entry queued", "data-entry-id": item.entryId },
+      h("b", {}, `queued ${QUEUE_NAMES[item.kind] ?? "item"} `), text);
+  });
+  return h("section", { id: "queue" }, h("header", {}, `queued (${items.length})`), h("ul", {}, ...items));
+}
+
+function messageText(message: AgentMessage): string {
+  const value = message.message;
+  switch (value.case) {
+    case "user":
+      return contentText(value.value.content);
+    case "assistant":
+      return contentText(value.value.content);
+    case "toolResult":
+      return contentText(value.value.content);
+    default:
+      return "";
+  }
 }
 
 function messageItems(message: AgentMessage | undefined): HTMLElement[] {

@@ -161,7 +161,9 @@ def schedule_retry(
     )
     scheduled.not_before_time.FromDatetime(not_before)
     log.emit("retry_scheduled", scheduled)
-    retry = snapshot_pb2.RetryState(attempt=attempt, max_attempts=max_attempts)
+    retry = snapshot_pb2.RetryState(
+        attempt=attempt, max_attempts=max_attempts, error_message=error_message
+    )
     retry.next_attempt_time.FromDatetime(not_before)
     next_state = replace(
         state,

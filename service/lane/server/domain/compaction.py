@@ -38,7 +38,7 @@ def start_compaction(
     lease: tuple[str, int] | None = None,
 ) -> OperationOpened:
     """Open a standalone compaction operation; emits compaction_start."""
-    guards.require_no_operation(state)
+    guards.require_no_operation(state, now)
     operation = Operation(
         operation_id=operation_id,
         kind=snapshot_pb2.OPERATION_KIND_COMPACTION,

@@ -2,21 +2,46 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from lane.v1 import snapshot_pb2
 
 from lane.server.domain.errors import Aborted, FailedPrecondition, NotFound
 from lane.server.domain.state import LaneState, Operation, Phase, ToolBatch, ToolCall
 
 
-def require_no_operation(state: LaneState) -> None:
-    """Refuse to open an operation while another is open."""
-    if state.operation is not None:
-        raise FailedPrecondition(
-            "LANE_BUSY",
-            f"lane {state.lane_id} already has open operation {state.operation.operation_id}",
-            laneId=state.lane_id,
-            openOperationId=state.operation.operation_id,
-        )
+def require_no_operation(state: LaneState, now: datetime | None = None) -> None:
+    """Refuse to open an operation while another is open. The refusal says who holds the open
+    one (its lease: live or lapsed at ``now``, when given) and whether its abort was requested,
+    so a caller can tell how to free the lane: abort it, take it over once the lease lapsed, or
+    wait for the service to end it."""
+    operation = state.operation
+    if operation is None:
+        return
+    kind = "compaction" if operation.kind == snapshot_pb2.OPERATION_KIND_COMPACTION else "run"
+    holder = operation.lease_holder or ""
+    expires = operation.lease_expires.isoformat() if operation.lease_expires else ""
+    live = None if now is None else operation.lease_live(now)
+    if not holder:
+        owner = "not leased" if operation.lease_token == 0 else "its lease was released"
+    elif live is False:
+        owner = f"driver {holder}'s lease lapsed at {expires}"
+    else:
+        owner = f"leased to driver {holder} until {expires}"
+    aborting = "; abort requested" if operation.cancel_requested else ""
+    lease = {} if live is None else {"leaseLive": str(live).lower()}
+    raise FailedPrecondition(
+        "LANE_BUSY",
+        f"lane {state.lane_id} already has open operation {operation.operation_id} "
+        f"(a {kind}, {owner}{aborting})",
+        laneId=state.lane_id,
+        openOperationId=operation.operation_id,
+        operationKind=kind,
+        leaseHolder=holder,
+        leaseExpires=expires,
+        cancelRequested=str(operation.cancel_requested).lower(),
+        **lease,
+    )
 
 
 def open_operation(state: LaneState, operation_id: str) -> Operation:

@@ -28,7 +28,7 @@ def navigate(
     new_id: Callable[[], str],
 ) -> OperationEnded:
     """Move the tip to ``target_id`` (an entry of this lane; the caller checked it exists)."""
-    guards.require_no_operation(state)
+    guards.require_no_operation(state, now)
     log = EventLog(state.lane_id, state.revision, now)
     start = events_pb2.NavigationStartEvent(run_id=operation_id, target_id=target_id)
     start.started_time.FromDatetime(now)

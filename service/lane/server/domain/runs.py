@@ -113,7 +113,7 @@ def start_run(
 
     ``lease`` = (driver id, seconds) leases the new run to that driver.
     """
-    guards.require_no_operation(state)
+    guards.require_no_operation(state, now)
     captured = [
         item
         for item in state.inbox

@@ -59,5 +59,6 @@ def model_from_spec(spec: str, **options: Any) -> Model:
         if err.name != extra:
             raise
         raise ImportError(
-            f"the {extra} SDK is not installed: pip install 'lane-client[{extra}]'"
+            f"the {extra} SDK is not installed: pip install {extra} (in a checkout of the lane "
+            f"repository: pip install './clients/python[{extra}]')"
         ) from err

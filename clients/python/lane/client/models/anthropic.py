@@ -1,5 +1,5 @@
 """Anthropic models for the driver: the Messages API, streamed, through the official
-``anthropic`` SDK (the ``anthropic`` extra: ``pip install 'lane-client[anthropic]'``).
+``anthropic`` SDK (the ``anthropic`` extra: ``pip install './clients/python[anthropic]'``).
 
 ::
 
@@ -25,20 +25,29 @@ calls the TRUNCATED result); the provider's word is kept as ``raw_stop_reason``.
 and cache creation (``cache_write``).
 
 Errors become :class:`~lane.client.model.ModelError` (:mod:`lane.client.models.errors`): 429,
-5xx and 529 (overloaded), and an ``overloaded_error`` event inside the stream, are retried by
-the driver. The SDK's own retries are off (``max_retries=0``): the driver retries through the
-lane, so a retry is durable and visible.
+5xx and 529 (overloaded), an ``overloaded_error`` event inside the stream, and every transport
+fault (a connect or read timeout — 10 s and 60 s of silence by default —, a connection dropped
+mid-answer, a malformed event) are retried by the driver; other HTTP errors fail the run with
+the provider's message. The SDK's own retries are off (``max_retries=0``): the driver
+retries through the lane, so a retry is durable and visible.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 import anthropic
 from lane.client.model import ModelRequest
 from lane.client.models.builder import MessageBuilder, usage
-from lane.client.models.errors import model_error, stream_error
+from lane.client.models.errors import (
+    CONNECT_TIMEOUT_SECONDS,
+    READ_TIMEOUT_SECONDS,
+    Timeouts,
+    provider_errors,
+    stream_error,
+)
 from lane.client.models.transcript import context, tool_arguments, tool_specs
 from lane.v1 import messages_pb2
 
@@ -135,8 +144,10 @@ class AnthropicModel:
     ``client``: an ``anthropic.AsyncAnthropic`` of your own (then ``base_url`` and
     ``api_key`` are unused; give it ``max_retries=0``). ``system``: the system prompt.
     ``max_tokens``: the answer's limit (the API requires one). ``thinking_budget``: turn
-    extended thinking on with that many tokens (None: off). ``options``: more request
-    parameters, as the SDK takes them.
+    extended thinking on with that many tokens (None: off). ``connect_timeout``: seconds to
+    connect to the provider; ``read_timeout``: seconds of silence in its answer before the
+    attempt counts as failed (a retryable fault); both go with every request, a client of your
+    own too. ``options``: more request parameters, as the SDK takes them.
     """
 
     api = "anthropic-messages"
@@ -152,11 +163,17 @@ class AnthropicModel:
         max_tokens: int = 8192,
         thinking_budget: int | None = None,
         provider: str = "anthropic",
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        read_timeout: float = READ_TIMEOUT_SECONDS,
         **options: Any,
     ) -> None:
         self.model = model
+        self.timeouts = Timeouts(connect_timeout, read_timeout)
         self.client = client or anthropic.AsyncAnthropic(
-            api_key=api_key, base_url=base_url, max_retries=0
+            api_key=api_key,
+            base_url=base_url,
+            max_retries=0,
+            timeout=self.timeouts.sdk(anthropic.Timeout),
         )
         self.system = system
         self.max_tokens = max_tokens
@@ -206,65 +223,72 @@ class AnthropicModel:
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
         return params
 
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        """The SDK's errors, and its HTTP library's, as :class:`ModelError` s."""
+        return provider_errors(
+            api_error=anthropic.APIError,
+            connection_error=anthropic.APIConnectionError,
+            timeouts=self.timeouts,
+        )
+
     async def __call__(self, request: ModelRequest) -> messages_pb2.AssistantMessage:
         """Ask the model, streaming its answer to ``request.partial``."""
         build = MessageBuilder(
             request.partial, api=self.api, provider=self.provider, model=self.model
         )
-        try:
-            stream: Any = await self.client.messages.create(**self.params(request), stream=True)
-        except anthropic.APIError as err:
-            raise model_error(err, connection_error=anthropic.APIConnectionError) from err
+        with self._errors():
+            stream: Any = await self.client.messages.create(
+                **self.params(request), stream=True, timeout=self.timeouts.sdk(anthropic.Timeout)
+            )
         stop: str | None = None
         counts = {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
         #: Tool blocks whose arguments streamed as input_json_delta (else: their start input).
         streamed: set[int] = set()
         started: dict[int, Any] = {}
         try:
-            async for event in stream:
-                kind = event.type
-                if kind == "message_start":
-                    build.message.response_id = event.message.id
-                    build.message.response_model = event.message.model
-                    _count(counts, event.message.usage)
-                elif kind == "content_block_start":
-                    block = event.content_block
-                    started[event.index] = block
-                    if block.type == "text":
-                        build.text(event.index, block.text)
-                    elif block.type == "thinking":
-                        build.thinking(event.index, block.thinking, signature=block.signature)
-                    elif block.type == "redacted_thinking":
-                        build.redacted_thinking(event.index, block.data)
-                    elif block.type == "tool_use":
-                        build.tool_call(event.index, call_id=block.id, name=block.name)
-                elif kind == "content_block_delta":
-                    delta = event.delta
-                    if delta.type == "text_delta":
-                        build.text(event.index, delta.text)
-                    elif delta.type == "thinking_delta":
-                        build.thinking(event.index, delta.thinking)
-                    elif delta.type == "signature_delta":
-                        build.thinking(event.index, signature=delta.signature)
-                    elif delta.type == "input_json_delta":
-                        streamed.add(event.index)
-                        build.tool_call(event.index, arguments=delta.partial_json)
-                elif kind == "content_block_stop":
-                    block = started.get(event.index)
-                    if (
-                        block is not None
-                        and block.type == "tool_use"
-                        and event.index not in streamed
-                    ):
-                        # No input_json_delta came: the arguments are the start's input.
-                        build.set_arguments(event.index, json.dumps(block.input or {}))
-                    build.finish_block(event.index)
-                elif kind == "message_delta":
-                    if event.delta.stop_reason:
-                        stop = event.delta.stop_reason
-                    _count(counts, event.usage)
-        except anthropic.APIError as err:
-            raise model_error(err, connection_error=anthropic.APIConnectionError) from err
+            with self._errors():
+                async for event in stream:
+                    kind = event.type
+                    if kind == "message_start":
+                        build.message.response_id = event.message.id
+                        build.message.response_model = event.message.model
+                        _count(counts, event.message.usage)
+                    elif kind == "content_block_start":
+                        block = event.content_block
+                        started[event.index] = block
+                        if block.type == "text":
+                            build.text(event.index, block.text)
+                        elif block.type == "thinking":
+                            build.thinking(event.index, block.thinking, signature=block.signature)
+                        elif block.type == "redacted_thinking":
+                            build.redacted_thinking(event.index, block.data)
+                        elif block.type == "tool_use":
+                            build.tool_call(event.index, call_id=block.id, name=block.name)
+                    elif kind == "content_block_delta":
+                        delta = event.delta
+                        if delta.type == "text_delta":
+                            build.text(event.index, delta.text)
+                        elif delta.type == "thinking_delta":
+                            build.thinking(event.index, delta.thinking)
+                        elif delta.type == "signature_delta":
+                            build.thinking(event.index, signature=delta.signature)
+                        elif delta.type == "input_json_delta":
+                            streamed.add(event.index)
+                            build.tool_call(event.index, arguments=delta.partial_json)
+                    elif kind == "content_block_stop":
+                        block = started.get(event.index)
+                        if (
+                            block is not None
+                            and block.type == "tool_use"
+                            and event.index not in streamed
+                        ):
+                            # No input_json_delta came: the arguments are the start's input.
+                            build.set_arguments(event.index, json.dumps(block.input or {}))
+                        build.finish_block(event.index)
+                    elif kind == "message_delta":
+                        if event.delta.stop_reason:
+                            stop = event.delta.stop_reason
+                        _count(counts, event.usage)
         finally:
             await stream.close()
         if stop is None:

@@ -1,5 +1,5 @@
 """OpenAI models for the driver: Chat Completions and Responses, streamed, through the
-official ``openai`` SDK (the ``openai`` extra: ``pip install 'lane-client[openai]'``).
+official ``openai`` SDK (the ``openai`` extra: ``pip install './clients/python[openai]'``).
 
 ::
 
@@ -36,20 +36,30 @@ provider's own word is kept as ``raw_stop_reason``. Usage from the last chunk (C
 with ``stream_options.include_usage``) or the completed response: ``input`` is the prompt
 tokens less the cached ones, which are ``cache_read``.
 
-Errors become :class:`~lane.client.model.ModelError` (:mod:`lane.client.models.errors`). The
+Errors become :class:`~lane.client.model.ModelError` (:mod:`lane.client.models.errors`):
+429, 5xx, a stream's server error and every transport fault (a connect or read timeout — 10 s
+and 60 s of silence by default —, a connection dropped mid-answer, a malformed chunk) are
+retried by the driver; other HTTP errors fail the run with the provider's message. The
 SDK's own retries are off (``max_retries=0``): the driver retries through the lane, so a retry
 is durable and visible.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
 from lane.client.model import ModelRequest
 from lane.client.models.builder import MessageBuilder, usage
-from lane.client.models.errors import model_error, stream_error
+from lane.client.models.errors import (
+    CONNECT_TIMEOUT_SECONDS,
+    READ_TIMEOUT_SECONDS,
+    Timeouts,
+    provider_errors,
+    stream_error,
+)
 from lane.client.models.transcript import context, text_of, tool_specs
 from lane.v1 import messages_pb2
 
@@ -65,29 +75,38 @@ _CHAT_STOPS: dict[str, messages_pb2.StopReason.ValueType] = {
 
 
 def _client(
-    client: openai.AsyncOpenAI | None, base_url: str | None, api_key: str | None
+    client: openai.AsyncOpenAI | None,
+    base_url: str | None,
+    api_key: str | None,
+    timeouts: Timeouts,
 ) -> openai.AsyncOpenAI:
     if client is not None:
         return client
-    return openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0)
+    return openai.AsyncOpenAI(
+        api_key=api_key, base_url=base_url, max_retries=0, timeout=timeouts.sdk(openai.Timeout)
+    )
 
 
 def _image_url(block: messages_pb2.ContentBlock) -> str:
     return f"data:{block.image.mime_type};base64,{block.image.data}"
 
 
-async def _events(create: Any, **params: Any) -> AsyncIterator[Any]:
-    """The SDK's stream of ``create(**params, stream=True)``, closed however it ends; SDK
-    errors as ModelError."""
+def _errors(timeouts: Timeouts) -> contextlib.AbstractContextManager[None]:
+    """The SDK's errors, and its HTTP library's, as :class:`ModelError` s."""
+    return provider_errors(
+        api_error=openai.APIError, connection_error=openai.APIConnectionError, timeouts=timeouts
+    )
+
+
+async def _events(create: Any, timeouts: Timeouts, **params: Any) -> AsyncIterator[Any]:
+    """The SDK's stream of ``create(**params, stream=True)`` within ``timeouts``, closed
+    however it ends; SDK errors, transport faults and malformed chunks as ModelError."""
+    with _errors(timeouts):
+        stream = await create(**params, stream=True, timeout=timeouts.sdk(openai.Timeout))
     try:
-        stream = await create(**params, stream=True)
-    except openai.APIError as err:
-        raise model_error(err, connection_error=openai.APIConnectionError) from err
-    try:
-        async for event in stream:
-            yield event
-    except openai.APIError as err:
-        raise model_error(err, connection_error=openai.APIConnectionError) from err
+        with _errors(timeouts):
+            async for event in stream:
+                yield event
     finally:
         await stream.close()
 
@@ -106,10 +125,13 @@ class _OpenAIModel:
         system: str | None = None,
         max_tokens: int | None = None,
         provider: str = "openai",
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        read_timeout: float = READ_TIMEOUT_SECONDS,
         **options: Any,
     ) -> None:
         self.model = model
-        self.client = _client(client, base_url, api_key)
+        self.timeouts = Timeouts(connect_timeout, read_timeout)
+        self.client = _client(client, base_url, api_key, self.timeouts)
         self.system = system
         self.max_tokens = max_tokens
         self.provider = provider
@@ -121,8 +143,11 @@ class OpenAIChatModel(_OpenAIModel):
 
     ``client``: an ``openai.AsyncOpenAI`` of your own (then ``base_url`` and ``api_key`` are
     unused; give it ``max_retries=0``). ``system``: the system message. ``max_tokens``: the
-    answer's limit (``max_completion_tokens``; None: the server's default). ``options``: more
-    request parameters, as the SDK takes them (``temperature=0.2``, ...).
+    answer's limit (``max_completion_tokens``; None: the server's default).
+    ``connect_timeout``: seconds to connect to the provider; ``read_timeout``: seconds of
+    silence in its answer before the attempt counts as failed (a retryable fault); both go with
+    every request, a client of your own too. ``options``: more request parameters, as the SDK
+    takes them (``temperature=0.2``, ...).
     """
 
     api = "openai-chat-completions"
@@ -211,7 +236,9 @@ class OpenAIChatModel(_OpenAIModel):
             request.partial, api=self.api, provider=self.provider, model=self.model
         )
         finish: str | None = None
-        async for chunk in _events(self.client.chat.completions.create, **self.params(request)):
+        async for chunk in _events(
+            self.client.chat.completions.create, self.timeouts, **self.params(request)
+        ):
             if chunk.id and not build.message.HasField("response_id"):
                 build.message.response_id = chunk.id
             if chunk.model and not build.message.HasField("response_model"):
@@ -350,7 +377,9 @@ class OpenAIResponsesModel(_OpenAIModel):
             request.partial, api=self.api, provider=self.provider, model=self.model
         )
         final: Any = None
-        async for event in _events(self.client.responses.create, **self.params(request)):
+        async for event in _events(
+            self.client.responses.create, self.timeouts, **self.params(request)
+        ):
             kind = event.type
             if kind == "response.created":
                 build.message.response_id = event.response.id
