@@ -1284,11 +1284,18 @@ class ServiceResult:
         return value / self.window.commits
 
 
+def profile_path(output: Path, phase: str) -> Path:
+    """Where the profile of ``phase`` goes: ``output`` with the phase before its suffix
+    (``prof.svg`` -> ``prof-sessions-1w.svg``), so every phase of a run keeps its own."""
+    return output.with_name(f"{output.stem}-{phase}{output.suffix}")
+
+
 async def start_profiler(
     output: Path, pid: int, seconds: float, subprocesses: bool = False
 ) -> asyncio.subprocess.Process | None:
-    """``py-spy record`` of the server for the window (flame graph for .svg, speedscope for
-    .json, else collapsed stacks); None when py-spy is not installed."""
+    """``py-spy record --native`` of the server for the window (flame graph for .svg,
+    speedscope for .json, else collapsed stacks); None when py-spy is not installed. Native
+    frames show the C time (libpq, gRPC core, protobuf) under the Python calls."""
     py_spy = shutil.which("py-spy")
     if py_spy is None:
         print("--py-spy: py-spy is not on PATH (pip install py-spy); not profiling", flush=True)
@@ -1303,6 +1310,7 @@ async def start_profiler(
         str(max(1, math.floor(seconds))),
         "--rate",
         "100",
+        "--native",
         *(["--subprocesses"] if subprocesses else []),
         "--format",
         formats.get(output.suffix, "raw"),
@@ -1364,6 +1372,7 @@ async def run_service_load(
     service: ServiceProcess,
     watchers: int = 0,
     sessions: bool = False,
+    phase: str = "unary",
 ) -> ServiceResult:
     """N drivers against the running service: warm up, then count over the window.
 
@@ -1428,7 +1437,10 @@ async def run_service_load(
                 await fleet.window_start()
             if args.py_spy is not None:
                 profiler = await start_profiler(
-                    args.py_spy, service.pid, args.seconds, subprocesses=service.workers > 1
+                    profile_path(args.py_spy, phase),
+                    service.pid,
+                    args.seconds,
+                    subprocesses=service.workers > 1,
                 )
             await _sleep_unless_failed(watcher, args.seconds)
             last, t1 = stats.counters.copy(), time.monotonic()
@@ -2134,7 +2146,7 @@ async def run(args: argparse.Namespace) -> int:
             ):
                 ref_note = verify_ref_service(tree, ref_service)
                 print(f"{tree.label}'s service {ref_note}", flush=True)
-                ref_result = await run_service_load(ref_db, args, ref_service)
+                ref_result = await run_service_load(ref_db, args, ref_service, phase="ref")
                 rate = ref_result.commits_per_second
                 print(f"{tree.label}: {rate:,.0f} commits/s; stopping it ...", flush=True)
             compared = (ref_service, ref_result, ref_note)
@@ -2150,7 +2162,9 @@ async def run(args: argparse.Namespace) -> int:
             async with run_service(
                 db.url, args.notify == "on", workers=args.workers
             ) as session_service:
-                sessioned = await run_service_load(db, args, session_service, sessions=True)
+                sessioned = await run_service_load(
+                    db, args, session_service, sessions=True, phase="sessions"
+                )
                 rate = sessioned.commits_per_second
                 print(f"service over sessions: {rate:,.0f} commits/s; stopping it ...", flush=True)
         watched: ServiceResult | None = None
@@ -2163,7 +2177,9 @@ async def run(args: argparse.Namespace) -> int:
                 watcher_limits(args.watchers, args.drivers),
                 workers=args.workers,
             ) as watched_service:
-                watched = await run_service_load(db, args, watched_service, watchers=args.watchers)
+                watched = await run_service_load(
+                    db, args, watched_service, watchers=args.watchers, phase="watchers"
+                )
                 rate = watched.commits_per_second
                 print(f"service with watchers: {rate:,.0f} commits/s; stopping it ...", flush=True)
         if not args.single_baseline:

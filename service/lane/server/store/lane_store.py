@@ -26,6 +26,7 @@ from lane.server.store import notify
 from lane.server.store.clock import Clock, system_clock
 from lane.server.store.commit_step import Decide, recorded, worked_out
 from lane.server.store.event_log import EventGroup
+from lane.server.store.group_commit import GroupCommitter
 from lane.server.store.lane_cache import LaneCache
 from lane.server.store.lane_reads import (
     VersionedLane,
@@ -69,6 +70,16 @@ _RECONCILABLE = (
     " AND (cancel_requested OR lease_expires IS NULL OR lease_expires <= %(now)s - %(orphan)s)"
     " AND (coalesce(lease_expires, 'epoch'), operation_id) > (%(after)s, %(after_id)s)"
     " ORDER BY coalesce(lease_expires, 'epoch'), operation_id LIMIT %(limit)s"
+)
+
+
+#: Errors of an optimistic statement after which the command is decided under the lane's lock (the
+#: statement wrote nothing): a request id or operation id used before, or a deadlock with another
+#: process's commit on the same rows.
+_DECIDE_UNDER_LOCK = (
+    psycopg.errors.UniqueViolation,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
 )
 
 
@@ -118,6 +129,8 @@ class Store(StoreReads):
         self._delete_listeners: list[DeleteListener] = []
         #: The lanes this process commanded lately (see lane_cache.py).
         self.cache = LaneCache()
+        #: Commits the optimistic path's statements together (group_commit.py).
+        self.committer = GroupCommitter(pool)
         self.event_log_reads = 0
 
     @classmethod
@@ -237,16 +250,18 @@ class Store(StoreReads):
             )
         except LaneError:
             return None  # the state may be stale: refuse only what the lock confirms
-        async with self.pool.connection() as conn:
-            if statement is None:
-                # Nothing to write: the answer holds if the state it came from is current.
+        if statement is None:
+            # Nothing to write: the answer holds if the state it came from is current.
+            async with self.pool.connection() as conn:
                 cur = await conn.execute(_VERSION, lane.params)
                 row = await cur.fetchone()
-                return (answer,) if row is not None and row[0] == cached.version else None
-            try:
-                written = await run_commit(conn, statement)
-            except psycopg.errors.UniqueViolation:
-                return None  # a request id or operation id used before: see under the lock
+            return (answer,) if row is not None and row[0] == cached.version else None
+        try:
+            written = await self.committer.commit(lane, statement)
+        except _DECIDE_UNDER_LOCK:
+            # A request id or operation id used before, or a deadlock with another process's
+            # commit (nothing was written): decide under the lock.
+            return None
         if not written:
             return None
         metrics.current.optimistic_commits.inc()
