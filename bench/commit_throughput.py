@@ -584,10 +584,10 @@ async def run_baseline(
     if pgbench is not None:
         script = work_dir / f"baseline_{statement}.sql"
         script.write_text(_BASELINE_STATEMENTS[statement] + "\n")
-        command = [pgbench, "-n", "-c", str(clients), "-j", str(clients)]
+        command = [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients)]
         command += ["-T", str(max(1, round(seconds))), "-f", str(script), db.url]
         transactions, rate, use = await run_pgbench(db, command, "pgbench")
-        method = f"pgbench -c {clients} -j {clients} -T {round(seconds)}, {statement}"
+        method = f"pgbench -M prepared -c {clients} -j {clients} -T {round(seconds)}, {statement}"
     else:
         times_before = os.times()
         children_before = _cluster_children(db.postmaster)
@@ -650,6 +650,8 @@ class Replay:
     """pgbench replaying the statements of the drivers' lifecycle run (:mod:`bench.replay`)."""
 
     method: str
+    #: Consecutive statements committed per transaction.
+    commits_per_transaction: int
     #: Complete runs of the script (pgbench's transactions) and their lifecycle commits.
     runs: int
     commits: int
@@ -684,10 +686,13 @@ class Replay:
         return value / self.commits
 
 
-async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> Replay | str:
+async def run_replay(
+    db: Database, args: argparse.Namespace, work_dir: Path, commits_per_transaction: int = 1
+) -> Replay | str:
     """pgbench replaying the service's statements for the drivers' lifecycle at
-    ``--drivers`` clients for ``--seconds``, on a scratch database of its own with the
-    service's schema; or why it cannot run."""
+    ``--drivers`` clients for ``--seconds``, ``commits_per_transaction`` consecutive statements
+    per transaction, on a scratch database of its own with the service's schema; or why it
+    cannot run."""
     pgbench = shutil.which("pgbench")
     if pgbench is None:
         return "no pgbench on PATH"
@@ -695,7 +700,7 @@ async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> 
     from lane.server.store.migrations import migrate
 
     recorded = replay.record(f"bench-{uuid.uuid4().hex[:12]}", args.calls, args.turns)
-    script = replay.replay_script(recorded, args.replay_commits_per_transaction)
+    script = replay.replay_script(recorded, commits_per_transaction)
     path = work_dir / "replay.sql"
     path.write_text(script.text)
     clients = args.drivers
@@ -725,10 +730,11 @@ async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> 
             row = await cur.fetchone()
             complete, lanes = (int(row[0]), int(row[1])) if row else (0, 0)
     return Replay(
+        commits_per_transaction=commits_per_transaction,
         method=f"pgbench -M prepared -c {clients} -j {clients} -T {round(args.seconds)}"
         + (
-            f", {args.replay_commits_per_transaction} commits per transaction"
-            if args.replay_commits_per_transaction > 1
+            f", {commits_per_transaction} commits per transaction"
+            if commits_per_transaction > 1
             else ""
         ),
         runs=runs,
@@ -1359,11 +1365,12 @@ async def grpc_ceiling(
     return done / (time.monotonic() - started)
 
 
-def channel_count(args: argparse.Namespace) -> int:
-    """``--channels``, else one with a single server process and one per driver with workers."""
+def channel_count(args: argparse.Namespace, workers: int | None = None) -> int:
+    """``--channels``, else one with a single server process and one per driver with workers
+    (``workers``: the phase's server processes, default ``--workers``)."""
     if args.channels:
         return int(args.channels)
-    return 1 if args.workers == 1 else int(args.drivers)
+    return 1 if (workers or args.workers) == 1 else int(args.drivers)
 
 
 async def run_service_load(
@@ -1392,7 +1399,7 @@ async def run_service_load(
     trees = {"server": service.pid}  # a supervisor and its workers, or the single process
     before_commits = await committed_transactions(db.url)
     async with (
-        open_channels(service.address, channel_count(args)) as channels,
+        open_channels(service.address, channel_count(args, service.workers)) as channels,
         await psycopg.AsyncConnection.connect(db.url, autocommit=True) as stats_conn,
         contextlib.AsyncExitStack() as watching,
     ):
@@ -1731,62 +1738,132 @@ def latency_table(latencies: Mapping[str, list[float]]) -> list[str]:
     return lines
 
 
-def sessions_report(args: argparse.Namespace, unary: ServiceResult, sessions: ServiceResult) -> str:
-    """The drivers over DriveLane sessions beside the same drivers over unary RPCs (``--sessions``):
-    throughput, and CPU per lifecycle commit and per command of the server, the drivers and
-    PostgreSQL."""
+def _per_command(result: ServiceResult, name: str) -> float | None:
+    """CPU seconds of ``name`` per command (RPC or session call) in the window."""
+    cores = result.cpu.processes.get(name)
+    if cores is None or not result.window.rpcs:
+        return None
+    return cores * result.seconds / result.window.rpcs
+
+
+def _phase_label(result: ServiceResult, sessions: bool) -> str:
+    workers = f"{result.workers} worker{'s' if result.workers > 1 else ''}"
+    return f"{'sessions' if sessions else 'unary'}, {workers}"
+
+
+def sessions_report(
+    args: argparse.Namespace, unary: ServiceResult, sessions: Sequence[ServiceResult]
+) -> str:
+    """The drivers over DriveLane sessions (one phase per worker count) beside the same drivers
+    over unary RPCs (``--sessions``): throughput, and CPU per lifecycle commit and per command
+    of the server, the drivers and PostgreSQL, each with its ratio to unary."""
 
     def ratio(a: float | None, b: float | None) -> str:
-        return "-" if a is None or b is None or not b else f"{b / a:.2f}"
+        return "-" if a is None or b is None or not a else f"{b / a:.2f}"
 
-    def per_command(result: ServiceResult, name: str) -> float | None:
-        cores = result.cpu.processes.get(name)
-        if cores is None or not result.window.rpcs:
-            return None
-        return cores * result.seconds / result.window.rpcs
+    columns = [unary, *sessions]
+    headers = [_phase_label(unary, False)] + [_phase_label(r, True) for r in sessions]
+    rows: list[tuple[str, list[str]]] = []
 
-    rows: list[tuple[str, str, str, str]] = [
-        (
-            "lifecycle commits/s",
-            f"{unary.commits_per_second:,.0f}",
-            f"{sessions.commits_per_second:,.0f}",
-            ratio(unary.commits_per_second, sessions.commits_per_second),
-        ),
-        (
-            "commands/s",
-            f"{unary.window.rpcs / unary.seconds:,.0f}",
-            f"{sessions.window.rpcs / sessions.seconds:,.0f}",
-            ratio(unary.window.rpcs / unary.seconds, sessions.window.rpcs / sessions.seconds),
-        ),
-    ]
+    def row(label: str, values: list[float | None], show: Callable[[float | None], str]) -> None:
+        cells = [show(values[0])]
+        for value in values[1:]:
+            cells += [show(value), ratio(values[0], value)]
+        rows.append((label, cells))
+
+    row("lifecycle commits/s", [r.commits_per_second for r in columns], lambda v: f"{v or 0:,.0f}")
+    row(
+        "commands/s",
+        [r.window.rpcs / r.seconds for r in columns],
+        lambda v: f"{v or 0:,.0f}",
+    )
     for name in ("server", "drivers", "PostgreSQL"):
-        a, b = _cpu_per_commit(unary, name), _cpu_per_commit(sessions, name)
-        rows.append((f"{name} CPU per commit", _micros(a), _micros(b), ratio(a, b)))
+        row(f"{name} CPU per commit", [_cpu_per_commit(r, name) for r in columns], _micros)
     for name in ("server", "drivers"):
-        a, b = per_command(unary, name), per_command(sessions, name)
-        rows.append((f"{name} CPU per command", _micros(a), _micros(b), ratio(a, b)))
+        row(f"{name} CPU per command", [_per_command(r, name) for r in columns], _micros)
     rows.append(
         (
             "revision cross-check",
-            "OK" if not unary.mismatches else "MISMATCH",
-            "OK" if not sessions.mismatches else "MISMATCH",
-            "",
+            [("OK" if not r.mismatches else "MISMATCH") for r in columns[:1]]
+            + [
+                cell for r in columns[1:] for cell in ("OK" if not r.mismatches else "MISMATCH", "")
+            ],
         )
     )
-    width = max(len(row[0]) for row in rows)
+    width = max(len(label) for label, _ in rows)
+    head = f"  {'':<{width}} {headers[0]:>18}"
+    for header in headers[1:]:
+        head += f" {header:>20} {'/ unary':>8}"
     lines = [
         f"sessions: the same {args.drivers} drivers, each sending its commands over one DriveLane"
-        " stream of its own (LaneSession) instead of unary RPCs; a fresh service process, after"
-        " the unary phase, in this run",
+        " stream of its own (LaneSession) instead of unary RPCs; a fresh service process per"
+        " phase, after the unary phase, in this run",
         "",
-        f"  {'':<{width}} {'unary':>12} {'sessions':>12} {'sessions/unary':>15}",
-        *(f"  {label:<{width}} {a:>12} {b:>12} {r:>15}" for label, a, b, r in rows),
-        "",
-        f"  sessions: {sessions.cpu.describe()}",
-        *(f"  {line}" for line in window_lines(sessions)),
-        "",
-        *latency_table(sessions.latencies),
+        head,
     ]
+    for label, cells in rows:
+        line = f"  {label:<{width}} {cells[0]:>18}"
+        for n in range(1, len(cells), 2):
+            line += f" {cells[n]:>20} {cells[n + 1]:>8}"
+        lines.append(line)
+    for result in sessions:
+        lines += [
+            "",
+            f"  {_phase_label(result, True)}: {result.cpu.describe()}",
+            *(f"  {line}" for line in window_lines(result)),
+            "",
+            *latency_table(result.latencies),
+        ]
+    return "\n".join(lines)
+
+
+def summary_report(
+    baselines: Sequence[Baseline],
+    replays: Sequence[Replay],
+    services: Sequence[tuple[str, ServiceResult]],
+) -> str:
+    """One line per phase of the run: commits/s and CPU per commit of the server, PostgreSQL
+    and the load (drivers or pgbench), and the host's CPU per commit (their sum), each beside
+    pgbench's single-row commits (the mean of the baselines)."""
+    base_rate = sum(b.commits_per_second for b in baselines) / len(baselines)
+    base_pg = sum(b.cpu.processes.get("PostgreSQL", 0.0) / b.commits_per_second for b in baselines)
+    base_load = sum(b.cpu.processes.get("pgbench", 0.0) / b.commits_per_second for b in baselines)
+    base_pg, base_load = base_pg / len(baselines), base_load / len(baselines)
+    base_host = base_pg + base_load
+    Line = tuple[str, float, float | None, float, float]
+    lines_in: list[Line] = [
+        ("pgbench, prepared single-row commits", base_rate, None, base_pg, base_load)
+    ]
+    for r in replays:
+        label = f"replay of the service's SQL, {r.commits_per_transaction} per transaction"
+        pg = _replay_cpu_per_commit(r, "PostgreSQL") or 0.0
+        load = _replay_cpu_per_commit(r, "pgbench") or 0.0
+        lines_in.append((label, r.commits_per_second, None, pg, load))
+    for label, result in services:
+        lines_in.append(
+            (
+                label,
+                result.commits_per_second,
+                _cpu_per_commit(result, "server") or 0.0,
+                _cpu_per_commit(result, "PostgreSQL") or 0.0,
+                _cpu_per_commit(result, "drivers") or 0.0,
+            )
+        )
+    width = max(len(line[0]) for line in lines_in)
+    lines = [
+        "summary: every phase of this run beside pgbench's single-row commits (CPU per lifecycle"
+        " commit; host = server + PostgreSQL + load, the load being the drivers or pgbench)",
+        "",
+        f"  {'':<{width}} {'commits/s':>10} {'÷ pgbench':>10} {'server':>9} {'PostgreSQL':>11}"
+        f" {'load':>9} {'host':>9} {'host ÷ pgbench':>15}",
+    ]
+    for label, rate, server, pg, load in lines_in:
+        host = (server or 0.0) + pg + load
+        lines.append(
+            f"  {label:<{width}} {rate:>10,.0f} {rate / base_rate:>10.3f}"
+            f" {_micros(server):>9} {_micros(pg):>11} {_micros(load):>9} {_micros(host):>9}"
+            f" {host / base_host if base_host else 0.0:>15.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -1987,6 +2064,17 @@ def watchers_report(
 # -- entry point ------------------------------------------------------------------------------
 
 
+def _counts(value: str) -> list[int]:
+    """A comma-separated list of counts, each at least 1."""
+    try:
+        counts = [int(part) for part in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {value!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"every count must be at least 1: {value!r}")
+    return counts
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.commit_throughput",
@@ -2048,11 +2136,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--replay-commits-per-transaction",
-        type=int,
-        default=1,
-        metavar="K",
-        help="the replay commits K consecutive statements per transaction (default 1, as the"
-        " service does): PostgreSQL's side of a group commit of K commands",
+        type=_counts,
+        default=[1],
+        metavar="K[,K...]",
+        help="a replay per K, each committing K consecutive statements per transaction"
+        " (default 1, a command alone): K > 1 is PostgreSQL's side of a group commit of K"
+        " commands",
     )
     parser.add_argument(
         "--single-baseline",
@@ -2075,6 +2164,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " CPU per commit and per command of the server, the drivers and PostgreSQL",
     )
     parser.add_argument(
+        "--session-workers",
+        type=_counts,
+        default=None,
+        metavar="K[,K...]",
+        help="with --sessions: a sessions phase per K, with LANE_WORKERS=K (default: --workers)",
+    )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="every figure in one run: the replay at 1 and 4 commits per transaction, and"
+        " sessions with 1 and 2 workers besides unary (as --sessions --session-workers 1,2"
+        " --replay-commits-per-transaction 1,4)",
+    )
+    parser.add_argument(
         "--watch-lanes",
         choices=("driven", "idle"),
         default="driven",
@@ -2094,6 +2197,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="how long the watchers may take to catch up after the window (default 120)",
     )
     args = parser.parse_args(argv)
+    if args.all:
+        args.sessions = True
+        args.session_workers = args.session_workers or [1, 2]
+        if args.replay_commits_per_transaction == [1]:
+            args.replay_commits_per_transaction = [1, 4]
+    if args.session_workers is None:
+        args.session_workers = [args.workers]
     if args.drivers < 1 or args.calls < 1 or args.turns < 1:
         parser.error("--drivers, --calls and --turns must be at least 1")
     if args.workers < 1 or args.channels < 0:
@@ -2126,14 +2236,21 @@ async def run(args: argparse.Namespace) -> int:
         rate = baselines[0].commits_per_second
         print(f"baseline: {rate:,.0f} commits/s", flush=True)
         replayed: Replay | str | None = None
+        replays: list[Replay] = []
         if args.replay:
-            print("replay of the service's SQL by pgbench ...", flush=True)
-            replayed = await run_replay(db, args, work_dir)
-            if isinstance(replayed, Replay):
-                rate = replayed.commits_per_second
-                print(f"replay: {rate:,.0f} commits/s", flush=True)
-            else:
-                print(f"replay: not run ({replayed})", flush=True)
+            for k in args.replay_commits_per_transaction:
+                print(
+                    f"replay of the service's SQL by pgbench, {k} per transaction ...", flush=True
+                )
+                done = await run_replay(db, args, work_dir, k)
+                if isinstance(done, Replay):
+                    replays.append(done)
+                    rate = done.commits_per_second
+                    print(f"replay: {rate:,.0f} commits/s", flush=True)
+                else:
+                    print(f"replay: not run ({done})", flush=True)
+                if replayed is None:
+                    replayed = done  # the first K's is the one the report compares with
         compared: tuple[ServiceProcess, ServiceResult, str] | None = None
         if tree is not None:
             # Its own scratch database: the ref's schema may be older (or newer) than ours.
@@ -2155,17 +2272,16 @@ async def run(args: argparse.Namespace) -> int:
             result = await run_service_load(db, args, service)
             rate = result.commits_per_second
             print(f"service: {rate:,.0f} commits/s; stopping it ...", flush=True)
-        sessioned: ServiceResult | None = None
-        if args.sessions:
+        sessioned: list[ServiceResult] = []
+        for workers in args.session_workers if args.sessions else ():
             # A fresh service process, so the session phase inherits nothing from the unary one.
-            print("service again, drivers over DriveLane sessions ...", flush=True)
-            async with run_service(
-                db.url, args.notify == "on", workers=args.workers
-            ) as session_service:
-                sessioned = await run_service_load(
-                    db, args, session_service, sessions=True, phase="sessions"
+            print(f"service again ({workers} workers), drivers over DriveLane sessions ...")
+            async with run_service(db.url, args.notify == "on", workers=workers) as session_service:
+                done_sessions = await run_service_load(
+                    db, args, session_service, sessions=True, phase=f"sessions-{workers}w"
                 )
-                rate = sessioned.commits_per_second
+                sessioned.append(done_sessions)
+                rate = done_sessions.commits_per_second
                 print(f"service over sessions: {rate:,.0f} commits/s; stopping it ...", flush=True)
         watched: ServiceResult | None = None
         if args.watchers:
@@ -2204,12 +2320,18 @@ async def run(args: argparse.Namespace) -> int:
                     replayed if isinstance(replayed, Replay) else None,
                 )
             )
-        if sessioned is not None:
+        if sessioned:
             print()
             print(sessions_report(args, result, sessioned))
         if watched is not None:
             print()
             print(watchers_report(args, result, watched))
+        services = [(_phase_label(result, False), result)]
+        services += [(_phase_label(r, True), r) for r in sessioned]
+        if tree is not None and compared is not None:
+            services.insert(0, (f"{tree.label}: {_phase_label(compared[1], False)}", compared[1]))
+        print()
+        print(summary_report(baselines, replays, services))
     failed = bool(result.mismatches)
     if isinstance(replayed, Replay):
         failed = failed or not replayed.ok
@@ -2217,8 +2339,8 @@ async def run(args: argparse.Namespace) -> int:
         failed = failed or bool(compared[1].mismatches)
     if watched is not None:
         failed = failed or bool(watched.mismatches) or not _watchers_ok(watched)
-    if sessioned is not None:
-        failed = failed or bool(sessioned.mismatches)
+    failed = failed or any(r.mismatches for r in sessioned)
+    failed = failed or any(not r.ok for r in replays)
     return 1 if failed else 0
 
 
