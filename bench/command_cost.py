@@ -17,14 +17,17 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-import psycopg
+from lane.v1 import snapshot_pb2
 from psycopg._queries import PostgresQuery
+from psycopg.abc import AdaptContext
 from psycopg.adapt import Transformer
 
 from bench import replay
+from lane.server.domain import lanes
 from lane.server.domain.limits import check_commit
 from lane.server.domain.state import LaneState
 from lane.server.domain.transition import Transition
+from lane.server.store.lane_ref import LaneRef
 from lane.server.store.lane_writes import commit_statement
 
 STAGES = ("domain step", "check_commit", "commit_statement", "psycopg dump")
@@ -33,15 +36,13 @@ STAGES = ("domain step", "check_commit", "commit_statement", "psycopg dump")
 class _TimedLane(replay._Lane):
     """A lane whose commits are timed stage by stage (the optimistic path's work)."""
 
-    def __init__(self, base: replay._Lane, context: psycopg.adapt.AdaptContext | None) -> None:
+    def __init__(self, base: replay._Lane, context: AdaptContext | None) -> None:
         super().__init__(base.ref, base.state, base.version)
         self.context = context
         self.seconds = dict.fromkeys(STAGES, 0.0)
         self.commits = 0
 
-    def commit(
-        self, command: str, step: Callable[[LaneState, datetime], Transition]
-    ) -> Transition:
+    def commit(self, command: str, step: Callable[[LaneState, datetime], Transition]) -> Transition:
         clock = time.perf_counter
         now = datetime.now(UTC)
         t0 = clock()
@@ -66,7 +67,7 @@ class _TimedLane(replay._Lane):
 def measure(passes: int, runs: int, calls: int, turns: int) -> dict[str, float]:
     """Microseconds per commit of each stage, the best pass of ``passes`` (each ``runs`` runs
     of the lifecycle on one lane), with the garbage collector as the server runs it."""
-    base = replay._Lane(replay.LaneRef("bench", "cost"), _created(), 1)
+    base = replay._Lane(LaneRef("bench", "cost"), _created(), 1)
     replay._record_run(base, 1, calls, turns)  # the lane's first run: from here, steady state
     best = dict.fromkeys(STAGES, float("inf"))
     for _ in range(passes):
@@ -79,9 +80,6 @@ def measure(passes: int, runs: int, calls: int, turns: int) -> dict[str, float]:
 
 
 def _created() -> LaneState:
-    from lane.server.domain import lanes
-    from lane.v1 import snapshot_pb2
-
     return lanes.create_lane("cost", snapshot_pb2.LaneConfiguration(), datetime.now(UTC)).state
 
 

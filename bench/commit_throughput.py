@@ -86,6 +86,7 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -841,12 +842,14 @@ async def run_service(
     *,
     workers: int = 1,
     root: Path = REPO_ROOT,
+    python: str = sys.executable,
 ) -> AsyncIterator[ServiceProcess]:
     """The server of the checkout at ``root`` (``python -m lane.server.app``, or an older
     checkout's ``python -m service.app``: :func:`bench.entry.server_tree`) on a free port of
     127.0.0.1; SIGTERM (then SIGKILL) on exit. ``extra_env``: more ``LANE_*`` settings; ``workers``:
-    ``LANE_WORKERS``. Only the settings the code in ``root`` knows are passed (an older ref's
-    service does not know the newer ones); yields once every server process listens."""
+    ``LANE_WORKERS``; ``python``: the interpreter it runs on (this one unless given). Only the
+    settings the code in ``root`` knows are passed (an older ref's service does not know the
+    newer ones); yields once every server process listens."""
     settings = {
         "LANE_DATABASE_URL": database_url,
         "LANE_LISTEN": "127.0.0.1:0",
@@ -878,7 +881,7 @@ async def run_service(
     # LANE_WORKERS defaults to the number of CPUs where it is known: always pass it there.
     servers = workers if "LANE_WORKERS" in known else 1
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
+        python,
         "-m",
         server.app,
         cwd=server.cwd,
@@ -1746,6 +1749,21 @@ def _per_command(result: ServiceResult, name: str) -> float | None:
     return cores * result.seconds / result.window.rpcs
 
 
+def _interpreter(python: str) -> str:
+    """``Python 3.12.1`` for an interpreter's path (the path itself if it does not answer)."""
+    try:
+        done = subprocess.run(
+            [python, "-c", "import platform; print(platform.python_version())"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return python
+    return f"Python {done.stdout.strip()}"
+
+
 def _phase_label(result: ServiceResult, sessions: bool) -> str:
     workers = f"{result.workers} worker{'s' if result.workers > 1 else ''}"
     return f"{'sessions' if sessions else 'unary'}, {workers}"
@@ -2171,6 +2189,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="with --sessions: a sessions phase per K, with LANE_WORKERS=K (default: --workers)",
     )
     parser.add_argument(
+        "--compare-python",
+        action="append",
+        metavar="PYTHON",
+        help="also run the working tree's service (unary, and sessions with --sessions) on this"
+        " interpreter, in the same run, before the usual phases (a virtualenv's python with the"
+        " service installed); may be given more than once",
+    )
+    parser.add_argument(
         "--all",
         action="store_true",
         help="every figure in one run: the replay at 1 and 4 commits per transaction, and"
@@ -2252,6 +2278,7 @@ async def run(args: argparse.Namespace) -> int:
                 if replayed is None:
                     replayed = done  # the first K's is the one the report compares with
         compared: tuple[ServiceProcess, ServiceResult, str] | None = None
+        ref_sessions: list[ServiceResult] = []
         if tree is not None:
             # Its own scratch database: the ref's schema may be older (or newer) than ours.
             print(f"{tree.label}'s service ...", flush=True)
@@ -2267,6 +2294,33 @@ async def run(args: argparse.Namespace) -> int:
                 rate = ref_result.commits_per_second
                 print(f"{tree.label}: {rate:,.0f} commits/s; stopping it ...", flush=True)
             compared = (ref_service, ref_result, ref_note)
+            for workers in args.session_workers if args.sessions else ():
+                print(f"{tree.label}'s service ({workers} workers) over sessions ...", flush=True)
+                async with (
+                    scratch_database(db.server_url, db.description) as ref_db,
+                    run_service(
+                        ref_db.url, args.notify == "on", workers=workers, root=tree.root
+                    ) as ref_service,
+                ):
+                    done_ref = await run_service_load(
+                        ref_db, args, ref_service, sessions=True, phase=f"ref-sessions-{workers}w"
+                    )
+                ref_sessions.append(done_ref)
+                print(f"{tree.label} over sessions: {done_ref.commits_per_second:,.0f} commits/s")
+        other_python: list[tuple[str, ServiceResult]] = []
+        for python in args.compare_python or ():
+            for sessions, workers in [(False, args.workers)] + [
+                (True, w) for w in (args.session_workers if args.sessions else ())
+            ]:
+                print(f"service on {python} ({workers} workers, sessions {sessions}) ...")
+                async with run_service(
+                    db.url, args.notify == "on", workers=workers, python=python
+                ) as other:
+                    done_other = await run_service_load(
+                        db, args, other, sessions=sessions, phase=f"python-{len(other_python)}"
+                    )
+                label = f"{_interpreter(python)}: {_phase_label(done_other, sessions)}"
+                other_python.append((label, done_other))
         print("service ...", flush=True)
         async with run_service(db.url, args.notify == "on", workers=args.workers) as service:
             result = await run_service_load(db, args, service)
@@ -2326,10 +2380,14 @@ async def run(args: argparse.Namespace) -> int:
         if watched is not None:
             print()
             print(watchers_report(args, result, watched))
-        services = [(_phase_label(result, False), result)]
-        services += [(_phase_label(r, True), r) for r in sessioned]
+        mine = _interpreter(sys.executable) + ": " if other_python else ""
+        services = [*other_python, (mine + _phase_label(result, False), result)]
+        services += [(mine + _phase_label(r, True), r) for r in sessioned]
         if tree is not None and compared is not None:
-            services.insert(0, (f"{tree.label}: {_phase_label(compared[1], False)}", compared[1]))
+            services[:0] = [
+                (f"{tree.label}: {_phase_label(r, sessions)}", r)
+                for r, sessions in [(compared[1], False), *((r, True) for r in ref_sessions)]
+            ]
         print()
         print(summary_report(baselines, replays, services))
     failed = bool(result.mismatches)
@@ -2339,7 +2397,8 @@ async def run(args: argparse.Namespace) -> int:
         failed = failed or bool(compared[1].mismatches)
     if watched is not None:
         failed = failed or bool(watched.mismatches) or not _watchers_ok(watched)
-    failed = failed or any(r.mismatches for r in sessioned)
+    failed = failed or any(r.mismatches for r in [*sessioned, *ref_sessions])
+    failed = failed or any(r.mismatches for _, r in other_python)
     failed = failed or any(not r.ok for r in replays)
     return 1 if failed else 0
 
