@@ -720,7 +720,12 @@ async def run_replay(
         statements = replay_db.no_statements is None
         async with await psycopg.AsyncConnection.connect(replay_db.url, autocommit=True) as conn:
             counters_before = await read_db_counters(conn, statements)
+            perf = await start_perf(
+                args.perf_postgres, f"replay-{commits_per_transaction}", args.seconds - 1
+            )
             runs, tps, use = await run_pgbench(db, command, "pgbench (replay)", env)
+            if perf is not None:
+                await perf.wait()
             await asyncio.sleep(1.5)  # as counted_commits: let the stats settle
             counters = await read_db_counters(conn, statements) - counters_before
             cur = await conn.execute(
@@ -1346,6 +1351,27 @@ async def finish_profiler(profiler: asyncio.subprocess.Process | None) -> None:
         print(f"py-spy failed: {err.decode(errors='replace').strip()}", flush=True)
 
 
+async def start_perf(
+    directory: Path | None, phase: str, seconds: float
+) -> asyncio.subprocess.Process | None:
+    """``perf record -a -g`` of the whole machine for ``seconds`` into ``directory/phase.data``
+    (``--perf-postgres``: read PostgreSQL's part with ``perf report --comms postgres``); None
+    when not asked for or perf is not on PATH."""
+    if directory is None:
+        return None
+    perf = shutil.which("perf")
+    if perf is None:
+        print("--perf-postgres: perf is not on PATH; not profiling", flush=True)
+        return None
+    return await asyncio.create_subprocess_exec(
+        perf, "record", "-a", "-g", "-F", "499", "-o", str(directory / f"{phase}.data"),
+        "--", "sleep", str(max(1, math.floor(seconds))),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 async def grpc_ceiling(
     channels: Sequence[grpc.aio.Channel], concurrency: int, seconds: float
 ) -> float:
@@ -1445,6 +1471,9 @@ async def run_service_load(
             stats.recording = True
             if fleet is not None:
                 await fleet.window_start()
+            perf = await start_perf(args.perf_postgres, phase, args.seconds)
+            if perf is not None:
+                watching.push_async_callback(perf.wait)
             if args.py_spy is not None:
                 profiler = await start_profiler(
                     profile_path(args.py_spy, phase),
@@ -2189,6 +2218,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="with --sessions: a sessions phase per K, with LANE_WORKERS=K (default: --workers)",
     )
     parser.add_argument(
+        "--perf-postgres",
+        type=Path,
+        metavar="DIR",
+        help="record the whole machine with perf (-a -g) during each replay and service window,"
+        " into DIR/PHASE.data, to compare where PostgreSQL's CPU goes (perf report --comms"
+        " postgres); needs perf and the permission to record every process",
+    )
+    parser.add_argument(
         "--compare-python",
         action="append",
         metavar="PYTHON",
@@ -2230,6 +2267,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             args.replay_commits_per_transaction = [1, 4]
     if args.session_workers is None:
         args.session_workers = [args.workers]
+    if args.perf_postgres is not None:
+        args.perf_postgres.mkdir(parents=True, exist_ok=True)
     if args.drivers < 1 or args.calls < 1 or args.turns < 1:
         parser.error("--drivers, --calls and --turns must be at least 1")
     if args.workers < 1 or args.channels < 0:
