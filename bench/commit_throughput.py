@@ -473,6 +473,11 @@ class DbCounters:
     rows_written: int
     #: Statements executed (``pg_stat_statements`` calls, this database), None without it.
     statements: int | None
+    #: Of those, the times the planner ran, and the milliseconds spent planning and executing
+    #: (``pg_stat_statements`` plans, total_plan_time, total_exec_time; 0 without it).
+    plans: int = 0
+    plan_ms: float = 0.0
+    exec_ms: float = 0.0
 
     def __sub__(self, other: DbCounters) -> DbCounters:
         statements = (
@@ -484,6 +489,9 @@ class DbCounters:
             self.transactions - other.transactions,
             self.rows_written - other.rows_written,
             statements,
+            self.plans - other.plans,
+            self.plan_ms - other.plan_ms,
+            self.exec_ms - other.exec_ms,
         )
 
 
@@ -497,15 +505,18 @@ async def read_db_counters(conn: psycopg.AsyncConnection[Any], statements: bool)
     )
     row = await cur.fetchone()
     transactions, rows = (int(row[0]), int(row[1])) if row else (0, 0)
-    calls: int | None = None
-    if statements:
-        cur = await conn.execute(
-            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
-            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
-        row = await cur.fetchone()
-        calls = int(row[0]) if row else 0
-    return DbCounters(transactions, rows, calls)
+    if not statements:
+        return DbCounters(transactions, rows, None)
+    cur = await conn.execute(
+        "SELECT coalesce(sum(calls), 0), coalesce(sum(plans), 0),"
+        " coalesce(sum(total_plan_time), 0), coalesce(sum(total_exec_time), 0)"
+        " FROM pg_stat_statements"
+        " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return DbCounters(transactions, rows, 0)
+    return DbCounters(transactions, rows, int(row[0]), int(row[1]), float(row[2]), float(row[3]))
 
 
 # -- baseline -------------------------------------------------------------------------------------
@@ -720,12 +731,19 @@ async def run_replay(
         statements = replay_db.no_statements is None
         async with await psycopg.AsyncConnection.connect(replay_db.url, autocommit=True) as conn:
             counters_before = await read_db_counters(conn, statements)
-            perf = await start_perf(
-                args.perf_postgres, f"replay-{commits_per_transaction}", args.seconds - 1
+            perf = asyncio.ensure_future(
+                start_perf(
+                    args.perf_postgres,
+                    f"replay-{commits_per_transaction}",
+                    args.seconds - 2,
+                    db.postmaster,
+                    delay=1.0,
+                )
             )
             runs, tps, use = await run_pgbench(db, command, "pgbench (replay)", env)
-            if perf is not None:
-                await perf.wait()
+            recording = await perf
+            if recording is not None:
+                await recording.wait()
             await asyncio.sleep(1.5)  # as counted_commits: let the stats settle
             counters = await read_db_counters(conn, statements) - counters_before
             cur = await conn.execute(
@@ -765,7 +783,10 @@ def replay_lines(result: Replay) -> list[str]:
     """The replay's block of the report."""
     db = result.db
     statements = (
-        f"statements {_ratio(result.per_commit(db.statements))} (pg_stat_statements calls)"
+        f"statements {_ratio(result.per_commit(db.statements))} (pg_stat_statements calls),"
+        f" planned {_ratio(result.per_commit(db.plans))} times, planning"
+        f" {_ratio(result.per_commit(round(db.plan_ms * 1000)), 0)} µs and executing"
+        f" {_ratio(result.per_commit(round(db.exec_ms * 1000)), 0)} µs (wall time)"
         if result.no_statements is None
         else f"statements: unavailable ({result.no_statements})"
     )
@@ -1352,20 +1373,23 @@ async def finish_profiler(profiler: asyncio.subprocess.Process | None) -> None:
 
 
 async def start_perf(
-    directory: Path | None, phase: str, seconds: float
+    directory: Path | None, phase: str, seconds: float, postmaster: int | None, delay: float = 0
 ) -> asyncio.subprocess.Process | None:
-    """``perf record -a -g`` of the whole machine for ``seconds`` into ``directory/phase.data``
-    (``--perf-postgres``: read PostgreSQL's part with ``perf report --comms postgres``); None
-    when not asked for or perf is not on PATH."""
-    if directory is None:
+    """``perf record -g`` of the cluster's backends (the postmaster's children, ``delay``
+    seconds from now: a client's backends must have started) for ``seconds`` into
+    ``directory/phase.data`` (``--perf-postgres``); None when not asked for, perf is not on
+    PATH, or the cluster is not local."""
+    if directory is None or postmaster is None:
         return None
+    await asyncio.sleep(delay)
+    pids = sorted(_cluster_children(postmaster))
     perf = shutil.which("perf")
     if perf is None:
         print("--perf-postgres: perf is not on PATH; not profiling", flush=True)
         return None
     return await asyncio.create_subprocess_exec(
-        perf, "record", "-a", "-g", "-F", "499", "-o", str(directory / f"{phase}.data"),
-        "--", "sleep", str(max(1, math.floor(seconds))),
+        perf, "record", "-g", "-F", "999", "-o", str(directory / f"{phase}.data"),
+        "-p", ",".join(str(pid) for pid in pids), "--", "sleep", str(max(1, math.floor(seconds))),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
@@ -1471,7 +1495,7 @@ async def run_service_load(
             stats.recording = True
             if fleet is not None:
                 await fleet.window_start()
-            perf = await start_perf(args.perf_postgres, phase, args.seconds)
+            perf = await start_perf(args.perf_postgres, phase, args.seconds, db.postmaster)
             if perf is not None:
                 watching.push_async_callback(perf.wait)
             if args.py_spy is not None:
@@ -1629,7 +1653,9 @@ def window_lines(result: ServiceResult) -> list[str]:
     db = result.db_window
     statements = (
         f"statements {_ratio(result.per_commit(db.statements))} (pg_stat_statements calls,"
-        " BEGIN and COMMIT included)"
+        f" BEGIN and COMMIT included), planned {_ratio(result.per_commit(db.plans))} times,"
+        f" planning {_ratio(result.per_commit(round(db.plan_ms * 1000)), 0)} µs and executing"
+        f" {_ratio(result.per_commit(round(db.exec_ms * 1000)), 0)} µs (wall time)"
         if result.no_statements is None
         else f"statements: unavailable ({result.no_statements})"
     )
@@ -2221,9 +2247,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--perf-postgres",
         type=Path,
         metavar="DIR",
-        help="record the whole machine with perf (-a -g) during each replay and service window,"
-        " into DIR/PHASE.data, to compare where PostgreSQL's CPU goes (perf report --comms"
-        " postgres); needs perf and the permission to record every process",
+        help="record the bench's PostgreSQL backends with perf (-g) during each replay and"
+        " service window, into DIR/PHASE.data, to compare where PostgreSQL's CPU goes (perf"
+        " report -i DIR/PHASE.data --sort sym); needs perf and the permission to record them",
     )
     parser.add_argument(
         "--compare-python",
@@ -2427,6 +2453,10 @@ async def run(args: argparse.Namespace) -> int:
                 (f"{tree.label}: {_phase_label(r, sessions)}", r)
                 for r, sessions in [(compared[1], False), *((r, True) for r in ref_sessions)]
             ]
+        for label, other_result in other_python:
+            print()
+            print(f"{label}: {other_result.cpu.describe()}")
+            print("\n".join(window_lines(other_result)))
         print()
         print(summary_report(baselines, replays, services))
     failed = bool(result.mismatches)

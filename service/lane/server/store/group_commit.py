@@ -50,6 +50,14 @@ MAX_GROUP = 64
 STALLED_SECONDS = 0.05
 
 
+#: The group's transaction. Its statements are prepared on first use on each connection, and
+#: planned once there (a generic plan): they find their rows by key, so a plan made for the
+#: values at hand (PostgreSQL's custom plans, which it otherwise makes for a statement's first
+#: five executions and whenever it judges them cheaper) is the same plan, planned again. The
+#: setting is the transaction's own: other queries of the connection are planned as usual.
+_BEGIN = ("BEGIN", "SET LOCAL plan_cache_mode = force_generic_plan")
+
+
 class _Committer:
     """One committer task's state."""
 
@@ -175,10 +183,13 @@ class GroupCommitter:
             # Sync would commit: should anything fail here before COMMIT is queued, the Sync
             # then commits nothing, and no statement of the group is written half-acknowledged.
             async with conn.pipeline():
-                await conn.execute("BEGIN")
+                for command in _BEGIN:
+                    await conn.execute(command)
                 for queued in group:
                     statement = queued.statement
-                    cursors.append(await conn.execute(statement.sql, statement.params))
+                    cursors.append(
+                        await conn.execute(statement.sql, statement.params, prepare=True)
+                    )
                 await conn.execute("COMMIT")
         except psycopg.Error as exc:
             if conn.broken:
