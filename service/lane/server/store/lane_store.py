@@ -1,5 +1,6 @@
-"""The PostgreSQL store: one transaction per command under the lane row lock (its lock-free
-reads are store_reads.py)."""
+"""The PostgreSQL store: each command all-or-nothing, decided on the lane kept in memory and
+committed with the other lanes' commands ready at the same moment (group_commit.py), or under
+the lane row lock in a transaction of its own (its lock-free reads are store_reads.py)."""
 
 from __future__ import annotations
 
@@ -203,7 +204,7 @@ class Store(StoreReads):
     async def command(
         self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None = None
     ) -> A:
-        """Run one command as one transaction on the lane.
+        """Run one command on the lane, all or nothing.
 
         ``decide`` computes the transition from the lane's state (a refusal raises: nothing is
         written); the transition is written with its events at the next revisions, and the
@@ -211,10 +212,12 @@ class Store(StoreReads):
         returns the stored answer (read back through ``request.decode``).
 
         A lane this process commanded before is not loaded again: the command decides on the
-        state it left and commits with one statement that checks the lane's version; when the
-        lane moved on meanwhile (another process, a hand edit), the statement writes nothing and
-        the command runs again on the lane loaded under its row lock. Refusals, replayed request
-        ids and reused operation ids are always decided under the lock.
+        state it left and commits with one statement that checks the lane's version, in the
+        transaction of the group commit it joins (group_commit.py); when the lane moved on
+        meanwhile (another process, a hand edit), the statement writes nothing and the command
+        runs again on the lane loaded under its row lock, in a transaction of its own.
+        Refusals, replayed request ids and reused operation ids are always decided under the
+        lock.
 
         A caller that goes away (deadline, cancellation) does not cut the command short: it
         runs to its commit or rollback, so a retry finds its outcome under the request id.
