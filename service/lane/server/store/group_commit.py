@@ -9,17 +9,19 @@ shared transaction saves is PostgreSQL's per-commit work (a commit record, a WAL
 transaction's bookkeeping) and a pool checkout and a round trip per command.
 
 An *error* is different: it aborts the whole transaction (a request id or an operation id used
-before fails its statement on a primary key; a deadlock or a lost connection fails them all).
-Then nothing of the group was written. The statement that failed is known (the first whose
-result did not come back); its command gets the error, and every other statement goes out again
-in the next group. A command never fails because of a neighbour, and none is written twice. The
-other ways considered — a savepoint per statement, or a Sync per statement so that each commits
+before fails its statement on a primary key, a deadlock with another process's commit the
+statement that waited). Then nothing of the group was written. The statement that failed is
+known (the first whose result did not come back); its command gets the error, and every other
+statement goes out again at once. A command never fails because of a neighbour, and none is
+written twice. A lost connection fails the whole group, as it failed a lone command. The other
+ways considered — a savepoint per statement, or a Sync per statement so that each commits
 alone — and what they cost are in docs/architecture.md ("Group commit").
 
 No commit window: a lone command is sent at once. A committer takes everything queued when it
 starts a round trip; what arrives while that round trip is out waits for the next one. The busier
 the process, the larger the groups (the natural batching of a leader/follower queue), and an
-idle process commits each command by itself.
+idle process commits each command by itself. A round trip out longer than
+:data:`STALLED_SECONDS` lets another committer start.
 
 Statements go out in lane order, so two groups (two processes) that touch the same lanes lock
 their rows in the same order and never deadlock on them.
@@ -39,8 +41,8 @@ from lane.server import metrics
 from lane.server.store.lane_ref import LaneRef
 from lane.server.store.lane_writes import CommitStatement
 
-#: Round trips in flight at once per process. One keeps groups largest; PostgreSQL still
-#: overlaps this process's group with other processes' commits (docs/architecture.md).
+#: Round trips in flight at once per process (besides stalled ones). One keeps groups largest;
+#: PostgreSQL still overlaps this process's group with other processes' commits.
 COMMITTERS = 1
 #: Statements per group at most: a transaction stays short, and so does each row lock held.
 MAX_GROUP = 64
@@ -201,7 +203,8 @@ class GroupCommitter:
             failed = _failed(group, cursors)
             if failed is None:
                 raise
-            failed.future.set_exception(exc)
+            if not failed.future.done():  # (cancelled: the process stops)
+                failed.future.set_exception(exc)
             return failed
         self.transactions += 1
         self.statements += len(group)

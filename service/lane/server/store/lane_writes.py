@@ -69,8 +69,11 @@ async def insert_lane(conn: Conn, lane: LaneRef, state: LaneState) -> bool:
 
 
 async def run_commit(conn: Conn, statement: CommitStatement) -> bool:
-    """Run ``statement``; True when it wrote (the lane's version was the one expected)."""
-    cur = await conn.execute(statement.sql, statement.params)
+    """Run ``statement``; True when it wrote (the lane's version was the one expected). Prepared
+    on its first use on the connection, as the group committer's are: a commit statement is
+    long, and parsing and planning it again costs PostgreSQL about as much as running it
+    (bench/README.md, "PostgreSQL's extra CPU under the service")."""
+    cur = await conn.execute(statement.sql, statement.params, prepare=True)
     row = await cur.fetchone()
     return row is not None and row[0] == 1
 
