@@ -52,11 +52,13 @@ MAX_GROUP = 64
 STALLED_SECONDS = 0.05
 
 
-#: The group's transaction. Its statements are prepared on first use on each connection, and
-#: planned once there (a generic plan): they find their rows by key, so a plan made for the
-#: values at hand (PostgreSQL's custom plans, which it otherwise makes for a statement's first
-#: five executions and whenever it judges them cheaper) is the same plan, planned again. The
-#: setting is the transaction's own: other queries of the connection are planned as usual.
+#: The transaction of a group of several. Its statements are prepared on first use on each
+#: connection, and planned once there (a generic plan): they find their rows by key, so a plan
+#: made for the values at hand (PostgreSQL's custom plans, which it otherwise makes for a
+#: statement's first five executions and whenever it judges them cheaper) is the same plan,
+#: planned again. The setting is the transaction's own: other queries of the connection are
+#: planned as usual. A lone statement goes alone (see ``_send_alone``): under load, when
+#: planning counts, groups hold several.
 _BEGIN = ("BEGIN", "SET LOCAL plan_cache_mode = force_generic_plan")
 
 
@@ -179,6 +181,8 @@ class GroupCommitter:
         """One round trip: the group's statements in one transaction. Sets each statement's
         outcome and returns None, or, when a statement failed (nothing was written then), sets
         that one's error and returns it."""
+        if len(group) == 1:
+            return await self._send_alone(conn, group[0])
         cursors = []
         try:
             # BEGIN and COMMIT spelled out, not left to the implicit transaction the pipeline's
@@ -206,14 +210,38 @@ class GroupCommitter:
             if not failed.future.done():  # (cancelled: the process stops)
                 failed.future.set_exception(exc)
             return failed
-        self.transactions += 1
-        self.statements += len(group)
-        metrics.current.group_commits.inc()
+        self._committed(len(group))
         for queued, cursor in zip(group, cursors, strict=True):
-            row = await cursor.fetchone()
-            if not queued.future.done():
-                queued.future.set_result(row is not None and row[0] == 1)
+            _answer(queued, await cursor.fetchone())
         return None
+
+    async def _send_alone(self, conn: AsyncConnection[Any], queued: _Queued) -> _Queued | None:
+        """A group of one: the statement alone, its own transaction (one statement is all or
+        nothing by itself: no BEGIN, no COMMIT, no plan setting to send around it)."""
+        statement = queued.statement
+        try:
+            cursor = await conn.execute(statement.sql, statement.params, prepare=True)
+            row = await cursor.fetchone()
+        except psycopg.Error as exc:
+            if conn.broken:
+                raise
+            if not queued.future.done():
+                queued.future.set_exception(exc)
+            return queued
+        self._committed(1)
+        _answer(queued, row)
+        return None
+
+    def _committed(self, statements: int) -> None:
+        self.transactions += 1
+        self.statements += statements
+        metrics.current.group_commits.inc()
+
+
+def _answer(queued: _Queued, row: tuple[Any, ...] | None) -> None:
+    """Tell the statement's command whether it wrote."""
+    if not queued.future.done():  # (cancelled: the process stops)
+        queued.future.set_result(row is not None and row[0] == 1)
 
 
 def _lane_order(queued: _Queued) -> LaneRef:
