@@ -54,8 +54,7 @@ class _TimedLane(replay._Lane):
         t3 = clock()
         assert statement is not None
         query = PostgresQuery(Transformer.from_context(self.context))
-        query.convert(statement.sql, statement.params)
-        query.dump(statement.params)
+        query.convert(statement.sql, statement.params)  # which dumps the parameters too
         t4 = clock()
         for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
             self.seconds[stage] += seconds
