@@ -173,9 +173,9 @@ class GroupCommitter:
                 failed = await self._send(conn, group)
                 if failed is None:
                     return
-                self.retried_groups += 1
                 # Everything was rolled back: the rest go again, the failed one has its error.
                 group = [queued for queued in group if queued is not failed]
+                self.retried_groups += bool(group)
 
     async def _send(self, conn: AsyncConnection[Any], group: Sequence[_Queued]) -> _Queued | None:
         """One round trip: the group's statements in one transaction. Sets each statement's
