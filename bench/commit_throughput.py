@@ -86,6 +86,7 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -472,6 +473,11 @@ class DbCounters:
     rows_written: int
     #: Statements executed (``pg_stat_statements`` calls, this database), None without it.
     statements: int | None
+    #: Of those, the times the planner ran, and the milliseconds spent planning and executing
+    #: (``pg_stat_statements`` plans, total_plan_time, total_exec_time; 0 without it).
+    plans: int = 0
+    plan_ms: float = 0.0
+    exec_ms: float = 0.0
 
     def __sub__(self, other: DbCounters) -> DbCounters:
         statements = (
@@ -483,6 +489,9 @@ class DbCounters:
             self.transactions - other.transactions,
             self.rows_written - other.rows_written,
             statements,
+            self.plans - other.plans,
+            self.plan_ms - other.plan_ms,
+            self.exec_ms - other.exec_ms,
         )
 
 
@@ -496,15 +505,18 @@ async def read_db_counters(conn: psycopg.AsyncConnection[Any], statements: bool)
     )
     row = await cur.fetchone()
     transactions, rows = (int(row[0]), int(row[1])) if row else (0, 0)
-    calls: int | None = None
-    if statements:
-        cur = await conn.execute(
-            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
-            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
-        row = await cur.fetchone()
-        calls = int(row[0]) if row else 0
-    return DbCounters(transactions, rows, calls)
+    if not statements:
+        return DbCounters(transactions, rows, None)
+    cur = await conn.execute(
+        "SELECT coalesce(sum(calls), 0), coalesce(sum(plans), 0),"
+        " coalesce(sum(total_plan_time), 0), coalesce(sum(total_exec_time), 0)"
+        " FROM pg_stat_statements"
+        " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return DbCounters(transactions, rows, 0)
+    return DbCounters(transactions, rows, int(row[0]), int(row[1]), float(row[2]), float(row[3]))
 
 
 # -- baseline -------------------------------------------------------------------------------------
@@ -584,10 +596,10 @@ async def run_baseline(
     if pgbench is not None:
         script = work_dir / f"baseline_{statement}.sql"
         script.write_text(_BASELINE_STATEMENTS[statement] + "\n")
-        command = [pgbench, "-n", "-c", str(clients), "-j", str(clients)]
+        command = [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients)]
         command += ["-T", str(max(1, round(seconds))), "-f", str(script), db.url]
         transactions, rate, use = await run_pgbench(db, command, "pgbench")
-        method = f"pgbench -c {clients} -j {clients} -T {round(seconds)}, {statement}"
+        method = f"pgbench -M prepared -c {clients} -j {clients} -T {round(seconds)}, {statement}"
     else:
         times_before = os.times()
         children_before = _cluster_children(db.postmaster)
@@ -650,6 +662,8 @@ class Replay:
     """pgbench replaying the statements of the drivers' lifecycle run (:mod:`bench.replay`)."""
 
     method: str
+    #: Consecutive statements committed per transaction.
+    commits_per_transaction: int
     #: Complete runs of the script (pgbench's transactions) and their lifecycle commits.
     runs: int
     commits: int
@@ -684,10 +698,13 @@ class Replay:
         return value / self.commits
 
 
-async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> Replay | str:
+async def run_replay(
+    db: Database, args: argparse.Namespace, work_dir: Path, commits_per_transaction: int = 1
+) -> Replay | str:
     """pgbench replaying the service's statements for the drivers' lifecycle at
-    ``--drivers`` clients for ``--seconds``, on a scratch database of its own with the
-    service's schema; or why it cannot run."""
+    ``--drivers`` clients for ``--seconds``, ``commits_per_transaction`` consecutive statements
+    per transaction, on a scratch database of its own with the service's schema; or why it
+    cannot run."""
     pgbench = shutil.which("pgbench")
     if pgbench is None:
         return "no pgbench on PATH"
@@ -695,7 +712,7 @@ async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> 
     from lane.server.store.migrations import migrate
 
     recorded = replay.record(f"bench-{uuid.uuid4().hex[:12]}", args.calls, args.turns)
-    script = replay.replay_script(recorded, args.replay_commits_per_transaction)
+    script = replay.replay_script(recorded, commits_per_transaction)
     path = work_dir / "replay.sql"
     path.write_text(script.text)
     clients = args.drivers
@@ -714,7 +731,19 @@ async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> 
         statements = replay_db.no_statements is None
         async with await psycopg.AsyncConnection.connect(replay_db.url, autocommit=True) as conn:
             counters_before = await read_db_counters(conn, statements)
+            perf = asyncio.ensure_future(
+                start_perf(
+                    args.perf_postgres,
+                    f"replay-{commits_per_transaction}",
+                    args.seconds - 2,
+                    db.postmaster,
+                    delay=1.0,
+                )
+            )
             runs, tps, use = await run_pgbench(db, command, "pgbench (replay)", env)
+            recording = await perf
+            if recording is not None:
+                await recording.wait()
             await asyncio.sleep(1.5)  # as counted_commits: let the stats settle
             counters = await read_db_counters(conn, statements) - counters_before
             cur = await conn.execute(
@@ -725,10 +754,11 @@ async def run_replay(db: Database, args: argparse.Namespace, work_dir: Path) -> 
             row = await cur.fetchone()
             complete, lanes = (int(row[0]), int(row[1])) if row else (0, 0)
     return Replay(
+        commits_per_transaction=commits_per_transaction,
         method=f"pgbench -M prepared -c {clients} -j {clients} -T {round(args.seconds)}"
         + (
-            f", {args.replay_commits_per_transaction} commits per transaction"
-            if args.replay_commits_per_transaction > 1
+            f", {commits_per_transaction} commits per transaction"
+            if commits_per_transaction > 1
             else ""
         ),
         runs=runs,
@@ -753,7 +783,10 @@ def replay_lines(result: Replay) -> list[str]:
     """The replay's block of the report."""
     db = result.db
     statements = (
-        f"statements {_ratio(result.per_commit(db.statements))} (pg_stat_statements calls)"
+        f"statements {_ratio(result.per_commit(db.statements))} (pg_stat_statements calls),"
+        f" planned {_ratio(result.per_commit(db.plans))} times, planning"
+        f" {_ratio(result.per_commit(round(db.plan_ms * 1000)), 0)} µs and executing"
+        f" {_ratio(result.per_commit(round(db.exec_ms * 1000)), 0)} µs (wall time)"
         if result.no_statements is None
         else f"statements: unavailable ({result.no_statements})"
     )
@@ -835,12 +868,14 @@ async def run_service(
     *,
     workers: int = 1,
     root: Path = REPO_ROOT,
+    python: str = sys.executable,
 ) -> AsyncIterator[ServiceProcess]:
     """The server of the checkout at ``root`` (``python -m lane.server.app``, or an older
     checkout's ``python -m service.app``: :func:`bench.entry.server_tree`) on a free port of
     127.0.0.1; SIGTERM (then SIGKILL) on exit. ``extra_env``: more ``LANE_*`` settings; ``workers``:
-    ``LANE_WORKERS``. Only the settings the code in ``root`` knows are passed (an older ref's
-    service does not know the newer ones); yields once every server process listens."""
+    ``LANE_WORKERS``; ``python``: the interpreter it runs on (this one unless given). Only the
+    settings the code in ``root`` knows are passed (an older ref's service does not know the
+    newer ones); yields once every server process listens."""
     settings = {
         "LANE_DATABASE_URL": database_url,
         "LANE_LISTEN": "127.0.0.1:0",
@@ -872,7 +907,7 @@ async def run_service(
     # LANE_WORKERS defaults to the number of CPUs where it is known: always pass it there.
     servers = workers if "LANE_WORKERS" in known else 1
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
+        python,
         "-m",
         server.app,
         cwd=server.cwd,
@@ -1284,11 +1319,18 @@ class ServiceResult:
         return value / self.window.commits
 
 
+def profile_path(output: Path, phase: str) -> Path:
+    """Where the profile of ``phase`` goes: ``output`` with the phase before its suffix
+    (``prof.svg`` -> ``prof-sessions-1w.svg``), so every phase of a run keeps its own."""
+    return output.with_name(f"{output.stem}-{phase}{output.suffix}")
+
+
 async def start_profiler(
     output: Path, pid: int, seconds: float, subprocesses: bool = False
 ) -> asyncio.subprocess.Process | None:
-    """``py-spy record`` of the server for the window (flame graph for .svg, speedscope for
-    .json, else collapsed stacks); None when py-spy is not installed."""
+    """``py-spy record --native`` of the server for the window (flame graph for .svg,
+    speedscope for .json, else collapsed stacks); None when py-spy is not installed. Native
+    frames show the C time (libpq, gRPC core, protobuf) under the Python calls."""
     py_spy = shutil.which("py-spy")
     if py_spy is None:
         print("--py-spy: py-spy is not on PATH (pip install py-spy); not profiling", flush=True)
@@ -1303,6 +1345,7 @@ async def start_profiler(
         str(max(1, math.floor(seconds))),
         "--rate",
         "100",
+        "--native",
         *(["--subprocesses"] if subprocesses else []),
         "--format",
         formats.get(output.suffix, "raw"),
@@ -1329,6 +1372,30 @@ async def finish_profiler(profiler: asyncio.subprocess.Process | None) -> None:
         print(f"py-spy failed: {err.decode(errors='replace').strip()}", flush=True)
 
 
+async def start_perf(
+    directory: Path | None, phase: str, seconds: float, postmaster: int | None, delay: float = 0
+) -> asyncio.subprocess.Process | None:
+    """``perf record -g`` of the cluster's backends (the postmaster's children, ``delay``
+    seconds from now: a client's backends must have started) for ``seconds`` into
+    ``directory/phase.data`` (``--perf-postgres``); None when not asked for, perf is not on
+    PATH, or the cluster is not local."""
+    if directory is None or postmaster is None:
+        return None
+    await asyncio.sleep(delay)
+    pids = sorted(_cluster_children(postmaster))
+    perf = shutil.which("perf")
+    if perf is None:
+        print("--perf-postgres: perf is not on PATH; not profiling", flush=True)
+        return None
+    return await asyncio.create_subprocess_exec(
+        perf, "record", "-g", "-F", "999", "-o", str(directory / f"{phase}.data"),
+        "-p", ",".join(str(pid) for pid in pids), "--", "sleep", str(max(1, math.floor(seconds))),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 async def grpc_ceiling(
     channels: Sequence[grpc.aio.Channel], concurrency: int, seconds: float
 ) -> float:
@@ -1351,11 +1418,12 @@ async def grpc_ceiling(
     return done / (time.monotonic() - started)
 
 
-def channel_count(args: argparse.Namespace) -> int:
-    """``--channels``, else one with a single server process and one per driver with workers."""
+def channel_count(args: argparse.Namespace, workers: int | None = None) -> int:
+    """``--channels``, else one with a single server process and one per driver with workers
+    (``workers``: the phase's server processes, default ``--workers``)."""
     if args.channels:
         return int(args.channels)
-    return 1 if args.workers == 1 else int(args.drivers)
+    return 1 if (workers or args.workers) == 1 else int(args.drivers)
 
 
 async def run_service_load(
@@ -1364,6 +1432,7 @@ async def run_service_load(
     service: ServiceProcess,
     watchers: int = 0,
     sessions: bool = False,
+    phase: str = "unary",
 ) -> ServiceResult:
     """N drivers against the running service: warm up, then count over the window.
 
@@ -1383,7 +1452,7 @@ async def run_service_load(
     trees = {"server": service.pid}  # a supervisor and its workers, or the single process
     before_commits = await committed_transactions(db.url)
     async with (
-        open_channels(service.address, channel_count(args)) as channels,
+        open_channels(service.address, channel_count(args, service.workers)) as channels,
         await psycopg.AsyncConnection.connect(db.url, autocommit=True) as stats_conn,
         contextlib.AsyncExitStack() as watching,
     ):
@@ -1426,9 +1495,15 @@ async def run_service_load(
             stats.recording = True
             if fleet is not None:
                 await fleet.window_start()
+            perf = await start_perf(args.perf_postgres, phase, args.seconds, db.postmaster)
+            if perf is not None:
+                watching.push_async_callback(perf.wait)
             if args.py_spy is not None:
                 profiler = await start_profiler(
-                    args.py_spy, service.pid, args.seconds, subprocesses=service.workers > 1
+                    profile_path(args.py_spy, phase),
+                    service.pid,
+                    args.seconds,
+                    subprocesses=service.workers > 1,
                 )
             await _sleep_unless_failed(watcher, args.seconds)
             last, t1 = stats.counters.copy(), time.monotonic()
@@ -1578,7 +1653,9 @@ def window_lines(result: ServiceResult) -> list[str]:
     db = result.db_window
     statements = (
         f"statements {_ratio(result.per_commit(db.statements))} (pg_stat_statements calls,"
-        " BEGIN and COMMIT included)"
+        f" BEGIN and COMMIT included), planned {_ratio(result.per_commit(db.plans))} times,"
+        f" planning {_ratio(result.per_commit(round(db.plan_ms * 1000)), 0)} µs and executing"
+        f" {_ratio(result.per_commit(round(db.exec_ms * 1000)), 0)} µs (wall time)"
         if result.no_statements is None
         else f"statements: unavailable ({result.no_statements})"
     )
@@ -1719,62 +1796,147 @@ def latency_table(latencies: Mapping[str, list[float]]) -> list[str]:
     return lines
 
 
-def sessions_report(args: argparse.Namespace, unary: ServiceResult, sessions: ServiceResult) -> str:
-    """The drivers over DriveLane sessions beside the same drivers over unary RPCs (``--sessions``):
-    throughput, and CPU per lifecycle commit and per command of the server, the drivers and
-    PostgreSQL."""
+def _per_command(result: ServiceResult, name: str) -> float | None:
+    """CPU seconds of ``name`` per command (RPC or session call) in the window."""
+    cores = result.cpu.processes.get(name)
+    if cores is None or not result.window.rpcs:
+        return None
+    return cores * result.seconds / result.window.rpcs
+
+
+def _interpreter(python: str) -> str:
+    """``Python 3.12.1`` for an interpreter's path (the path itself if it does not answer)."""
+    try:
+        done = subprocess.run(
+            [python, "-c", "import platform; print(platform.python_version())"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return python
+    return f"Python {done.stdout.strip()}"
+
+
+def _phase_label(result: ServiceResult, sessions: bool) -> str:
+    workers = f"{result.workers} worker{'s' if result.workers > 1 else ''}"
+    return f"{'sessions' if sessions else 'unary'}, {workers}"
+
+
+def sessions_report(
+    args: argparse.Namespace, unary: ServiceResult, sessions: Sequence[ServiceResult]
+) -> str:
+    """The drivers over DriveLane sessions (one phase per worker count) beside the same drivers
+    over unary RPCs (``--sessions``): throughput, and CPU per lifecycle commit and per command
+    of the server, the drivers and PostgreSQL, each with its ratio to unary."""
 
     def ratio(a: float | None, b: float | None) -> str:
-        return "-" if a is None or b is None or not b else f"{b / a:.2f}"
+        return "-" if a is None or b is None or not a else f"{b / a:.2f}"
 
-    def per_command(result: ServiceResult, name: str) -> float | None:
-        cores = result.cpu.processes.get(name)
-        if cores is None or not result.window.rpcs:
-            return None
-        return cores * result.seconds / result.window.rpcs
+    columns = [unary, *sessions]
+    headers = [_phase_label(unary, False)] + [_phase_label(r, True) for r in sessions]
+    rows: list[tuple[str, list[str]]] = []
 
-    rows: list[tuple[str, str, str, str]] = [
-        (
-            "lifecycle commits/s",
-            f"{unary.commits_per_second:,.0f}",
-            f"{sessions.commits_per_second:,.0f}",
-            ratio(unary.commits_per_second, sessions.commits_per_second),
-        ),
-        (
-            "commands/s",
-            f"{unary.window.rpcs / unary.seconds:,.0f}",
-            f"{sessions.window.rpcs / sessions.seconds:,.0f}",
-            ratio(unary.window.rpcs / unary.seconds, sessions.window.rpcs / sessions.seconds),
-        ),
-    ]
+    def row(label: str, values: list[float | None], show: Callable[[float | None], str]) -> None:
+        cells = [show(values[0])]
+        for value in values[1:]:
+            cells += [show(value), ratio(values[0], value)]
+        rows.append((label, cells))
+
+    row("lifecycle commits/s", [r.commits_per_second for r in columns], lambda v: f"{v or 0:,.0f}")
+    row(
+        "commands/s",
+        [r.window.rpcs / r.seconds for r in columns],
+        lambda v: f"{v or 0:,.0f}",
+    )
     for name in ("server", "drivers", "PostgreSQL"):
-        a, b = _cpu_per_commit(unary, name), _cpu_per_commit(sessions, name)
-        rows.append((f"{name} CPU per commit", _micros(a), _micros(b), ratio(a, b)))
+        row(f"{name} CPU per commit", [_cpu_per_commit(r, name) for r in columns], _micros)
     for name in ("server", "drivers"):
-        a, b = per_command(unary, name), per_command(sessions, name)
-        rows.append((f"{name} CPU per command", _micros(a), _micros(b), ratio(a, b)))
+        row(f"{name} CPU per command", [_per_command(r, name) for r in columns], _micros)
     rows.append(
         (
             "revision cross-check",
-            "OK" if not unary.mismatches else "MISMATCH",
-            "OK" if not sessions.mismatches else "MISMATCH",
-            "",
+            [("OK" if not r.mismatches else "MISMATCH") for r in columns[:1]]
+            + [
+                cell for r in columns[1:] for cell in ("OK" if not r.mismatches else "MISMATCH", "")
+            ],
         )
     )
-    width = max(len(row[0]) for row in rows)
+    width = max(len(label) for label, _ in rows)
+    head = f"  {'':<{width}} {headers[0]:>18}"
+    for header in headers[1:]:
+        head += f" {header:>20} {'/ unary':>8}"
     lines = [
         f"sessions: the same {args.drivers} drivers, each sending its commands over one DriveLane"
-        " stream of its own (LaneSession) instead of unary RPCs; a fresh service process, after"
-        " the unary phase, in this run",
+        " stream of its own (LaneSession) instead of unary RPCs; a fresh service process per"
+        " phase, after the unary phase, in this run",
         "",
-        f"  {'':<{width}} {'unary':>12} {'sessions':>12} {'sessions/unary':>15}",
-        *(f"  {label:<{width}} {a:>12} {b:>12} {r:>15}" for label, a, b, r in rows),
-        "",
-        f"  sessions: {sessions.cpu.describe()}",
-        *(f"  {line}" for line in window_lines(sessions)),
-        "",
-        *latency_table(sessions.latencies),
+        head,
     ]
+    for label, cells in rows:
+        line = f"  {label:<{width}} {cells[0]:>18}"
+        for n in range(1, len(cells), 2):
+            line += f" {cells[n]:>20} {cells[n + 1]:>8}"
+        lines.append(line)
+    for result in sessions:
+        lines += [
+            "",
+            f"  {_phase_label(result, True)}: {result.cpu.describe()}",
+            *(f"  {line}" for line in window_lines(result)),
+            "",
+            *latency_table(result.latencies),
+        ]
+    return "\n".join(lines)
+
+
+def summary_report(
+    baselines: Sequence[Baseline],
+    replays: Sequence[Replay],
+    services: Sequence[tuple[str, ServiceResult]],
+) -> str:
+    """One line per phase of the run: commits/s and CPU per commit of the server, PostgreSQL
+    and the load (drivers or pgbench), and the host's CPU per commit (their sum), each beside
+    pgbench's single-row commits (the mean of the baselines)."""
+    base_rate = sum(b.commits_per_second for b in baselines) / len(baselines)
+    base_pg = sum(b.cpu.processes.get("PostgreSQL", 0.0) / b.commits_per_second for b in baselines)
+    base_load = sum(b.cpu.processes.get("pgbench", 0.0) / b.commits_per_second for b in baselines)
+    base_pg, base_load = base_pg / len(baselines), base_load / len(baselines)
+    base_host = base_pg + base_load
+    Line = tuple[str, float, float | None, float, float]
+    lines_in: list[Line] = [
+        ("pgbench, prepared single-row commits", base_rate, None, base_pg, base_load)
+    ]
+    for r in replays:
+        label = f"replay of the service's SQL, {r.commits_per_transaction} per transaction"
+        pg = _replay_cpu_per_commit(r, "PostgreSQL") or 0.0
+        load = _replay_cpu_per_commit(r, "pgbench") or 0.0
+        lines_in.append((label, r.commits_per_second, None, pg, load))
+    for label, result in services:
+        lines_in.append(
+            (
+                label,
+                result.commits_per_second,
+                _cpu_per_commit(result, "server") or 0.0,
+                _cpu_per_commit(result, "PostgreSQL") or 0.0,
+                _cpu_per_commit(result, "drivers") or 0.0,
+            )
+        )
+    width = max(len(line[0]) for line in lines_in)
+    lines = [
+        "summary: every phase of this run beside pgbench's single-row commits (CPU per lifecycle"
+        " commit; host = server + PostgreSQL + load, the load being the drivers or pgbench)",
+        "",
+        f"  {'':<{width}} {'commits/s':>10} {'÷ pgbench':>10} {'server':>9} {'PostgreSQL':>11}"
+        f" {'load':>9} {'host':>9} {'host ÷ pgbench':>15}",
+    ]
+    for label, rate, server, pg, load in lines_in:
+        host = (server or 0.0) + pg + load
+        lines.append(
+            f"  {label:<{width}} {rate:>10,.0f} {rate / base_rate:>10.3f}"
+            f" {_micros(server):>9} {_micros(pg):>11} {_micros(load):>9} {_micros(host):>9}"
+            f" {host / base_host if base_host else 0.0:>15.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -1975,6 +2137,17 @@ def watchers_report(
 # -- entry point ------------------------------------------------------------------------------
 
 
+def _counts(value: str) -> list[int]:
+    """A comma-separated list of counts, each at least 1."""
+    try:
+        counts = [int(part) for part in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {value!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"every count must be at least 1: {value!r}")
+    return counts
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.commit_throughput",
@@ -2036,11 +2209,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--replay-commits-per-transaction",
-        type=int,
-        default=1,
-        metavar="K",
-        help="the replay commits K consecutive statements per transaction (default 1, as the"
-        " service does): PostgreSQL's side of a group commit of K commands",
+        type=_counts,
+        default=[1],
+        metavar="K[,K...]",
+        help="a replay per K, each committing K consecutive statements per transaction"
+        " (default 1, a command alone): K > 1 is PostgreSQL's side of a group commit of K"
+        " commands",
     )
     parser.add_argument(
         "--single-baseline",
@@ -2063,6 +2237,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " CPU per commit and per command of the server, the drivers and PostgreSQL",
     )
     parser.add_argument(
+        "--session-workers",
+        type=_counts,
+        default=None,
+        metavar="K[,K...]",
+        help="with --sessions: a sessions phase per K, with LANE_WORKERS=K (default: --workers)",
+    )
+    parser.add_argument(
+        "--perf-postgres",
+        type=Path,
+        metavar="DIR",
+        help="record the bench's PostgreSQL backends with perf (-g) during each replay and"
+        " service window, into DIR/PHASE.data, to compare where PostgreSQL's CPU goes (perf"
+        " report -i DIR/PHASE.data --sort sym); needs perf and the permission to record them",
+    )
+    parser.add_argument(
+        "--compare-python",
+        action="append",
+        metavar="PYTHON",
+        help="also run the working tree's service (unary, and sessions with --sessions) on this"
+        " interpreter, in the same run, before the usual phases (a virtualenv's python with the"
+        " service installed); may be given more than once",
+    )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="every figure in one run: the replay at 1 and 4 commits per transaction, and"
+        " sessions with 1 and 2 workers besides unary (as --sessions --session-workers 1,2"
+        " --replay-commits-per-transaction 1,4)",
+    )
+    parser.add_argument(
         "--watch-lanes",
         choices=("driven", "idle"),
         default="driven",
@@ -2082,6 +2286,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="how long the watchers may take to catch up after the window (default 120)",
     )
     args = parser.parse_args(argv)
+    if args.all:
+        args.sessions = True
+        args.session_workers = args.session_workers or [1, 2]
+        if args.replay_commits_per_transaction == [1]:
+            args.replay_commits_per_transaction = [1, 4]
+    if args.session_workers is None:
+        args.session_workers = [args.workers]
+    if args.perf_postgres is not None:
+        args.perf_postgres.mkdir(parents=True, exist_ok=True)
     if args.drivers < 1 or args.calls < 1 or args.turns < 1:
         parser.error("--drivers, --calls and --turns must be at least 1")
     if args.workers < 1 or args.channels < 0:
@@ -2114,15 +2327,23 @@ async def run(args: argparse.Namespace) -> int:
         rate = baselines[0].commits_per_second
         print(f"baseline: {rate:,.0f} commits/s", flush=True)
         replayed: Replay | str | None = None
+        replays: list[Replay] = []
         if args.replay:
-            print("replay of the service's SQL by pgbench ...", flush=True)
-            replayed = await run_replay(db, args, work_dir)
-            if isinstance(replayed, Replay):
-                rate = replayed.commits_per_second
-                print(f"replay: {rate:,.0f} commits/s", flush=True)
-            else:
-                print(f"replay: not run ({replayed})", flush=True)
+            for k in args.replay_commits_per_transaction:
+                print(
+                    f"replay of the service's SQL by pgbench, {k} per transaction ...", flush=True
+                )
+                done = await run_replay(db, args, work_dir, k)
+                if isinstance(done, Replay):
+                    replays.append(done)
+                    rate = done.commits_per_second
+                    print(f"replay: {rate:,.0f} commits/s", flush=True)
+                else:
+                    print(f"replay: not run ({done})", flush=True)
+                if replayed is None:
+                    replayed = done  # the first K's is the one the report compares with
         compared: tuple[ServiceProcess, ServiceResult, str] | None = None
+        ref_sessions: list[ServiceResult] = []
         if tree is not None:
             # Its own scratch database: the ref's schema may be older (or newer) than ours.
             print(f"{tree.label}'s service ...", flush=True)
@@ -2134,24 +2355,52 @@ async def run(args: argparse.Namespace) -> int:
             ):
                 ref_note = verify_ref_service(tree, ref_service)
                 print(f"{tree.label}'s service {ref_note}", flush=True)
-                ref_result = await run_service_load(ref_db, args, ref_service)
+                ref_result = await run_service_load(ref_db, args, ref_service, phase="ref")
                 rate = ref_result.commits_per_second
                 print(f"{tree.label}: {rate:,.0f} commits/s; stopping it ...", flush=True)
             compared = (ref_service, ref_result, ref_note)
+            for workers in args.session_workers if args.sessions else ():
+                print(f"{tree.label}'s service ({workers} workers) over sessions ...", flush=True)
+                async with (
+                    scratch_database(db.server_url, db.description) as ref_db,
+                    run_service(
+                        ref_db.url, args.notify == "on", workers=workers, root=tree.root
+                    ) as ref_service,
+                ):
+                    done_ref = await run_service_load(
+                        ref_db, args, ref_service, sessions=True, phase=f"ref-sessions-{workers}w"
+                    )
+                ref_sessions.append(done_ref)
+                print(f"{tree.label} over sessions: {done_ref.commits_per_second:,.0f} commits/s")
+        other_python: list[tuple[str, ServiceResult]] = []
+        for python in args.compare_python or ():
+            for sessions, workers in [(False, args.workers)] + [
+                (True, w) for w in (args.session_workers if args.sessions else ())
+            ]:
+                print(f"service on {python} ({workers} workers, sessions {sessions}) ...")
+                async with run_service(
+                    db.url, args.notify == "on", workers=workers, python=python
+                ) as other:
+                    done_other = await run_service_load(
+                        db, args, other, sessions=sessions, phase=f"python-{len(other_python)}"
+                    )
+                label = f"{_interpreter(python)}: {_phase_label(done_other, sessions)}"
+                other_python.append((label, done_other))
         print("service ...", flush=True)
         async with run_service(db.url, args.notify == "on", workers=args.workers) as service:
             result = await run_service_load(db, args, service)
             rate = result.commits_per_second
             print(f"service: {rate:,.0f} commits/s; stopping it ...", flush=True)
-        sessioned: ServiceResult | None = None
-        if args.sessions:
+        sessioned: list[ServiceResult] = []
+        for workers in args.session_workers if args.sessions else ():
             # A fresh service process, so the session phase inherits nothing from the unary one.
-            print("service again, drivers over DriveLane sessions ...", flush=True)
-            async with run_service(
-                db.url, args.notify == "on", workers=args.workers
-            ) as session_service:
-                sessioned = await run_service_load(db, args, session_service, sessions=True)
-                rate = sessioned.commits_per_second
+            print(f"service again ({workers} workers), drivers over DriveLane sessions ...")
+            async with run_service(db.url, args.notify == "on", workers=workers) as session_service:
+                done_sessions = await run_service_load(
+                    db, args, session_service, sessions=True, phase=f"sessions-{workers}w"
+                )
+                sessioned.append(done_sessions)
+                rate = done_sessions.commits_per_second
                 print(f"service over sessions: {rate:,.0f} commits/s; stopping it ...", flush=True)
         watched: ServiceResult | None = None
         if args.watchers:
@@ -2163,7 +2412,9 @@ async def run(args: argparse.Namespace) -> int:
                 watcher_limits(args.watchers, args.drivers),
                 workers=args.workers,
             ) as watched_service:
-                watched = await run_service_load(db, args, watched_service, watchers=args.watchers)
+                watched = await run_service_load(
+                    db, args, watched_service, watchers=args.watchers, phase="watchers"
+                )
                 rate = watched.commits_per_second
                 print(f"service with watchers: {rate:,.0f} commits/s; stopping it ...", flush=True)
         if not args.single_baseline:
@@ -2188,12 +2439,26 @@ async def run(args: argparse.Namespace) -> int:
                     replayed if isinstance(replayed, Replay) else None,
                 )
             )
-        if sessioned is not None:
+        if sessioned:
             print()
             print(sessions_report(args, result, sessioned))
         if watched is not None:
             print()
             print(watchers_report(args, result, watched))
+        mine = _interpreter(sys.executable) + ": " if other_python else ""
+        services = [*other_python, (mine + _phase_label(result, False), result)]
+        services += [(mine + _phase_label(r, True), r) for r in sessioned]
+        if tree is not None and compared is not None:
+            services[:0] = [
+                (f"{tree.label}: {_phase_label(r, sessions)}", r)
+                for r, sessions in [(compared[1], False), *((r, True) for r in ref_sessions)]
+            ]
+        for label, other_result in other_python:
+            print()
+            print(f"{label}: {other_result.cpu.describe()}")
+            print("\n".join(window_lines(other_result)))
+        print()
+        print(summary_report(baselines, replays, services))
     failed = bool(result.mismatches)
     if isinstance(replayed, Replay):
         failed = failed or not replayed.ok
@@ -2201,8 +2466,9 @@ async def run(args: argparse.Namespace) -> int:
         failed = failed or bool(compared[1].mismatches)
     if watched is not None:
         failed = failed or bool(watched.mismatches) or not _watchers_ok(watched)
-    if sessioned is not None:
-        failed = failed or bool(sessioned.mismatches)
+    failed = failed or any(r.mismatches for r in [*sessioned, *ref_sessions])
+    failed = failed or any(r.mismatches for _, r in other_python)
+    failed = failed or any(not r.ok for r in replays)
     return 1 if failed else 0
 
 

@@ -160,7 +160,8 @@ async def test_a_tool_calls_life_on_the_kept_lane_is_one_statement_per_commit(
     ]
     # Commits: intent, progress, checkpoint, then per call staging and placement (c0's
     # placement and c1's staging and placement): 7 commits, each one statement of its own
-    # (no BEGIN/COMMIT around it, no load before it).
+    # (no load before it; the group committer sends it between BEGIN and COMMIT, with the
+    # statements of other lanes ready at the same moment).
     assert [s.transaction for s in mine] == [None] * 7
     assert all(s.sql.startswith("WITH lane AS (UPDATE lanes SET version") for s in mine)
     events = await probe.check()

@@ -18,6 +18,7 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.server.app.maintenance import place_pending_pass
 from lane.server.commands.pending_placement import place_quiet_pending
 from lane.server.store import DEFAULT_NAMESPACE, LaneRef, lane_store, lane_writes
+from lane.server.store.group_commit import GroupCommitter
 from lane.server.store.lane_writes import CommitStatement
 from tests.integration.lanes import Probe, error_reason, kinds, result
 from tests.integration.test_refusals import (
@@ -46,16 +47,27 @@ async def stage_placement_unavailable(
     """Send ``request`` while the next placement commit fails: the staging commits, the
     placement does not, and the caller gets UNAVAILABLE."""
     real = lane_writes.run_commit
+    real_group = GroupCommitter.commit
     failed: list[CommitStatement] = []
 
-    async def breaking(conn: Any, statement: CommitStatement) -> bool:
+    def break_placement(statement: CommitStatement) -> None:
         if not failed and _placement(statement):
             failed.append(statement)
             raise psycopg.OperationalError("the connection broke before placement committed")
+
+    async def breaking(conn: Any, statement: CommitStatement) -> bool:
+        break_placement(statement)
         return await real(conn, statement)
 
+    async def breaking_group(self: Any, lane: LaneRef, statement: CommitStatement) -> bool:
+        break_placement(statement)
+        return await real_group(self, lane, statement)
+
     with monkeypatch.context() as patch:
+        # The placement commits under the lane lock (run_commit) or on the lane kept in
+        # memory (the group committer): break it either way.
         patch.setattr(lane_store, "run_commit", breaking)
+        patch.setattr(GroupCommitter, "commit", breaking_group)
         with pytest.raises(grpc.aio.AioRpcError) as answered:
             await stub.StageToolOutcome(request)
     assert answered.value.code() == grpc.StatusCode.UNAVAILABLE

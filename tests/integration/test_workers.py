@@ -159,6 +159,68 @@ async def test_commands_and_watchers_spread_over_workers_and_fold_equals_capture
                 await watcher.close()
 
 
+async def test_group_commits_on_two_workers_keep_every_watcher_folding_to_the_capture(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    # Polling slowed to a minute: the other worker's watchers learn of a group's commits from
+    # its doorbells only.
+    env = _env(fresh_database_url, LANE_POLL_INTERVAL_SECONDS="60")
+    async with _Service.start(tmp_path, env) as service, _Channels(service) as channels:
+        workers = await service.serving(2)
+        # Channels until both workers serve some; each channel commands three lanes of its own,
+        # so each worker has several lanes' commands ready at once.
+        owned: list[list[str]] = []
+        while len(owned) < 2 or not all(
+            _metric(port, "lane_commands_total") >= 1 for port in workers.values()
+        ):
+            assert len(owned) < MAX_CHANNELS, "every channel landed on one worker"
+            stub = channels.stub(len(owned))
+            owned.append([await new_lane(stub) for _ in range(3)])
+        lanes = [lane for mine in owned for lane in mine]
+        # Every lane watched through every channel: from memory on the worker committing it,
+        # through doorbells on the other.
+        watchers = [
+            (i, lane, Watcher(channels.stub(i), lane)) for i in range(len(owned)) for lane in lanes
+        ]
+        try:
+            for _, _, watcher in watchers:
+                await watcher.reach(1)
+            rounds = 5
+            for round_ in range(rounds):
+                await asyncio.gather(
+                    *(
+                        channels.stub(i).EnqueueMessage(
+                            pb.EnqueueMessageRequest(
+                                lane_id=lane,
+                                kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN,
+                                message=user(f"{lane} r{round_}"),
+                            )
+                        )
+                        for i, mine in enumerate(owned)
+                        for lane in mine
+                    )
+                )
+            optimistic = sum(
+                _metric(port, "lane_store_commits_total", path="optimistic")
+                for port in workers.values()
+            )
+            grouped = sum(
+                _metric(port, "lane_store_group_commits_total") for port in workers.values()
+            )
+            # Some transactions carried several lanes' commands.
+            assert 0 < grouped < optimistic, f"{optimistic} optimistic commits in {grouped}"
+            for i, lane, watcher in watchers:
+                await watcher.reach(1 + rounds)
+                # A capture through the watcher's own channel: its worker, committing the lane
+                # or not.
+                fresh = await snapshot_of(channels.stub(i), lane)
+                assert fresh.revision == 1 + rounds
+                assert watcher.snapshot == fresh, f"fold != capture of {lane} on channel {i}"
+        finally:
+            for _, _, watcher in watchers:
+                await watcher.close()
+
+
 async def test_every_worker_serves_the_http_port_too(
     fresh_database_url: str, tmp_path: Path
 ) -> None:
@@ -456,15 +518,15 @@ def _post_json(url: str) -> int:
         return int(response.status)
 
 
-def _metric(port: int, name: str) -> float:
-    """The sum of metric ``name`` over its labels, scraped from a worker's endpoint (blocking:
-    a local request of a few KiB)."""
+def _metric(port: int, name: str, **labels: str) -> float:
+    """The sum of metric ``name`` over its labels (those with ``labels``' values), scraped from a
+    worker's endpoint (blocking: a local request of a few KiB)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name:
+            if sample.name == name and labels.items() <= sample.labels.items():
                 total += sample.value
     return total
 

@@ -109,6 +109,13 @@ class Metrics:
         )
         self.optimistic_commits = self.store_commits.labels("optimistic")
         self.locked_commits = self.store_commits.labels("locked")
+        self.group_commits = Counter(
+            "lane_store_group_commits",
+            "PostgreSQL transactions that committed optimistic commands: each carries every"
+            " command ready when it was sent (lane_store_commits_total{path='optimistic'} over"
+            " this is the commands per transaction).",
+            registry=registry,
+        )
         self.watchers_active = Gauge(
             "lane_watchers_active",
             "WatchLane streams being served.",

@@ -25,6 +25,7 @@ from lane.server.domain import lanes, placement, runs, tools
 from lane.server.domain.errors import LaneError
 from lane.server.domain.future_commits import run_end_bytes, run_start_bytes
 from lane.server.domain.limits import (
+    FUTURE_COMMITS_WITHIN_BOUND,
     FUTURE_MARGIN_BYTES,
     MAX_MESSAGE_BYTES,
     MAX_TOOL_CALLS,
@@ -169,6 +170,8 @@ def test_the_run_end_bound_is_never_below_the_real_end(state: LaneState) -> None
     ended = runs.end_run(state, operation.operation_id, ABORTED, None, NOW, uuid_ids)
     assert group_frame_bytes(ended.events) <= bound
     assert live_state_bytes(state) <= content_bound(state)
+    # The commit rule's shortcut: below this the run's end is not bounded at all.
+    assert bound <= FUTURE_COMMITS_WITHIN_BOUND * content_bound(state)
 
 
 @st.composite
@@ -224,6 +227,7 @@ def test_the_run_start_bound_is_never_below_the_real_start(
             continue
         assert group_frame_bytes(started.events) <= bound
     assert live_state_bytes(state) <= content_bound(state)
+    assert bound <= FUTURE_COMMITS_WITHIN_BOUND * content_bound(state)
 
 
 def test_a_batch_at_the_call_limit_with_the_longest_ids_ends_within_a_message() -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from lane.server.app import event_loop
+from lane.server.app.collector import tune_for_serving
 from lane.server.app.config import ConfigError, Settings
 from lane.server.app.native_logs import route_native_stderr
 from lane.server.app.server import StartupError, start_server
@@ -58,6 +59,7 @@ async def serve(
                 _log.info("start-up abandoned")
                 return
             running = starting.result()
+            tune_for_serving()
             if on_ready is not None:
                 on_ready()
             try:

@@ -11,7 +11,7 @@ retry_end is emitted by the settlement that ends a retried turn (runs.settle_ass
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
@@ -19,7 +19,7 @@ from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, sna
 from lane.server.domain import guards
 from lane.server.domain.errors import FailedPrecondition
 from lane.server.domain.event_log import EventLog
-from lane.server.domain.state import LaneState, Operation, Phase
+from lane.server.domain.state import LaneState, Operation, Phase, evolve
 from lane.server.domain.transition import Transition
 
 
@@ -97,8 +97,8 @@ def append_stream(
                 update.stream_event_json = partial.stream_event_json
             log.emit("message_update", update)
         streaming = partial.message
-    next_operation = replace(operation, streaming=streaming)
-    return Transition.of(replace(state, operation=next_operation, revision=log.revision), log)
+    next_operation = evolve(operation, streaming=streaming)
+    return Transition.of(evolve(state, operation=next_operation, revision=log.revision), log)
 
 
 def schedule_retry(
@@ -165,9 +165,9 @@ def schedule_retry(
         attempt=attempt, max_attempts=max_attempts, error_message=error_message
     )
     retry.next_attempt_time.FromDatetime(not_before)
-    next_state = replace(
+    next_state = evolve(
         state,
-        operation=replace(operation, retry=retry, streaming=None),
+        operation=evolve(operation, retry=retry, streaming=None),
         tip_id=tip,
         usage_totals=totals,
         message_count=messages,
@@ -193,8 +193,8 @@ def start_retry(
         "retry_start",
         events_pb2.RetryStartEvent(run_id=operation_id, step=turn_id, attempt=retry.attempt),
     )
-    next_operation = replace(operation, retry=None, attempt=retry.attempt)
-    next_state = replace(state, operation=next_operation, revision=log.revision)
+    next_operation = evolve(operation, retry=None, attempt=retry.attempt)
+    next_state = evolve(state, operation=next_operation, revision=log.revision)
     return RetryStarted.of(next_state, log, attempt=retry.attempt)
 
 
@@ -213,8 +213,8 @@ def suspend_run(
         "run_suspend",
         events_pb2.RunSuspendEvent(run_id=operation_id, reason="deferred", deferred=deferred),
     )
-    next_operation = replace(operation, deferred=deferred, streaming=None)
-    return Transition.of(replace(state, operation=next_operation, revision=log.revision), log)
+    next_operation = evolve(operation, deferred=deferred, streaming=None)
+    return Transition.of(evolve(state, operation=next_operation, revision=log.revision), log)
 
 
 def resume_run(
@@ -230,5 +230,5 @@ def resume_run(
         )
     log = EventLog(state.lane_id, state.revision, now)
     log.emit("run_resume", events_pb2.RunResumeEvent(run_id=operation_id))
-    next_operation = replace(operation, deferred=None)
-    return Transition.of(replace(state, operation=next_operation, revision=log.revision), log)
+    next_operation = evolve(operation, deferred=None)
+    return Transition.of(evolve(state, operation=next_operation, revision=log.revision), log)

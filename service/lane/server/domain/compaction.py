@@ -8,7 +8,7 @@ compaction_end in one commit (the reducer ignores an in-run bracket).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, snapshot_pb2
@@ -17,7 +17,7 @@ from lane.server.domain import guards
 from lane.server.domain.errors import FailedPrecondition
 from lane.server.domain.event_log import EventLog
 from lane.server.domain.leases import granted
-from lane.server.domain.state import Continuation, LaneState, Operation, Phase
+from lane.server.domain.state import Continuation, LaneState, Operation, Phase, evolve
 from lane.server.domain.transition import OperationEnded, OperationOpened, Transition
 
 Status = snapshot_pb2.OperationResultStatus
@@ -53,7 +53,7 @@ def start_compaction(
     start = events_pb2.CompactionStartEvent(run_id=operation_id, reason=reason)
     start.started_time.FromDatetime(now)
     log.emit("compaction_start", start)
-    next_state = replace(state, operation=operation, revision=log.revision)
+    next_state = evolve(state, operation=operation, revision=log.revision)
     return OperationOpened.of(next_state, log, operation=operation)
 
 
@@ -112,7 +112,7 @@ def end_compaction(
     if end.HasField("error"):
         result.error.CopyFrom(end.error)
     result.started_time.FromDatetime(operation.started_time)
-    next_state = replace(
+    next_state = evolve(
         state,
         operation=None,
         tip_id=tip,
@@ -150,6 +150,6 @@ def compact_run(
     end.ended_time.FromDatetime(now)
     log.emit("compaction_end", end)
     # The model needs to answer from the compacted context.
-    next_operation = replace(operation, continuation=Continuation.NEED_ASSISTANT)
-    next_state = replace(state, operation=next_operation, tip_id=tip, revision=log.revision)
+    next_operation = evolve(operation, continuation=Continuation.NEED_ASSISTANT)
+    next_state = evolve(state, operation=next_operation, tip_id=tip, revision=log.revision)
     return RunCompacted.of(next_state, log, entry_id=tip)

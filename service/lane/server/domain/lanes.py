@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime
 
 from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 
 from lane.server.domain.errors import ResourceExhausted
 from lane.server.domain.event_log import EventLog
-from lane.server.domain.state import LaneState
+from lane.server.domain.state import LaneState, evolve
 from lane.server.domain.transition import Transition
 
 
@@ -27,7 +26,7 @@ def create_lane(
     )
     log = EventLog(lane_id, 0, now)
     log.emit("lane_created", events_pb2.LaneCreatedEvent())
-    return Transition.of(replace(state, revision=log.revision), log)
+    return Transition.of(evolve(state, revision=log.revision), log)
 
 
 def update_config(
@@ -63,7 +62,7 @@ def update_config(
     log = EventLog(state.lane_id, state.revision, now)
     if changed:
         log.emit("config_update", change)
-    return Transition.of(replace(state, configuration=new, revision=log.revision), log)
+    return Transition.of(evolve(state, configuration=new, revision=log.revision), log)
 
 
 #: The inbox's published size limit: queue_update carries the whole queue, and every event and
@@ -85,4 +84,4 @@ def enqueue(state: LaneState, item: snapshot_pb2.QueuedItem, now: datetime) -> T
         )
     log = EventLog(state.lane_id, state.revision, now)
     log.emit("queue_update", events_pb2.QueueUpdateEvent(queues=inbox))
-    return Transition.of(replace(state, inbox=inbox, revision=log.revision), log)
+    return Transition.of(evolve(state, inbox=inbox, revision=log.revision), log)

@@ -8,7 +8,7 @@ tagged recovery and places the batch's ready prefix, and the batch's later event
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from lane.v1 import events_pb2
@@ -17,7 +17,7 @@ from lane.server.domain import guards
 from lane.server.domain.errors import FailedPrecondition
 from lane.server.domain.event_log import EventLog
 from lane.server.domain.placement import place
-from lane.server.domain.state import LaneState, Operation, Phase
+from lane.server.domain.state import LaneState, Operation, Phase, evolve
 from lane.server.domain.transition import Transition
 
 
@@ -47,7 +47,7 @@ def granted(
     lane deleted and created again under its id is a later incarnation, so none of its tokens
     is one a driver of the deleted lane holds, even for a run given the same (caller-chosen)
     operation id. Such a driver's commands are refused ``STALE_LEASE``."""
-    return replace(
+    return evolve(
         operation,
         lease_token=max(operation.lease_token, state.incarnation << TOKEN_BITS) + 1,
         lease_holder=driver_id,
@@ -76,19 +76,19 @@ def acquire(
         )
     operation = granted(state, operation, driver_id, seconds, now)
     log = EventLog(state.lane_id, state.revision, now)
-    state = replace(state, operation=operation)
+    state = evolve(state, operation=operation)
     batch = operation.batch
     if operation.phase == Phase.TOOLS and batch is not None:
-        operation = replace(operation, recovering=True)
+        operation = evolve(operation, recovering=True)
         log.emit(
             "turn_start",
             events_pb2.TurnStartEvent(run_id=operation_id, turn_id=batch.turn_id),
             recovery=True,
         )
         state, operation = place(
-            replace(state, operation=operation), operation, log, new_id, recovery=True
+            evolve(state, operation=operation), operation, log, new_id, recovery=True
         )
-    return Leased.of(replace(state, revision=log.revision), log, operation=operation)
+    return Leased.of(evolve(state, revision=log.revision), log, operation=operation)
 
 
 def renew(
@@ -96,16 +96,16 @@ def renew(
 ) -> Leased:
     """Extend the caller's lease (no events)."""
     operation = _held(state, operation_id, lease_token)
-    renewed = replace(operation, lease_expires=now + timedelta(seconds=seconds))
-    return Leased(state=replace(state, operation=renewed), operation=renewed)
+    renewed = evolve(operation, lease_expires=now + timedelta(seconds=seconds))
+    return Leased(state=evolve(state, operation=renewed), operation=renewed)
 
 
 def release(state: LaneState, operation_id: str, lease_token: int, now: datetime) -> Transition:
     """Give the lease up (no events); the run stays open."""
     operation = _held(state, operation_id, lease_token)
     # The expiry stays: an unclaimed run is reconciled as orphaned counting from here.
-    released = replace(operation, lease_holder=None, lease_expires=now)
-    return Transition(state=replace(state, operation=released))
+    released = evolve(operation, lease_holder=None, lease_expires=now)
+    return Transition(state=evolve(state, operation=released))
 
 
 def _held(state: LaneState, operation_id: str, lease_token: int) -> Operation:

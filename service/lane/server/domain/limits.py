@@ -37,7 +37,6 @@ rather than let gRPC fail the send.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 # Re-exported: the layers above read every limit from this module.
 from lane.limits import MAX_ERROR_BYTES as MAX_ERROR_BYTES
@@ -48,7 +47,7 @@ from lane.v1 import events_pb2, lane_service_pb2, snapshot_pb2
 from lane.server.domain.capture import capture
 from lane.server.domain.errors import LaneError, ResourceExhausted
 from lane.server.domain.future_commits import inbox_bytes, run_end_bytes, run_start_bytes
-from lane.server.domain.state import LaneState, Operation
+from lane.server.domain.state import LaneState, Operation, evolve
 from lane.server.domain.transition import Transition
 from lane.server.domain.wire import (
     HEAD_FOLLOWING_CHUNKS_FIELD,
@@ -72,6 +71,13 @@ MAX_LIVE_STATE_BYTES = MAX_MESSAGE_BYTES - 512 * 1024
 #: A commit the service may have to make later is bounded now; this much of a message is kept
 #: besides, for what the bound does not see (a later lease's ids, a longer clock).
 FUTURE_MARGIN_BYTES = 4 * 1024
+#: Ending the run and starting one that captures the inbox are each at most this many times
+#: :func:`content_bound` (each holds a payload at most five times, its tags a little longer,
+#: and an envelope per event well within the bound's allowance per call and item;
+#: tests/unit/domain/test_domain_limit_bounds.py checks it on randomized lanes). So the rule
+#: bounds them in closed form only when this many content bounds would not fit a message:
+#: for nearly every lane they are not computed at all.
+FUTURE_COMMITS_WITHIN_BOUND = 2
 
 #: Tool calls in one assistant message (INVALID_ARGUMENT ``TOO_MANY_TOOL_CALLS``). Models emit
 #: at most tens of parallel calls; 256 leaves an order of magnitude beyond that, keeps every
@@ -162,7 +168,7 @@ def _require(part: str, size: int, limit: int, lane_id: str) -> None:
 
 def live_state_bytes(state: LaneState) -> int:
     """The WatchLane head message of ``state`` without transcript and last result."""
-    snapshot = capture(replace(state, last_result=None), ())
+    snapshot = capture(evolve(state, last_result=None), ())
     return head_frame_bytes(snapshot.ByteSize())
 
 
@@ -217,11 +223,12 @@ def check_commit(before: LaneState | None, transition: Transition) -> None:
     new lane) when anything it leaves to deliver would not fit one message. A commit without
     events changes nothing anyone is sent.
 
-    The event group is measured exactly. The live state is captured and measured only when
-    :func:`content_bound` says the lane holds enough to come near its limit; the run's durable
-    state, ending the run and a run capturing the inbox are bounded in closed form (the latter
-    two in ``future_commits.py``). All of it is linear in the lane's batch and inbox, with a
-    few ``ByteSize`` calls per call or item.
+    The event group is measured exactly. The rest only when :func:`content_bound` says the lane
+    holds enough to come near a limit: the live state is then captured and measured, the run's
+    durable state and (past :data:`FUTURE_COMMITS_WITHIN_BOUND` content bounds) ending the run
+    and a run capturing the inbox are bounded in closed form (the latter two in
+    ``future_commits.py``). All of it is linear in the lane's batch and inbox, with a few
+    ``ByteSize`` calls per call or item.
     """
     if not transition.events:
         return
@@ -231,11 +238,14 @@ def check_commit(before: LaneState | None, transition: Transition) -> None:
     future_limit = MAX_MESSAGE_BYTES - FUTURE_MARGIN_BYTES
     operation = after.operation
     try:
-        if content_bound(after) > MAX_LIVE_STATE_BYTES:
+        bound = content_bound(after)
+        if bound > MAX_LIVE_STATE_BYTES:
             _require("liveState", live_state_bytes(after), MAX_LIVE_STATE_BYTES, lane_id)
             if operation is not None:
                 size = operation_state_bytes(operation)
                 _require("operationState", size, MAX_MESSAGE_BYTES, lane_id)
+        if FUTURE_COMMITS_WITHIN_BOUND * bound <= future_limit:
+            return  # neither future commit can come near a message: not worth bounding
         if (
             operation is not None
             and operation.batch is not None

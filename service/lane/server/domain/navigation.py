@@ -8,14 +8,13 @@ navigation_end (the transcript changed under them: a rebase).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import datetime
 
 from lane.v1 import entries_pb2, events_pb2, snapshot_pb2
 
 from lane.server.domain import guards
 from lane.server.domain.event_log import EventLog
-from lane.server.domain.state import LaneState
+from lane.server.domain.state import LaneState, evolve
 from lane.server.domain.transition import OperationEnded
 
 
@@ -59,7 +58,7 @@ def navigate(
             ended_time=result.ended_time,
         ),
     )
-    next_state = replace(
+    next_state = evolve(
         state,
         tip_id=tip,
         last_operation_id=operation_id,

@@ -9,14 +9,22 @@ call is placed. Events per placed call: message_start, message_end, entry_added,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from lane.v1 import entries_pb2, events_pb2, messages_pb2
 
 from lane.server.domain.event_log import EventLog
 from lane.server.domain.integrity import staged_result
-from lane.server.domain.state import CallStatus, Continuation, LaneState, Operation, Phase, ToolCall
+from lane.server.domain.state import (
+    CallStatus,
+    Continuation,
+    LaneState,
+    Operation,
+    Phase,
+    ToolCall,
+    evolve,
+)
 from lane.server.domain.transition import Transition
 
 
@@ -142,10 +150,9 @@ class Placer:
         batch = self.batch
         placed = self.placed_indices
         final = tuple(
-            replace(c, status=CallStatus.COMPLETED) if c.source_index in placed else c
-            for c in calls
+            evolve(c, status=CallStatus.COMPLETED) if c.source_index in placed else c for c in calls
         )
-        next_operation = replace(operation, batch=replace(batch, calls=final))
+        next_operation = evolve(operation, batch=evolve(batch, calls=final))
         if all(c.status == CallStatus.COMPLETED for c in final):
             self.batch_complete = True
             results = [c.result_message for c in final if c.result_message is not None]
@@ -160,7 +167,7 @@ class Placer:
                 recovery=self.recovery,
             )
             everything_terminates = all(c.terminate for c in final)
-            next_operation = replace(
+            next_operation = evolve(
                 next_operation,
                 phase=Phase.IDLE,
                 batch=None,
@@ -173,7 +180,7 @@ class Placer:
                 ),
             )
         self.operation = next_operation
-        return replace(
+        return evolve(
             state,
             operation=next_operation,
             tip_id=self.tip,

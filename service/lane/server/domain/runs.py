@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
@@ -23,6 +23,7 @@ from lane.server.domain.state import (
     Phase,
     ToolBatch,
     ToolCall,
+    evolve,
 )
 from lane.server.domain.tools import stage_call
 from lane.server.domain.transition import OperationEnded, OperationOpened, Transition
@@ -159,7 +160,7 @@ def start_run(
     )
     if lease is not None:
         operation = granted(state, operation, lease[0], lease[1], now)
-    next_state = replace(
+    next_state = evolve(
         state,
         operation=operation,
         tip_id=tip,
@@ -189,9 +190,9 @@ def abort_operation(state: LaneState, operation_id: str, now: datetime) -> Abort
     inbox = _without(state.inbox, steer + follow_up)
     if inbox != state.inbox:
         log.emit("queue_update", events_pb2.QueueUpdateEvent(queues=inbox))
-    next_state = replace(
+    next_state = evolve(
         state,
-        operation=replace(operation, cancel_requested=True),
+        operation=evolve(operation, cancel_requested=True),
         inbox=inbox,
         revision=log.revision,
     )
@@ -224,9 +225,9 @@ def start_turn(
     if taken:
         log.emit("queue_update", events_pb2.QueueUpdateEvent(queues=inbox))
     log.emit("turn_start", events_pb2.TurnStartEvent(run_id=operation_id, turn_id=turn_id))
-    next_state = replace(
+    next_state = evolve(
         state,
-        operation=replace(operation, phase=Phase.TURN_OPEN, turn_id=turn_id),
+        operation=evolve(operation, phase=Phase.TURN_OPEN, turn_id=turn_id),
         tip_id=tip,
         inbox=inbox,
         message_count=state.message_count + placed,
@@ -271,7 +272,7 @@ def settle_assistant(
         if message.HasField("error_message"):
             retry_end.final_error = message.error_message
         log.emit("retry_end", retry_end)
-    operation = replace(operation, streaming=None, attempt=1)
+    operation = evolve(operation, streaming=None, attempt=1)
     calls = tuple(
         ToolCall(
             source_index=index,
@@ -283,7 +284,7 @@ def settle_assistant(
         if block.WhichOneof("block") == "tool_call"
     )
     if calls:
-        next_operation = replace(
+        next_operation = evolve(
             operation,
             phase=Phase.TOOLS,
             batch=ToolBatch(
@@ -298,13 +299,13 @@ def settle_assistant(
         # A message that stopped to use tools but asked for none is a failed turn, not an
         # answer: the run cannot complete on it (it ends FAILED or ABORTED, or takes a turn).
         no_answer = message.stop_reason == messages_pb2.STOP_REASON_TOOL_USE
-        next_operation = replace(
+        next_operation = evolve(
             operation,
             phase=Phase.IDLE,
             turn_id=None,
             continuation=Continuation.NEED_ASSISTANT if no_answer else Continuation.MAY_FINISH,
         )
-    next_state = replace(
+    next_state = evolve(
         state,
         operation=next_operation,
         tip_id=entry_id,
@@ -328,7 +329,7 @@ def record_usage(
     totals = log.record_usage(
         usage_id, usage, state.usage_totals, entry_id=entry_id, adjustment=adjustment
     )
-    return Transition.of(replace(state, usage_totals=totals, revision=log.revision), log)
+    return Transition.of(evolve(state, usage_totals=totals, revision=log.revision), log)
 
 
 def settle_unfinished_calls(
@@ -436,7 +437,7 @@ def end_run(
     if result.HasField("error"):
         run_end.error.CopyFrom(result.error)
     log.emit("run_end", run_end, recovery=recovery)
-    next_state = replace(
+    next_state = evolve(
         state,
         operation=None,
         last_operation_id=operation_id,

@@ -10,7 +10,7 @@ After staging a call never executes again; placement (placement.py) is a separat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from lane.v1 import events_pb2, lane_service_pb2, messages_pb2
@@ -19,7 +19,7 @@ from lane.server.domain import guards
 from lane.server.domain.errors import FailedPrecondition
 from lane.server.domain.event_log import EventLog
 from lane.server.domain.results import message_from_result, result_from_message, synthetic_result
-from lane.server.domain.state import CallStatus, LaneState, Operation, ToolBatch, ToolCall
+from lane.server.domain.state import CallStatus, LaneState, Operation, ToolBatch, ToolCall, evolve
 from lane.server.domain.transition import Transition
 
 SyntheticCause = lane_service_pb2.SyntheticCause
@@ -81,12 +81,13 @@ def source_arguments(batch: ToolBatch, call: ToolCall) -> str:
     return batch.assistant.content[call.source_index].tool_call.arguments_json
 
 
-def with_call(state: LaneState, operation: Operation, call: ToolCall) -> LaneState:
-    """``state`` with ``call`` replaced in the current batch."""
+def with_call(state: LaneState, operation: Operation, call: ToolCall, revision: int) -> LaneState:
+    """``state`` at ``revision`` with ``call`` replaced in the current batch."""
     batch = operation.batch
     assert batch is not None
     calls = tuple(call if c.source_index == call.source_index else c for c in batch.calls)
-    return replace(state, operation=replace(operation, batch=replace(batch, calls=calls)))
+    next_operation = evolve(operation, batch=evolve(batch, calls=calls))
+    return evolve(state, operation=next_operation, revision=revision)
 
 
 def _tool_start(
@@ -167,10 +168,10 @@ def start_tool_call(
     require_start_order(operation, batch, call)
     log = EventLog(state.lane_id, state.revision, now)
     _tool_start(log, operation, batch, call, arguments_json, recovery=operation.recovering)
-    started = replace(
+    started = evolve(
         call, status=CallStatus.EFFECT_PENDING, arguments_json=arguments_json, replay=replay
     )
-    return Transition.of(replace(with_call(state, operation, started), revision=log.revision), log)
+    return Transition.of(with_call(state, operation, started, log.revision), log)
 
 
 def update_tool_call(
@@ -200,10 +201,10 @@ def update_tool_call(
         ),
         recovery=operation.recovering,
     )
-    updated = replace(
+    updated = evolve(
         call, progress=partial_result, checkpoint=partial_result if checkpoint else call.checkpoint
     )
-    return Transition.of(replace(with_call(state, operation, updated), revision=log.revision), log)
+    return Transition.of(with_call(state, operation, updated, log.revision), log)
 
 
 def stage_call(
@@ -242,7 +243,7 @@ def stage_call(
         ),
         recovery=recovery,
     )
-    staged = replace(
+    staged = evolve(
         call,
         status=CallStatus.OUTCOME_READY,
         result_message=message,
@@ -298,7 +299,7 @@ def stage_tool_outcome(
     staged, message = stage_call(
         log, operation, batch, call, result, is_error=is_error, recovery=operation.recovering
     )
-    next_state = replace(with_call(state, operation, staged), revision=log.revision)
+    next_state = with_call(state, operation, staged, log.revision)
     return OutcomeStaged.of(next_state, log, staged=message)
 
 
@@ -322,6 +323,6 @@ def replay_tool_call(
     assert call.arguments_json is not None  # effect_pending always has its arguments
     log = EventLog(state.lane_id, state.revision, now)
     _tool_start(log, operation, batch, call, call.arguments_json, recovery=True)
-    cleared = replace(call, progress=None, checkpoint=None)
-    next_state = replace(with_call(state, operation, cleared), revision=log.revision)
+    cleared = evolve(call, progress=None, checkpoint=None)
+    next_state = with_call(state, operation, cleared, log.revision)
     return ToolCallReplayed.of(next_state, log, arguments_json=call.arguments_json)

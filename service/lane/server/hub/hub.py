@@ -30,9 +30,11 @@ holds only whole groups that continue each other, and a watcher the feed cannot 
 log itself (``Subscription.take``).
 
 Doorbells are sent after commit, outside the writer's transaction (NOTIFY takes a cluster-wide
-lock through commit), coalesced per lane, from one task — and only for lanes another process
-watches (``interest.py``): a lone process, or lanes nobody elsewhere follows, cost no NOTIFY, so
-a commit is one PostgreSQL transaction.
+lock through commit), coalesced per lane, from one task: once per group commit (the store
+commits the lanes ready together in one transaction, and their listeners run in one turn of
+the event loop), and once for all the commits made while a NOTIFY is out — and only for lanes
+another process watches (``interest.py``): a lone process, or lanes nobody elsewhere follows,
+cost no NOTIFY.
 """
 
 from __future__ import annotations
@@ -58,8 +60,6 @@ from lane.server.store import (
 log = logging.getLogger(__name__)
 
 CHANNEL = "lane_events"
-#: How long the doorbell sender gathers commits before one NOTIFY transaction.
-DOORBELL_COALESCE_SECONDS = 0.002
 #: The application name of every hub's LISTEN connection (to find them in pg_stat_activity).
 LISTENER_NAME = "lane-hub"
 #: After announcing a lane, its feed is brought up to date again this much later: a commit made
@@ -480,8 +480,9 @@ class Hub:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, refresh_at - time.monotonic())):
                         await self._dirty_event.wait()
-                # Coalesce: commits landing within this window share one NOTIFY transaction.
-                await asyncio.sleep(DOORBELL_COALESCE_SECONDS)
+                # No window: a group commit's listeners all ran before this task got its turn,
+                # so each group commit rings once, and commits landing while a NOTIFY is out
+                # share the next one.
                 self._dirty_event.clear()
                 if time.monotonic() >= refresh_at:
                     self._announce_all = True

@@ -1,5 +1,6 @@
-"""The PostgreSQL store: one transaction per command under the lane row lock (its lock-free
-reads are store_reads.py)."""
+"""The PostgreSQL store: each command all-or-nothing, decided on the lane kept in memory and
+committed with the other lanes' commands ready at the same moment (group_commit.py), or under
+the lane row lock in a transaction of its own (its lock-free reads are store_reads.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from lane.server.store import notify
 from lane.server.store.clock import Clock, system_clock
 from lane.server.store.commit_step import Decide, recorded, worked_out
 from lane.server.store.event_log import EventGroup
+from lane.server.store.group_commit import GroupCommitter
 from lane.server.store.lane_cache import LaneCache
 from lane.server.store.lane_reads import (
     VersionedLane,
@@ -82,6 +84,16 @@ _RECONCILABLE = (
 )
 
 
+#: Errors of an optimistic statement after which the command is decided under the lane's lock (the
+#: statement wrote nothing): a request id or operation id used before, or a deadlock with another
+#: process's commit on the same rows.
+_DECIDE_UNDER_LOCK = (
+    psycopg.errors.UniqueViolation,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+)
+
+
 def _reused_id(exc: psycopg.errors.UniqueViolation, transition: Transition) -> LaneError:
     """The refusal for a commit that failed on a primary key under the lane lock: only an
     operation id used before (by any lane of the namespace) can do that."""
@@ -128,6 +140,8 @@ class Store(StoreReads):
         self._delete_listeners: list[DeleteListener] = []
         #: The lanes this process commanded lately (see lane_cache.py).
         self.cache = LaneCache()
+        #: Commits the optimistic path's statements together (group_commit.py).
+        self.committer = GroupCommitter(pool)
         self.event_log_reads = 0
 
     @classmethod
@@ -203,7 +217,7 @@ class Store(StoreReads):
     async def command(
         self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None = None
     ) -> A:
-        """Run one command as one transaction on the lane.
+        """Run one command on the lane, all or nothing.
 
         ``decide`` computes the transition from the lane's state (a refusal raises: nothing is
         written); the transition is written with its events at the next revisions, and the
@@ -211,10 +225,12 @@ class Store(StoreReads):
         returns the stored answer (read back through ``request.decode``).
 
         A lane this process commanded before is not loaded again: the command decides on the
-        state it left and commits with one statement that checks the lane's version; when the
-        lane moved on meanwhile (another process, a hand edit), the statement writes nothing and
-        the command runs again on the lane loaded under its row lock. Refusals, replayed request
-        ids and reused operation ids are always decided under the lock.
+        state it left and commits with one statement that checks the lane's version, in the
+        transaction of the group commit it joins (group_commit.py); when the lane moved on
+        meanwhile (another process, a hand edit), the statement writes nothing and the command
+        runs again on the lane loaded under its row lock, in a transaction of its own.
+        Refusals, replayed request ids and reused operation ids are always decided under the
+        lock.
 
         A caller that goes away (deadline, cancellation) does not cut the command short: it
         runs to its commit or rollback, so a retry finds its outcome under the request id.
@@ -250,16 +266,18 @@ class Store(StoreReads):
             )
         except LaneError:
             return None  # the state may be stale: refuse only what the lock confirms
-        async with self.pool.connection() as conn:
-            if statement is None:
-                # Nothing to write: the answer holds if the state it came from is current.
+        if statement is None:
+            # Nothing to write: the answer holds if the state it came from is current.
+            async with self.pool.connection() as conn:
                 cur = await conn.execute(_VERSION, lane.params)
                 row = await cur.fetchone()
-                return (answer,) if row is not None and row[0] == cached.version else None
-            try:
-                written = await run_commit(conn, statement)
-            except psycopg.errors.UniqueViolation:
-                return None  # a request id or operation id used before: see under the lock
+            return (answer,) if row is not None and row[0] == cached.version else None
+        try:
+            written = await self.committer.commit(lane, statement)
+        except _DECIDE_UNDER_LOCK:
+            # A request id or operation id used before, or a deadlock with another process's
+            # commit (nothing was written): decide under the lock.
+            return None
         if not written:
             return None
         metrics.current.optimistic_commits.inc()

@@ -16,6 +16,7 @@ A request id or operation id used before fails the statement with a unique viola
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -69,8 +70,11 @@ async def insert_lane(conn: Conn, lane: LaneRef, state: LaneState) -> bool:
 
 
 async def run_commit(conn: Conn, statement: CommitStatement) -> bool:
-    """Run ``statement``; True when it wrote (the lane's version was the one expected)."""
-    cur = await conn.execute(statement.sql, statement.params)
+    """Run ``statement``; True when it wrote (the lane's version was the one expected). Prepared
+    on its first use on the connection, as the group committer's are: a commit statement is
+    long, and parsing and planning it again costs PostgreSQL about as much as running it
+    (bench/README.md, "PostgreSQL's extra CPU under the service")."""
+    cur = await conn.execute(statement.sql, statement.params, prepare=True)
     row = await cur.fetchone()
     return row is not None and row[0] == 1
 
@@ -88,19 +92,27 @@ def _rows(
     Arrays go in binary (``%(name)b``): in text, every bytea element is written out as hex and
     escaped (bench/statement_dump.py: 0.53 x the time for a 256-call settlement, 0.71 x for an
     ordinary commit)."""
-    names = [f"{alias}_{column}" for column, _ in columns]
+    names, single, multiple = _source(alias, columns)
     if len(rows) == 1:
         params.update(zip(names, rows[0], strict=True))
-        values = ", ".join(
-            f"%({name})s::{sql_type} AS {column}"
-            for name, (column, sql_type) in zip(names, columns, strict=True)
-        )
-        return f"(SELECT {values}) AS {alias}"
+        return single
     params.update(zip(names, (list(column) for column in zip(*rows, strict=True)), strict=True))
+    return multiple
+
+
+@functools.cache
+def _source(alias: str, columns: Sequence[tuple[str, str]]) -> tuple[tuple[str, ...], str, str]:
+    """:func:`_rows`' parameter names and FROM items (one row, several), made once per table."""
+    names = tuple(f"{alias}_{column}" for column, _ in columns)
+    values = ", ".join(
+        f"%({name})s::{sql_type} AS {column}"
+        for name, (column, sql_type) in zip(names, columns, strict=True)
+    )
     arrays = ", ".join(
         f"%({name})b::{sql_type}[]" for name, (_, sql_type) in zip(names, columns, strict=True)
     )
-    return f"unnest({arrays}) AS {alias}({', '.join(column for column, _ in columns)})"
+    listed = ", ".join(column for column, _ in columns)
+    return names, f"(SELECT {values}) AS {alias}", f"unnest({arrays}) AS {alias}({listed})"
 
 
 def _optional(message: Message | None) -> bytes | None:
@@ -211,6 +223,26 @@ _OPERATION_COLUMNS = (
 )
 
 
+_OPERATION_NAMES = tuple(f"op_{n}" for n in range(len(_OPERATION_COLUMNS.split(","))))
+_OPERATION_STARTED = (
+    "operation_started AS (INSERT INTO operations (namespace, lane_id, operation_id,"
+    f" kind, started_time, from_tip_id, settings, reason, {_OPERATION_COLUMNS})"
+    " SELECT %(ns)s, %(lane)s, %(operation)s, %(op_kind)s, %(op_started)s,"
+    " %(op_from_tip)s, %(op_settings)s, %(op_reason)s, "
+    + ", ".join(f"%({name})s" for name in _OPERATION_NAMES)
+    + " FROM lane)"
+)
+_OPERATION_CHANGED = (
+    "operation_changed AS (UPDATE operations o SET "
+    + ", ".join(
+        f"{column.strip()} = %({name})s"
+        for column, name in zip(_OPERATION_COLUMNS.split(","), _OPERATION_NAMES, strict=True)
+    )
+    + " FROM lane WHERE o.namespace = %(ns)s AND o.lane_id = %(lane)s"
+    " AND o.operation_id = %(operation)s)"
+)
+
+
 def _row_fields(operation: Operation | None) -> tuple[object, ...] | None:
     """The columns of the operations row that change while it is open, in
     ``_OPERATION_COLUMNS`` order."""
@@ -265,7 +297,7 @@ def _operation(
     params["operation"] = new.operation_id
     fields = _row_fields(new)
     assert fields is not None
-    names = [f"op_{n}" for n in range(len(fields))]
+    names = _OPERATION_NAMES
     if old is None or old.operation_id != new.operation_id:
         # A new operation's row is written once, whole (the id is unique in the namespace).
         params.update(zip(names, fields, strict=True))
@@ -276,26 +308,11 @@ def _operation(
             op_settings=encode(new.settings),
             op_reason=new.reason,
         )
-        ctes.append(
-            "operation_started AS (INSERT INTO operations (namespace, lane_id, operation_id,"
-            f" kind, started_time, from_tip_id, settings, reason, {_OPERATION_COLUMNS})"
-            " SELECT %(ns)s, %(lane)s, %(operation)s, %(op_kind)s, %(op_started)s,"
-            " %(op_from_tip)s, %(op_settings)s, %(op_reason)s, "
-            + ", ".join(f"%({name})s" for name in names)
-            + " FROM lane)"
-        )
+        ctes.append(_OPERATION_STARTED)
         old = None
     elif fields != _row_fields(old):
         params.update(zip(names, fields, strict=True))
-        assignments = ", ".join(
-            f"{column.strip()} = %({name})s"
-            for column, name in zip(_OPERATION_COLUMNS.split(","), names, strict=True)
-        )
-        ctes.append(
-            f"operation_changed AS (UPDATE operations o SET {assignments} FROM lane"
-            " WHERE o.namespace = %(ns)s AND o.lane_id = %(lane)s"
-            " AND o.operation_id = %(operation)s)"
-        )
+        ctes.append(_OPERATION_CHANGED)
     old_batch = old.batch if old is not None else None
     _tool_calls(old_batch, new.batch, params, ctes)
 
