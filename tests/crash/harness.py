@@ -119,6 +119,7 @@ class ServiceProcess:
         orphan_seconds: float,
         poll_interval: float,
         port: int | None = None,
+        place_quiet_seconds: float = 5.0,
     ) -> None:
         self.index = index
         self.port = port or free_port()
@@ -129,6 +130,7 @@ class ServiceProcess:
                 "LANE_DATABASE_URL": database_url,
                 "LANE_LISTEN": self.target,
                 "LANE_ORPHAN_SECONDS": str(orphan_seconds),
+                "LANE_PLACE_QUIET_SECONDS": str(place_quiet_seconds),
                 "LANE_POLL_INTERVAL_SECONDS": str(poll_interval),
                 "LANE_GRACE_SECONDS": "0.5",
                 "PYTHONUNBUFFERED": "1",

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import random
 import signal
@@ -38,6 +37,7 @@ from lane.client.errors import lane_error
 from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
+from lane.server.domain.leases import grants
 from tests.crash.checks import INTERRUPTED_MARKER, LaneFindings, check_lane, load
 from tests.crash.driver import EXIT_DONE, EXIT_LEASE_LOST
 from tests.crash.harness import (
@@ -49,7 +49,6 @@ from tests.crash.harness import (
     lane_stub,
     open_operation,
     reap,
-    rpc,
     run_harness,
     spawn_driver,
     tail,
@@ -154,12 +153,22 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def rig(
-    database_url: str, workdir: Path, *, orphan_seconds: float = 60.0
+    database_url: str,
+    workdir: Path,
+    *,
+    orphan_seconds: float = 60.0,
+    place_quiet_seconds: float = 5.0,
 ) -> AsyncIterator[Rig]:
     """A service whose reconciler leaves orphans alone for ``orphan_seconds`` (so a new driver
-    surely takes over first; an aborted run is still reconciled as soon as its lease lapses)."""
+    surely takes over first; an aborted run is still reconciled as soon as its lease lapses),
+    and places results left unplaced on lanes quiet for ``place_quiet_seconds``."""
     service = ServiceProcess(
-        0, database_url, workdir, orphan_seconds=orphan_seconds, poll_interval=0.2
+        0,
+        database_url,
+        workdir,
+        orphan_seconds=orphan_seconds,
+        poll_interval=0.2,
+        place_quiet_seconds=place_quiet_seconds,
     )
     await service.start()
     conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
@@ -258,12 +267,13 @@ async def test_staged_result_is_placed_by_the_takeover_and_never_rerun(
     are SIGKILLed, the held transaction dies with its connection, and a new driver takes over.
 
     The service would place such a result by itself too (docs/recovery.md): on a command
-    refused on the lane, or once the lane is quiet for 5 s. So that the takeover is what places
-    it here, the new driver starts once the old lease has lapsed (its AcquireOperation is not
-    refused) and the lane is kept busy until then."""
+    refused on the lane, or once the lane is quiet for ``LANE_PLACE_QUIET_SECONDS``. So that
+    the takeover is what places it here, the new driver starts once the old lease has lapsed
+    (its AcquireOperation is not refused), and the service waits an hour for quiet lanes (a
+    restart slower than the default 5 s, on a loaded machine, let it place the result first)."""
     lane = "staged"
     target = call_id(lane, 0)
-    async with rig(fresh_database_url, tmp_path) as r:
+    async with rig(fresh_database_url, tmp_path, place_quiet_seconds=3600) as r:
         await r.conn.execute(HOLD_PLACEMENT)
         await r.conn.execute("INSERT INTO crash_hold VALUES (%s)", (lane,))
         first = await r.driver(lane, "d1", one_turn({"name": NEVER_TOOL, "steps": 1}))
@@ -287,20 +297,19 @@ async def test_staged_result_is_placed_by_the_takeover_and_never_rerun(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
         )
         await r.conn.execute("DELETE FROM crash_hold")
-        async with kept_busy(r.stub, lane):
-            await r.service.start()
-            assert (await r.statuses(lane))[target][0] == "outcome_ready"  # staged, not placed
+        await r.service.start()
+        assert (await r.statuses(lane))[target][0] == "outcome_ready"  # staged, not placed
 
-            async def lapsed() -> bool:
-                return await lease_state(r.conn, lane) == (1, False)
+        async def lapsed() -> bool:
+            return await lease_state(r.conn, lane) == (1, False)
 
-            await wait_until(lapsed, within=LEASE_SECONDS + 10, what="the lease to lapse")
-            second = await r.driver(lane, "d2", one_turn({"name": NEVER_TOOL, "steps": 1}))
+        await wait_until(lapsed, within=LEASE_SECONDS + 10, what="the lease to lapse")
+        second = await r.driver(lane, "d2", one_turn({"name": NEVER_TOOL, "steps": 1}))
 
-            async def taken_over() -> bool:
-                return (await lease_state(r.conn, lane))[0] > 1
+        async def taken_over() -> bool:
+            return (await lease_state(r.conn, lane))[0] > 1
 
-            await wait_until(taken_over, within=30, what="the takeover")
+        await wait_until(taken_over, within=30, what="the takeover")
         await r.finished(second)
 
         events = (await load(r.conn, lane)).events
@@ -325,35 +334,9 @@ async def test_staged_result_is_placed_by_the_takeover_and_never_rerun(
         assert findings.staged_at_takeover == 1 and findings.runs_completed == 1
 
 
-@contextlib.asynccontextmanager
-async def kept_busy(stub: Stub, lane_id: str) -> AsyncIterator[None]:
-    """Commit something on the lane every half second meanwhile (a message queued for its next
-    run): a lane this busy is never quiet enough for the service to place results by itself."""
-
-    async def enqueue_forever() -> None:
-        for n in itertools.count():
-            message = messages_pb2.AgentMessage(
-                user=messages_pb2.UserMessage(
-                    content=[messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=f"{n}"))]
-                )
-            )
-            request = pb.EnqueueMessageRequest(
-                lane_id=lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=message
-            )
-            await rpc(stub, "EnqueueMessage", request)
-            await asyncio.sleep(0.5)
-
-    task = asyncio.create_task(enqueue_forever())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 async def lease_state(conn: psycopg.AsyncConnection[Any], lane_id: str) -> tuple[int, bool]:
-    """The lease token of the lane's one run, and whether its lease is live (open or ended)."""
+    """How many leases the lane's one run was granted (its fencing token's count within the
+    lane's incarnation), and whether its lease is live (open or ended)."""
     cur = await conn.execute(
         "SELECT lease_token, coalesce(lease_expires > now(), false) FROM operations"
         " WHERE lane_id = %s",
@@ -361,7 +344,7 @@ async def lease_state(conn: psycopg.AsyncConnection[Any], lane_id: str) -> tuple
     )
     row = await cur.fetchone()
     assert row is not None
-    return int(row[0]), bool(row[1])
+    return grants(int(row[0])), bool(row[1])
 
 
 def of_call_entry(

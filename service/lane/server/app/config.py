@@ -33,6 +33,11 @@ Every variable is optional; an empty value counts as unset.
     How long a leased run may sit with no live lease and no abort before the service ends it
     itself (aborted, every unfinished call settled; see docs/recovery.md); seconds >= 0.
     A run whose abort was requested is ended as soon as its lease lapses. Default ``600``.
+``LANE_PLACE_QUIET_SECONDS``
+    How long a lane must go without a commit before the service places, by itself, tool results
+    that were staged but whose placement commit failed (docs/recovery.md); seconds >= 0. Far
+    longer than a placement takes, so a placement about to commit is never taken from its
+    command. Default ``5``.
 ``LANE_MAX_WATCHERS_PER_LANE``, ``LANE_MAX_WATCHERS``, ``LANE_MAX_WATCHERS_PER_NAMESPACE``
     How many WatchLane streams this process serves at once of one lane, of all lanes, and of
     one namespace's lanes; a stream over any is refused with RESOURCE_EXHAUSTED
@@ -218,6 +223,11 @@ SETTINGS: tuple[Setting, ...] = (
         "LANE_ORPHAN_SECONDS", "600", "a leased run with no live lease is ended after this long"
     ),
     Setting(
+        "LANE_PLACE_QUIET_SECONDS",
+        "5",
+        "staged results left unplaced are placed by the service once their lane is this quiet",
+    ),
+    Setting(
         "LANE_MAX_WATCHERS_PER_LANE",
         str(DEFAULT_MAX_WATCHERS_PER_LANE),
         "WatchLane streams of one lane this process serves",
@@ -325,6 +335,7 @@ class Settings:
     notify: bool = True
     poll_interval_seconds: float = 1.0
     orphan_seconds: float = 600.0
+    place_quiet_seconds: float = 5.0
     max_watchers_per_lane: int = DEFAULT_MAX_WATCHERS_PER_LANE
     max_watchers: int = DEFAULT_MAX_WATCHERS
     max_watchers_per_namespace: int = DEFAULT_MAX_WATCHERS_PER_NAMESPACE
@@ -376,6 +387,7 @@ class Settings:
         notify = get("LANE_NOTIFY")
         poll = get("LANE_POLL_INTERVAL_SECONDS")
         orphan = get("LANE_ORPHAN_SECONDS")
+        place_quiet = get("LANE_PLACE_QUIET_SECONDS")
         watchers_per_lane = get("LANE_MAX_WATCHERS_PER_LANE")
         watchers = get("LANE_MAX_WATCHERS")
         counts = {
@@ -456,6 +468,11 @@ class Settings:
                 defaults.orphan_seconds
                 if orphan is None
                 else _seconds("LANE_ORPHAN_SECONDS", orphan, allow_zero=True)
+            ),
+            place_quiet_seconds=(
+                defaults.place_quiet_seconds
+                if place_quiet is None
+                else _seconds("LANE_PLACE_QUIET_SECONDS", place_quiet, allow_zero=True)
             ),
             max_watchers_per_lane=(
                 defaults.max_watchers_per_lane

@@ -12,7 +12,7 @@ from datetime import timedelta
 import psycopg
 
 from lane.server import metrics
-from lane.server.commands.pending_placement import place_quiet_pending
+from lane.server.commands.pending_placement import QUIET_BEFORE_PLACING, place_quiet_pending
 from lane.server.store import Store
 from lane.server.store.retention import KEEP_ANSWERS, enforce_retention, prune_answers
 
@@ -53,10 +53,14 @@ RECONCILE_INTERVAL_SECONDS = 1.0
 
 
 async def reconcile_forever(
-    store: Store, orphan_after: timedelta, interval: float = RECONCILE_INTERVAL_SECONDS
+    store: Store,
+    orphan_after: timedelta,
+    quiet_for: timedelta = QUIET_BEFORE_PLACING,
+    interval: float = RECONCILE_INTERVAL_SECONDS,
 ) -> None:
     """End leased runs whose lease lapsed (aborted ones at once, orphans after
-    ``orphan_after``), every ``interval`` seconds."""
+    ``orphan_after``), and place what is left unplaced on lanes quiet for ``quiet_for``, every
+    ``interval`` seconds."""
     while True:
         try:
             ended = await store.reconcile_orphans(orphan_after)
@@ -67,15 +71,16 @@ async def reconcile_forever(
         except Exception:
             # A bug must not end reconciliation for the life of the process: log, go on.
             log.exception("reconciliation failed")
-        await place_pending_pass(store)
+        await place_pending_pass(store, quiet_for)
         await asyncio.sleep(interval)
 
 
-async def place_pending_pass(store: Store) -> None:
-    """Place the ready calls a StageToolOutcome staged but could not place, on lanes quiet
-    since (service/lane/server/commands/pending_placement.py); logged and survived when it fails."""
+async def place_pending_pass(store: Store, quiet_for: timedelta = QUIET_BEFORE_PLACING) -> None:
+    """Place the ready calls a StageToolOutcome staged but could not place, on lanes quiet for
+    ``quiet_for`` (service/lane/server/commands/pending_placement.py); logged and survived when
+    it fails."""
     try:
-        for lane, ids in await place_quiet_pending(store):
+        for lane, ids in await place_quiet_pending(store, quiet_for):
             log.info("placed %s on lane %s/%s", ", ".join(ids), lane.namespace, lane.lane_id)
     except (psycopg.Error, OSError) as exc:
         log.warning("placing pending tool results failed: %s", exc)

@@ -333,7 +333,11 @@ async def start_server(
                 name="retention",
             ),
             asyncio.create_task(
-                reconcile_forever(store, timedelta(seconds=settings.orphan_seconds)),
+                reconcile_forever(
+                    store,
+                    timedelta(seconds=settings.orphan_seconds),
+                    timedelta(seconds=settings.place_quiet_seconds),
+                ),
                 name="reconcile",
             ),
             # The queue-usage gauge is read by scrapes only: refresh it only when they can come.
