@@ -168,6 +168,16 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """DATA_LOSS"""
     REASON_INTERNAL: _Reason.ValueType  # 140
     """INTERNAL"""
+    REASON_HOST_NOT_ALLOWED: _Reason.ValueType  # 150
+    """The HTTP port's own (Connect, gRPC-Web).
+    PERMISSION_DENIED
+    """
+    REASON_REQUEST_TOO_LARGE: _Reason.ValueType  # 151
+    """RESOURCE_EXHAUSTED"""
+    REASON_TOO_MANY_JSON_REQUESTS: _Reason.ValueType  # 152
+    """RESOURCE_EXHAUSTED"""
+    REASON_BODY_TIMEOUT: _Reason.ValueType  # 153
+    """DEADLINE_EXCEEDED"""
 
 class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper):
     """The stable reasons of the lane service's refusals. A refusal carries its reason as the string
@@ -325,4 +335,14 @@ REASON_LANE_STATE_CORRUPT: Reason.ValueType  # 130
 """DATA_LOSS"""
 REASON_INTERNAL: Reason.ValueType  # 140
 """INTERNAL"""
+REASON_HOST_NOT_ALLOWED: Reason.ValueType  # 150
+"""The HTTP port's own (Connect, gRPC-Web).
+PERMISSION_DENIED
+"""
+REASON_REQUEST_TOO_LARGE: Reason.ValueType  # 151
+"""RESOURCE_EXHAUSTED"""
+REASON_TOO_MANY_JSON_REQUESTS: Reason.ValueType  # 152
+"""RESOURCE_EXHAUSTED"""
+REASON_BODY_TIMEOUT: Reason.ValueType  # 153
+"""DEADLINE_EXCEEDED"""
 Global___Reason: _TypeAlias = Reason  # noqa: Y015
