@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import gzip
 import json
+import logging
 import socket
 import struct
 import threading
@@ -154,6 +156,15 @@ async def post(port: int, path: str, headers: dict[str, str], body: bytes) -> An
         return await client.answer()
     finally:
         client.close()
+
+
+async def read_body(client: RawHttp) -> bytes:
+    """The rest of the response's body, read as it comes."""
+    body = b""
+    while not isinstance(event := await client.next_event(), h11.EndOfMessage):
+        if isinstance(event, h11.Data):
+            body += event.data
+    return body
 
 
 def envelope(data: bytes, flags: int = 0) -> bytes:
@@ -455,9 +466,12 @@ async def progress(stub: Stub, lane_id: str, run_id: str, updates: int) -> None:
         )
 
 
-async def stalled_watcher(port: int, lane_id: str, protocol: str) -> RawHttp:
-    """A watcher that read its response's head and then stops reading, with a small window."""
-    client = await RawHttp.open(port, receive_buffer=4096)
+async def stalled_watcher(
+    port: int, lane_id: str, protocol: str, receive_buffer: int | None = 4096
+) -> RawHttp:
+    """A watcher that read its response's head (and then stops reading: with a small window,
+    the server's writes soon wait)."""
+    client = await RawHttp.open(port, receive_buffer=receive_buffer)
     request = envelope(pb.WatchLaneRequest(lane_id=lane_id).SerializeToString())
     await client.request(f"{SERVICE}/WatchLane", STREAM_TYPES[protocol], request)
     head = await client.response()
@@ -504,14 +518,12 @@ async def test_a_stalled_watcher_is_cut_at_the_deadline_and_its_slot_freed(
         third = await admitted(stub, lane_id, within=60)
         third.cancel()
         # The client that reads again finds what was buffered for it, then WATCHER_TOO_SLOW.
-        body = b""
-        while not isinstance(event := await reads_later.next_event(), h11.EndOfMessage):
-            if isinstance(event, h11.Data):
-                body += event.data
+        body = await read_body(reads_later)
         assert stream_end(body, protocol) == ("resource_exhausted", "WATCHER_TOO_SLOW")
         frames = [flags for flags, _ in envelopes(body) if flags == 0]
         assert 1 <= len(frames) < 30 + 1  # the snapshot and some updates, not all of them
         reads_later.close()
+
         # The one that never reads has its connection dropped, and what it buffered with it.
         async def dropped() -> bool:
             return connections.open == 0
@@ -519,3 +531,207 @@ async def test_a_stalled_watcher_is_cut_at_the_deadline_and_its_slot_freed(
         await until(dropped, seconds=60, what="the stalled connection dropped")
         assert await never_reads.closed_by_server()
         never_reads.close()
+
+
+# -- R6: DNS rebinding ----------------------------------------------------------------------
+
+
+async def get(port: int, path: str, headers: dict[str, str]) -> Answer:
+    client = await RawHttp.open(port)
+    try:
+        await client.request(path, headers, method="GET")
+        return await client.answer()
+    finally:
+        client.close()
+
+
+async def test_with_auth_off_only_loopback_hosts_are_served(session_database_url: str) -> None:
+    settings = Settings(
+        database_url=session_database_url,
+        http_listen="127.0.0.1:0",
+        http_allowed_hosts=("devbox.local",),
+    )
+    async with serve(settings) as (running, _):
+        port = running.http_port
+        assert port is not None
+        snapshot = f"{SERVICE}/GetLaneSnapshot"
+        json_body = {"content-type": "application/json"}
+        served = [
+            {"host": f"127.0.0.1:{port}"},
+            {"host": f"localhost:{port}"},
+            {"host": "localhost"},
+            {"host": f"[::1]:{port}"},
+            {"host": f"127.0.0.1:{port}", "origin": f"http://localhost:{port}"},
+            {"host": "devbox.local:8080", "origin": "http://DevBox.local:8080"},  # the setting
+        ]
+        refused = [
+            {"host": f"rebound.example:{port}"},  # a page whose name now resolves here
+            {"host": f"127.0.0.1:{port}", "origin": "http://rebound.example"},
+            {"host": f"127.0.0.1:{port}", "origin": "null"},
+            {"host": "localhost.rebound.example"},
+        ]
+        for headers in served:
+            answer = await post(port, snapshot, {**json_body, **headers}, b'{"laneId":"none"}')
+            assert unary_error(answer) == ("not_found", "LANE_NOT_FOUND"), headers
+            assert (await get(port, "/", headers)).status == 200, headers
+        for headers in refused:
+            answer = await post(port, snapshot, {**json_body, **headers}, b'{"laneId":"none"}')
+            assert answer.status == 403, headers
+            assert unary_error(answer) == ("permission_denied", "HOST_NOT_ALLOWED"), headers
+            page = await get(port, "/", headers)
+            assert page.status == 403 and b"<html" not in page.body.lower(), headers
+            assert unary_error(page) == ("permission_denied", "HOST_NOT_ALLOWED")
+            # A stream too, in its protocol (gRPC-Web: the status in a trailers-only answer).
+            watch = envelope(pb.WatchLaneRequest(lane_id="none").SerializeToString())
+            answer = await post(
+                port, f"{SERVICE}/WatchLane", {**STREAM_TYPES["connect"], **headers}, watch
+            )
+            assert stream_end(answer.body, "connect") == ("permission_denied", "HOST_NOT_ALLOWED")
+
+
+async def test_with_auth_on_any_host_is_served(authed: tuple[RunningServer, Stub]) -> None:
+    # A token is no credential a browser adds by itself: a rebound page has none to send.
+    running, _ = authed
+    port = running.http_port
+    assert port is not None
+    headers = {"host": "lanes.example.com", "origin": "https://lanes.example.com"}
+    answer = await post(
+        port,
+        f"{SERVICE}/GetLaneSnapshot",
+        {"content-type": "application/json", **headers, **auth(TOKEN_A)},
+        b'{"laneId":"none"}',
+    )
+    assert unary_error(answer) == ("not_found", "LANE_NOT_FOUND")
+    assert (await get(port, "/", headers)).status == 200
+
+
+# -- R9: timeouts and a connection cap ----------------------------------------------------
+
+
+async def test_a_trickled_body_is_cut_after_the_body_timeout(session_database_url: str) -> None:
+    settings = Settings(
+        database_url=session_database_url,
+        http_listen="127.0.0.1:0",
+        http_body_timeout_seconds=1.0,
+    )
+    async with serve(settings) as (running, _):
+        port = running.http_port
+        assert port is not None
+        client = await RawHttp.open(port)
+        headers = {
+            "host": "127.0.0.1",
+            "content-type": "application/json",
+            "content-length": str(1 << 20),  # a megabyte promised ...
+        }
+        await client.send(
+            h11.Request(method="POST", target=f"{SERVICE}/ListLanes", headers=list(headers.items()))
+        )
+
+        async def trickle() -> None:
+            with contextlib.suppress(ConnectionError, h11.LocalProtocolError):
+                for _ in range(1 << 20):  # ... a byte at a time: days, were it not cut
+                    client.writer.write(b" ")
+                    await client.writer.drain()
+                    await asyncio.sleep(0.05)
+
+        trickling = asyncio.create_task(trickle())
+        try:
+            async with asyncio.timeout(60):  # a guard against a hang, not a measure
+                answer = await client.answer()
+                assert unary_error(answer) == ("deadline_exceeded", "BODY_TIMEOUT")
+                assert await client.closed_by_server()
+        finally:
+            trickling.cancel()
+            client.close()
+
+
+async def test_an_idle_connection_is_closed_after_the_idle_timeout(
+    session_database_url: str,
+) -> None:
+    settings = Settings(
+        database_url=session_database_url,
+        http_listen="127.0.0.1:0",
+        http_idle_timeout_seconds=1.0,
+    )
+    async with serve(settings) as (running, _):
+        port = running.http_port
+        assert port is not None
+        # HTTP/2 with prior knowledge: the preface and empty settings, then nothing.
+        idle_h2 = await RawHttp.open(port)
+        empty_settings = b"\x00\x00\x00" + b"\x04" + b"\x00" + b"\x00\x00\x00\x00"
+        idle_h2.writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + empty_settings)
+        # HTTP/1.1 whose headers never end.
+        slow_headers = await RawHttp.open(port)
+        slow_headers.writer.write(b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow: ")
+        try:
+            async with asyncio.timeout(60):  # a guard against a hang, not a measure
+                assert await idle_h2.closed_by_server()
+                assert await slow_headers.closed_by_server()
+        finally:
+            idle_h2.close()
+            slow_headers.close()
+
+
+async def test_connections_over_the_cap_are_closed(session_database_url: str) -> None:
+    settings = Settings(
+        database_url=session_database_url,
+        http_listen="127.0.0.1:0",
+        http_max_connections=2,
+    )
+    async with serve(settings) as (running, _):
+        port = running.http_port
+        assert port is not None and running.http is not None
+        connections = running.http.connections
+        held = [await RawHttp.open(port) for _ in range(2)]
+
+        async def both_open() -> bool:
+            return connections.open == 2
+
+        await until(both_open, what="two connections open")
+        over = await RawHttp.open(port)
+        async with asyncio.timeout(60):  # a guard against a hang, not a measure
+            assert await over.closed_by_server()
+        over.close()
+        # The held ones are served; once one goes, a new connection is too.
+        await held[0].request("/", {}, method="GET")
+        assert (await held[0].answer()).status == 200
+        held[1].close()
+
+        async def one_open() -> bool:
+            return connections.open == 1
+
+        await until(one_open, what="the closed connection gone")
+        assert (await get(port, "/", {})).status == 200
+        held[0].close()
+
+
+# -- R11: a quiet shutdown -----------------------------------------------------------------
+
+
+async def test_a_shutdown_with_streams_open_logs_no_error(
+    session_database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(database_url=session_database_url, http_listen="127.0.0.1:0")
+    async with serve(settings) as (running, stub):
+        port = running.http_port
+        assert port is not None
+        lane_id, run_id = await tool_call_lane(stub)
+        # Watchers that read, over Connect and gRPC-Web, and two that stopped reading with
+        # megabytes on their way (their writes wait when the server stops).
+        reading = [await stalled_watcher(port, lane_id, p, None) for p in STREAM_TYPES]
+        bodies = [asyncio.create_task(read_body(client)) for client in reading]
+        stalled = [await stalled_watcher(port, lane_id, p) for p in STREAM_TYPES]
+        await progress(stub, lane_id, run_id, 20)
+        caplog.set_level(logging.DEBUG)
+        async with asyncio.timeout(60):  # hypercorn's own shutdown waited for them forever
+            await running.stop(grace=5.0)
+            ends = [stream_end(await body, p) for body, p in zip(bodies, STREAM_TYPES, strict=True)]
+        assert ends == [("unavailable", "SERVER_SHUTTING_DOWN")] * 2
+        for client in [*reading, *stalled]:
+            client.close()
+    errors = [
+        (record.name, record.getMessage())
+        for record in caplog.records
+        if record.levelno >= logging.ERROR or record.exc_info
+    ]
+    assert errors == []

@@ -27,10 +27,13 @@ import contextlib
 import logging
 import socket
 import ssl
+from typing import Any
 
-from hypercorn.asyncio.tcp_server import TCPServer
+from hypercorn.asyncio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.config import Config
+from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.typing import AppWrapper, ASGIFramework
 from hypercorn.utils import parse_socket_addr, wrap_app
 
@@ -130,12 +133,39 @@ class HttpConnections:
 
 
 class _Connection(TCPServer):
-    """hypercorn's connection, ending as soon as its client has gone (hypercorn's own lingers
-    until its idle timer runs out), and whose close does not wait forever for a client that
-    stopped reading to take the last bytes: they are dropped after the idle timeout."""
+    """hypercorn's connection, with three of its ends mended:
+
+    - a connection that turns to HTTP/2 by prior knowledge gets its idle timer back (hypercorn
+      stops it on the preface, read as an HTTP/1.1 request, and never starts it again: an idle
+      h2c connection stayed open for good);
+    - it ends as soon as its client has gone (hypercorn's own lingers until its idle timer has
+      run out);
+    - its close does not wait forever for a client that stopped reading to take the last
+      bytes: they are dropped after the idle timeout.
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._idle = True  # run() starts the idle timer
+
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, Updated):
+            self._idle = event.idle
+        await super().protocol_send(event)
 
     async def _read_data(self) -> None:
-        await super()._read_data()
+        # hypercorn's loop, plus the idle timer of an HTTP/2 connection without streams.
+        while not self.reader.at_eof():
+            try:
+                data = await asyncio.wait_for(self.reader.read(MAX_RECV), self.config.read_timeout)
+            except (ConnectionError, OSError, TimeoutError, ssl.SSLError):
+                break
+            await self.protocol.handle(RawData(data))
+            inner = self.protocol.protocol
+            if isinstance(inner, H2Protocol) and inner.idle and not self._idle:
+                self._idle = True
+                await self.idle_task.restart(self._task_group, self._idle_timeout)
+        await self.protocol.handle(Closed())
         # The client is gone: the idle timer would otherwise hold the connection till it ends.
         await self.idle_task.stop()
 
