@@ -479,7 +479,7 @@ async def stalled_watcher(
     return client
 
 
-async def admitted(stub: Stub, lane_id: str, within: float) -> grpc.aio.UnaryStreamCall[Any, Any]:
+async def admitted(stub: Stub, lane_id: str, within: float) -> Any:
     """A gRPC watcher of ``lane_id`` that got its snapshot, retried while the lane is full."""
     async with asyncio.timeout(within):
         while True:
