@@ -75,6 +75,14 @@ async def test_help_lists_every_setting_with_its_variable_and_default() -> None:
         assert has_flag != setting.secret, setting
 
 
+def test_the_readme_lists_every_setting() -> None:
+    # The README's Configuration table: one row per variable (a row may name several).
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `LANE_")]
+    listed = {name for row in rows for name in re.findall(r"`(LANE_[A-Z_]+)`", row.split("|")[1])}
+    assert {setting.variable for setting in SETTINGS} - listed == set()
+
+
 class Recording(dict[str, str]):
     """An environment that notes every variable read from it."""
 

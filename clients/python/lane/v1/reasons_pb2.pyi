@@ -180,6 +180,16 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's DriveLane streams)"""
     REASON_TOO_MANY_TRANSFERS: _Reason.ValueType  # 151
     """RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's exports and imports)"""
+    REASON_HOST_NOT_ALLOWED: _Reason.ValueType  # 152
+    """The HTTP port's own (Connect, gRPC-Web).
+    PERMISSION_DENIED
+    """
+    REASON_REQUEST_TOO_LARGE: _Reason.ValueType  # 153
+    """RESOURCE_EXHAUSTED"""
+    REASON_TOO_MANY_JSON_REQUESTS: _Reason.ValueType  # 154
+    """RESOURCE_EXHAUSTED"""
+    REASON_BODY_TIMEOUT: _Reason.ValueType  # 155
+    """DEADLINE_EXCEEDED"""
 
 class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper):
     """The stable reasons of the lane service's refusals. A refusal carries its reason as the string
@@ -349,4 +359,14 @@ REASON_TOO_MANY_SESSIONS: Reason.ValueType  # 150
 """RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's DriveLane streams)"""
 REASON_TOO_MANY_TRANSFERS: Reason.ValueType  # 151
 """RESOURCE_EXHAUSTED (fair shares: a process's or a namespace's exports and imports)"""
+REASON_HOST_NOT_ALLOWED: Reason.ValueType  # 152
+"""The HTTP port's own (Connect, gRPC-Web).
+PERMISSION_DENIED
+"""
+REASON_REQUEST_TOO_LARGE: Reason.ValueType  # 153
+"""RESOURCE_EXHAUSTED"""
+REASON_TOO_MANY_JSON_REQUESTS: Reason.ValueType  # 154
+"""RESOURCE_EXHAUSTED"""
+REASON_BODY_TIMEOUT: Reason.ValueType  # 155
+"""DEADLINE_EXCEEDED"""
 Global___Reason: _TypeAlias = Reason  # noqa: Y015

@@ -6,15 +6,21 @@ count limits, the servicer's method with its validation, command and error table
 a :class:`HttpContext` in place of grpc.aio's ServicerContext. The adapter only moves bytes
 and statuses between the two:
 
+- before the body is read, the call's Host, Origin and token are checked from its headers
+  (``connect_admission.py``): a call refused there costs no decompression and no parsing;
 - request headers become the call's metadata (``authorization: Bearer ...`` included), and
   the Connect deadline the context's ``time_remaining()``;
 - a binary request is handed over as the bytes gRPC would hand over; a JSON one is converted
-  to those bytes first (a JSON body that does not parse is refused as gRPC refuses undecodable
-  bytes: INVALID_ARGUMENT ``MALFORMED_REQUEST``, after the token is checked);
+  to those bytes first, a large one counted before it is parsed and parsed in a thread, a few
+  per namespace at a time (``json_parses.py``); a JSON body that does not parse is refused as
+  gRPC refuses undecodable bytes: INVALID_ARGUMENT ``MALFORMED_REQUEST``;
 - ``context.abort_with_status`` ends the call with a ``ConnectError`` of the same code,
   message and details (the google.rpc.ErrorInfo, and RetryInfo when there is one);
 - a server stream's ``context.write`` hands each message (or pre-encoded frame) to the HTTP
-  response and returns once it was sent, so a watcher holds one message in flight as on gRPC.
+  response and returns once the connection took it, so a watcher holds one message in flight
+  and its write deadline holds as on gRPC; once the handler has ended, a send still waiting
+  for a client that stopped reading is let go and the status queues behind it
+  (``response_writes.py``).
 
 Client-streaming methods (DriveLane, ImportLane) are not served here: browsers cannot stream a
 request body, and the gRPC port serves them.
@@ -30,38 +36,36 @@ from typing import Any, NoReturn
 
 import grpc
 from connectrpc.code import Code as ConnectCode
-from connectrpc.errors import ConnectError, ErrorDetail
+from connectrpc.errors import ConnectError
 from connectrpc.method import IdempotencyLevel, MethodInfo, StreamType
 from connectrpc.request import RequestContext
 from connectrpc.server import ConnectASGIApplication, Endpoint
 from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import code_pb2
 from lane.v1 import lane_service_pb2 as pb
-from protobuf.wkt import Any as ConnectAny
 
+from lane.server.api.auth import Authenticator
+from lane.server.api.connect_admission import Admission
+from lane.server.api.connect_errors import (
+    STATUS_DETAILS_KEY,
+    connect_error,
+    refusal_error,
+    refused_before_handler,
+)
 from lane.server.api.errors import error_answer, rich_status
-from lane.server.api.instrument import method_metrics
+from lane.server.api.host_check import HostCheck
+from lane.server.api.json_parses import JsonParses
+from lane.server.api.response_writes import current_response
 from lane.server.api.servicer import SERVICE_NAME, LaneServicer, _method_handlers
+from lane.server.domain.errors import LaneError
 
 #: Request messages larger than this are refused RESOURCE_EXHAUSTED, as on the gRPC port.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
-
 
 # -- codecs -------------------------------------------------------------------------------
-
-
-#: JSON bodies up to this size are parsed on the event loop (a few milliseconds at most);
-#: larger ones in a worker thread.
-JSON_ON_LOOP_BYTES = 64 * 1024
-
-
-def _json_to_bytes(text: bytes, request_type: type[Message]) -> bytes:
-    message = json_format.Parse(text, request_type(), ignore_unknown_fields=True)
-    return bytes(message.SerializeToString())
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +188,8 @@ class HttpContext(grpc.aio.ServicerContext[Any, Any]):
         status = self._status
         if status is None:
             return ConnectError(ConnectCode.INTERNAL, "internal error; see the service log")
-        details = [value for key, value in self._trailing if key == _STATUS_DETAILS_KEY]
-        return _connect_error(status.code, status.details or "", details[0] if details else None)
+        details = [value for key, value in self._trailing if key == STATUS_DETAILS_KEY]
+        return connect_error(status.code, status.details or "", details[0] if details else None)
 
     # The rest of the interface, which no LaneService handler uses over HTTP.
 
@@ -230,23 +234,6 @@ class _GrpcStatus(grpc.Status):
     trailing_metadata: tuple[tuple[str, str | bytes], ...]
 
 
-def _connect_error(code: Any, message: str, details_bin: Any) -> ConnectError:
-    """A Connect error of gRPC status ``code`` (a grpc.StatusCode or its number) carrying the
-    details of the serialized google.rpc.Status ``details_bin``."""
-    number = code.value[0] if isinstance(code, grpc.StatusCode) else int(code)
-    name = code_pb2.Code.Name(number) if number in code_pb2.Code.values() else "UNKNOWN"
-    connect_code = ConnectCode.CANCELED if name == "CANCELLED" else ConnectCode(name.lower())
-    details: list[ErrorDetail] = []
-    if isinstance(details_bin, bytes):
-        for detail in status_pb2.Status.FromString(details_bin).details:
-            details.append(ErrorDetail(ConnectAny(type_url=detail.type_url, value=detail.value)))
-    return ConnectError(connect_code, message, details)
-
-
-def _refusal_error(status: status_pb2.Status) -> ConnectError:
-    return _connect_error(status.code, status.message, status.SerializeToString())
-
-
 # -- the endpoints ------------------------------------------------------------------------
 
 
@@ -262,12 +249,20 @@ def _deadline(ctx: RequestContext[Any, Any]) -> float | None:
 class _Method:
     """One LaneService method over HTTP: its shared handler and message types."""
 
-    def __init__(self, descriptor: MethodDescriptor, handler: Any, authenticator: Any) -> None:
+    def __init__(
+        self,
+        descriptor: MethodDescriptor,
+        handler: Any,
+        authenticator: Authenticator,
+        parses: JsonParses,
+    ) -> None:
         self.name = descriptor.name
         self.request_type: type[Message] = message_factory.GetMessageClass(descriptor.input_type)
         self.response_type: type[Message] = message_factory.GetMessageClass(descriptor.output_type)
         self.handler = handler
         self.authenticator = authenticator
+        self.parses = parses
+        self.unary_method = not descriptor.server_streaming
         self.info = MethodInfo(
             name=descriptor.name,
             service_name=SERVICE_NAME,
@@ -281,32 +276,31 @@ class _Method:
 
     async def request_bytes(self, payload: bytes | _JsonRequest, context: HttpContext) -> bytes:
         """The request as the bytes the gRPC handler decodes. A JSON body that is not a valid
-        request raises the refusal the gRPC port gives undecodable bytes (the token first)."""
+        request raises the refusal the gRPC port gives undecodable bytes; one over a count
+        limit, the refusal the gRPC port gives those counts."""
         if isinstance(payload, bytes):
             return payload
-        try:
-            if len(payload.text) <= JSON_ON_LOOP_BYTES:
-                return _json_to_bytes(payload.text, self.request_type)
-            # protobuf's JSON parser is Python: a few microseconds per JSON object, seconds for
-            # a large body of empty objects. In a thread the event loop keeps getting turns.
-            return await asyncio.to_thread(_json_to_bytes, payload.text, self.request_type)
-        except Exception:  # whatever the JSON holds, the answer is a refusal, never a crash
-            pass
         start = time.perf_counter()
-        refusal = self.authenticator.namespace_of(context.invocation_metadata())
-        if isinstance(refusal, str):
+        # Admission let the call in (connect_admission.py): its token names a namespace.
+        namespace = self.authenticator.namespace_of(context.invocation_metadata())
+        try:
+            return await self.parses.to_bytes(payload.text, self.request_type, str(namespace))
+        except LaneError as error:  # a count over its limit, or too many waiting parses
+            status = rich_status(
+                code_pb2.Code.Value(error.code.value),
+                error.reason,
+                error.message,
+                error.metadata,
+                error.retry_after_seconds,
+            )
+        except Exception:  # whatever the JSON holds, the answer is a refusal, never a crash
             status = rich_status(
                 code_pb2.INVALID_ARGUMENT,
                 "MALFORMED_REQUEST",
                 f"the request is not a valid {self.request_type.DESCRIPTOR.name}",
                 {},
             )
-        else:
-            status = _status_message(refusal)
-        method_metrics(self.name).answered(
-            code_pb2.Code.Name(status.code), _reason_of(status), time.perf_counter() - start
-        )
-        raise _refusal_error(status)
+        raise refused_before_handler(self.name, self.unary_method, status, start)
 
     async def unary(self, payload: bytes | _JsonRequest, ctx: RequestContext[Any, Any]) -> Any:
         context = HttpContext(_metadata(ctx), _deadline(ctx))
@@ -316,7 +310,7 @@ class _Method:
         except grpc.aio.AbortError:
             raise context.connect_error() from None
         except Exception as exc:
-            raise _refusal_error(error_answer(exc)[0]) from None
+            raise refusal_error(error_answer(exc)[0]) from None
         return _Answer(answer, self.response_type)
 
     async def stream(
@@ -324,10 +318,17 @@ class _Method:
     ) -> AsyncIterator[Any]:
         context = HttpContext(_metadata(ctx), _deadline(ctx))
         data = await self.request_bytes(payload, context)
+        response = current_response.get()
         # The handler runs as its own task, writing into the context's outbox; this generator
         # sends each message and only then lets its write return.
         task = asyncio.create_task(self.handler(data, context))
-        task.add_done_callback(lambda _: context.outbox.put_nowait(_END))
+
+        def ended(_: asyncio.Task[Any]) -> None:
+            context.outbox.put_nowait(_END)
+            if response is not None:
+                response.release()  # a send still waiting for the client goes behind
+
+        task.add_done_callback(ended)
         try:
             while (item := await context.outbox.get()) is not _END:
                 message, sent = item
@@ -339,7 +340,7 @@ class _Method:
             except grpc.aio.AbortError:
                 raise context.connect_error() from None
             except Exception as exc:
-                raise _refusal_error(error_answer(exc)[0]) from None
+                raise refusal_error(error_answer(exc)[0]) from None
         finally:
             context.close()
             if not task.done():
@@ -347,30 +348,17 @@ class _Method:
                 await asyncio.gather(task, return_exceptions=True)
 
 
-def _status_message(status: grpc.Status) -> status_pb2.Status:
-    """The google.rpc.Status a grpc.Status carries in its trailing metadata."""
-    for key, value in status.trailing_metadata or ():
-        if key == _STATUS_DETAILS_KEY and isinstance(value, bytes):
-            return status_pb2.Status.FromString(value)
-    return status_pb2.Status(code=status.code.value[0], message=status.details or "")
-
-
-def _reason_of(status: status_pb2.Status) -> str:
-    for detail in status.details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return str(info.reason)
-    return ""
-
-
 class LaneServiceApp(ConnectASGIApplication[LaneServicer]):
     """lane.v1.LaneService's unary and server-streaming methods over Connect (JSON or binary,
-    HTTP/1.1 or HTTP/2) and gRPC-Web, served by ``servicer``'s gRPC handlers."""
+    HTTP/1.1 or HTTP/2) and gRPC-Web, served by ``servicer``'s gRPC handlers; ``hosts``: the
+    Host and Origin it serves (``host_check.py``)."""
 
-    def __init__(self, servicer: LaneServicer) -> None:
+    def __init__(self, servicer: LaneServicer, hosts: HostCheck) -> None:
+        self._parses = JsonParses()
         super().__init__(
             service=servicer,
-            endpoints=_endpoints,
+            endpoints=lambda served: _endpoints(served, self._parses),
+            interceptors=[Admission(servicer.authenticator, hosts)],
             read_max_bytes=MAX_REQUEST_BYTES,
             codecs=[_BinaryCodec(), _JsonCodec()],
         )
@@ -380,8 +368,12 @@ class LaneServiceApp(ConnectASGIApplication[LaneServicer]):
         """The URL path the service's methods are under."""
         return f"/{SERVICE_NAME}"
 
+    def close(self) -> None:
+        """Let the JSON parse threads go (at shutdown)."""
+        self._parses.close()
 
-def _endpoints(servicer: LaneServicer) -> dict[str, Any]:
+
+def _endpoints(servicer: LaneServicer, parses: JsonParses) -> dict[str, Any]:
     handlers = _method_handlers(servicer)
     endpoints: dict[str, Any] = {}
     for descriptor in pb.DESCRIPTOR.services_by_name["LaneService"].methods:
@@ -390,9 +382,9 @@ def _endpoints(servicer: LaneServicer) -> dict[str, Any]:
         handler = handlers[descriptor.name]
         path = f"/{SERVICE_NAME}/{descriptor.name}"
         if descriptor.server_streaming:
-            method = _Method(descriptor, handler.unary_stream, servicer.authenticator)
+            method = _Method(descriptor, handler.unary_stream, servicer.authenticator, parses)
             endpoints[path] = Endpoint.server_stream(method.info, method.stream)
         else:
-            method = _Method(descriptor, handler.unary_unary, servicer.authenticator)
+            method = _Method(descriptor, handler.unary_unary, servicer.authenticator, parses)
             endpoints[path] = Endpoint.unary(method.info, method.unary)
     return endpoints

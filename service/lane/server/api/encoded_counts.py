@@ -44,31 +44,45 @@ _LENGTH_DELIMITED = 2
 _SKIP_FIXED = {1: 8, 5: 4}  # wire type: bytes (fixed64, fixed32)
 
 
+#: A field of a count plan: its name, what each of its values counts as (or None), and the
+#: node to walk its value with (or None: skipped).
+CountField = tuple[str, "str | None", "CountNode | None"]
+
+
 @dataclass(frozen=True)
-class _Node:
-    """A message type's fields by number: what each value counts as (or None), and the
-    node to walk its value with (or None: skipped)."""
+class CountNode:
+    """A message type's fields that :func:`~lane.server.api.validation.check_counts` visits or
+    counts, by number (for the encoding) and by both JSON names (for JSON,
+    ``service/lane/server/api/json_counts.py``)."""
 
-    fields: dict[int, tuple[str, str | None, _Node | None]]
+    fields: dict[int, CountField]
+    names: dict[str, CountField]
 
 
-_NODES: dict[str, _Node] = {}
+_NODES: dict[str, CountNode] = {}
 
 
-def _node(descriptor: Descriptor) -> _Node:
+def count_node(descriptor: Descriptor) -> CountNode:
+    """The count plan of a message type as a node to walk its values with."""
     node = _NODES.get(descriptor.full_name)
     if node is not None:
         return node
-    fields: dict[int, tuple[str, str | None, _Node | None]] = {}
+    fields: dict[int, CountField] = {}
+    names: dict[str, CountField] = {}
     # Kept before its fields are filled in, so a type that holds itself refers to this node.
-    node = _NODES[descriptor.full_name] = _Node(fields)
+    node = _NODES[descriptor.full_name] = CountNode(fields, names)
     plan = count_plan(descriptor)
     counted = {field.number: what for field, what in plan.repeated}
     for field in plan.descend:
         assert field.message_type is not None
-        fields[field.number] = (field.name, counted.get(field.number), _node(field.message_type))
+        child = count_node(field.message_type)
+        fields[field.number] = (field.name, counted.get(field.number), child)
     for field, what in plan.repeated:
         fields.setdefault(field.number, (field.name, what, None))
+    for field in descriptor.fields:
+        if field.number in fields:
+            # protobuf's JSON reader takes a field by its lowerCamelCase name or its own.
+            names[field.json_name] = names[field.name] = fields[field.number]
     return node
 
 
@@ -82,7 +96,7 @@ def check_encoded_counts(data: bytes | memoryview, request_type: type[Message]) 
         return
     walk = _Walk(data)
     try:
-        walk.message(0, len(data), _node(cast(Descriptor, request_type.DESCRIPTOR)), "")
+        walk.message(0, len(data), count_node(cast(Descriptor, request_type.DESCRIPTOR)), "")
     except (IndexError, ValueError, _Corrupt):
         return  # not a valid encoding: the decoder refuses it
 
@@ -91,15 +105,30 @@ class _Corrupt(Exception):
     pass
 
 
-class _Walk:
-    __slots__ = ("data", "other", "totals")
+class Tally:
+    """A request's counted values so far (content blocks, messages, tool names)."""
+
+    __slots__ = ("totals",)
+
+    def __init__(self) -> None:
+        self.totals = dict.fromkeys(COUNT_LIMITS, 0)
+
+    def count(self, what: str, path: str) -> None:
+        """Count one ``what`` at ``path``; refuse the request once one is past its limit."""
+        self.totals[what] += 1
+        if self.totals[what] > COUNT_LIMITS[what][1]:
+            raise too_many(what, path, self.totals[what], at_least=True)
+
+
+class _Walk(Tally):
+    __slots__ = ("data", "other")
 
     def __init__(self, data: bytes | memoryview) -> None:
+        super().__init__()
         self.data = data
-        self.totals = dict.fromkeys(COUNT_LIMITS, 0)
         self.other = 0
 
-    def message(self, pos: int, end: int, node: _Node, path: str) -> None:
+    def message(self, pos: int, end: int, node: CountNode, path: str) -> None:
         fields = node.fields
         while pos < end:
             key, pos = read_varint(self.data, pos)
@@ -116,7 +145,7 @@ class _Walk:
                     name, what, child = spec
                     at = f"{path}.{name}" if path else name
                     if what is not None:
-                        self._count(what, at)
+                        self.count(what, at)
                     else:
                         self._other(at)
                     if child is not None:
@@ -132,11 +161,6 @@ class _Walk:
                 raise _Corrupt  # groups: proto3 has none
         if pos != end:
             raise _Corrupt
-
-    def _count(self, what: str, path: str) -> None:
-        self.totals[what] += 1
-        if self.totals[what] > COUNT_LIMITS[what][1]:
-            raise too_many(what, path, self.totals[what], at_least=True)
 
     def _other(self, path: str) -> None:
         self.other += 1

@@ -97,6 +97,25 @@ then leaves the rest of the process's to the others (``service/lane/server/api/f
     HTTP/1.1 or HTTP/2) and gRPC-Web, for browsers and curl; port 0 picks a free port. Unset:
     no HTTP port. Same tokens, TLS files and limits as the gRPC port; with N workers each
     serves it too (``SO_REUSEPORT``). See ``service/lane/server/app/http_server.py``.
+``LANE_HTTP_ALLOWED_HOSTS``
+    With auth off, the HTTP port serves only requests whose ``Host`` (and ``Origin``, when
+    present) name this machine's loopback (``localhost``, ``127.0.0.1``, ``[::1]``) or the
+    address it is bound to, so a web page cannot reach it through DNS rebinding; others are
+    refused PERMISSION_DENIED ``HOST_NOT_ALLOWED`` (``service/lane/server/api/host_check.py``).
+    This lists more host names, comma-separated (no ports); ``*`` serves any. Unset: none. With
+    auth on the check is off and this is unused.
+``LANE_HTTP_IDLE_TIMEOUT_SECONDS``
+    An HTTP connection with no request in progress (idle between requests, or still sending a
+    request's headers, or a TLS handshake) is closed after this long; ``0 < seconds <= 3600``.
+    Default ``30``. Streams are not idle.
+``LANE_HTTP_BODY_TIMEOUT_SECONDS``
+    A request's body must arrive in full within this long of its headers, or the call is
+    refused DEADLINE_EXCEEDED ``BODY_TIMEOUT`` and its connection closed;
+    ``0 < seconds <= 3600``. Default ``60`` (4 MiB at about 0.5 Mbit/s).
+``LANE_HTTP_MAX_CONNECTIONS``
+    HTTP connections this process keeps open at once; one more is closed as soon as it is
+    accepted. A whole number >= 1. Default ``1000``; keep it below the process's open-file
+    limit (``ulimit -n``), which the database, gRPC and watchers share.
 ``LANE_METRICS_LISTEN``
     ``host:port`` to serve Prometheus metrics on over plain HTTP (any path; port 0 picks a free
     port), e.g. ``127.0.0.1:9464``. Unset: no metrics endpoint. It has no auth and names no
@@ -134,6 +153,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,6 +189,14 @@ _MIN_REQUEST_RETENTION_SECONDS = 60.0
 # A deadline past an hour is a typo too; and a stream budget must hold a few messages.
 _MAX_WRITE_DEADLINE_SECONDS = 3600.0
 _MIN_STREAM_BYTES = 64 * 1024
+# The HTTP port's timeouts are bounded alike (an hour is a typo).
+_MAX_HTTP_TIMEOUT_SECONDS = 3600.0
+DEFAULT_HTTP_IDLE_TIMEOUT_SECONDS = 30.0
+DEFAULT_HTTP_BODY_TIMEOUT_SECONDS = 60.0
+DEFAULT_HTTP_MAX_CONNECTIONS = 1000
+# A host name of LANE_HTTP_ALLOWED_HOSTS: a DNS name, an IPv4 address, an IPv6 one in
+# brackets, or * (any).
+_HOST_NAME = re.compile(r"\*|[A-Za-z0-9]([A-Za-z0-9.-]{0,252})?|\[[0-9A-Fa-f:.]+\]")
 
 
 class ConfigError(ValueError):
@@ -307,6 +335,26 @@ SETTINGS: tuple[Setting, ...] = (
         "host:port to also serve LaneService on over Connect and gRPC-Web (HTTP/1.1, HTTP/2)",
     ),
     Setting(
+        "LANE_HTTP_ALLOWED_HOSTS",
+        "unset: loopback names only",
+        "auth off: more Host names the HTTP port serves (comma-separated, * for any)",
+    ),
+    Setting(
+        "LANE_HTTP_IDLE_TIMEOUT_SECONDS",
+        f"{DEFAULT_HTTP_IDLE_TIMEOUT_SECONDS:g}",
+        "an HTTP connection without a request in progress is closed after this long",
+    ),
+    Setting(
+        "LANE_HTTP_BODY_TIMEOUT_SECONDS",
+        f"{DEFAULT_HTTP_BODY_TIMEOUT_SECONDS:g}",
+        "an HTTP request body not in by this long after its headers is refused",
+    ),
+    Setting(
+        "LANE_HTTP_MAX_CONNECTIONS",
+        str(DEFAULT_HTTP_MAX_CONNECTIONS),
+        "HTTP connections this process keeps open at once",
+    ),
+    Setting(
         "LANE_METRICS_LISTEN",
         "unset: no metrics",
         "host:port to serve Prometheus metrics on over plain HTTP",
@@ -353,6 +401,11 @@ class Settings:
     tls_client_ca_file: Path | None = None
     #: ``host:port`` of the Connect / gRPC-Web port (``LANE_HTTP_LISTEN``), None when off.
     http_listen: str | None = None
+    #: Auth off: Host names the HTTP port serves besides the loopback ones (``*``: any).
+    http_allowed_hosts: tuple[str, ...] = ()
+    http_idle_timeout_seconds: float = DEFAULT_HTTP_IDLE_TIMEOUT_SECONDS
+    http_body_timeout_seconds: float = DEFAULT_HTTP_BODY_TIMEOUT_SECONDS
+    http_max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS
     metrics_listen: str | None = None
     log_format: str = "text"
     #: ``uvloop`` (where it installs) or ``asyncio``: see ``service/lane/server/app/event_loop.py``.
@@ -407,6 +460,10 @@ class Settings:
         checkout_timeout = get("LANE_DB_CHECKOUT_TIMEOUT_SECONDS")
         request_retention = get("LANE_REQUEST_RETENTION_SECONDS")
         http_listen = get("LANE_HTTP_LISTEN")
+        allowed_hosts = get("LANE_HTTP_ALLOWED_HOSTS")
+        idle_timeout = get("LANE_HTTP_IDLE_TIMEOUT_SECONDS")
+        body_timeout = get("LANE_HTTP_BODY_TIMEOUT_SECONDS")
+        max_connections = get("LANE_HTTP_MAX_CONNECTIONS")
         metrics_listen = get("LANE_METRICS_LISTEN")
         log_format = get("LANE_LOG_FORMAT")
         event_loop = get("LANE_EVENT_LOOP")
@@ -535,6 +592,26 @@ class Settings:
             tls_client_ca_file=client_ca,
             http_listen=(
                 None if http_listen is None else parse_listen("LANE_HTTP_LISTEN", http_listen)
+            ),
+            http_allowed_hosts=(
+                defaults.http_allowed_hosts
+                if allowed_hosts is None
+                else _host_names("LANE_HTTP_ALLOWED_HOSTS", allowed_hosts)
+            ),
+            http_idle_timeout_seconds=(
+                defaults.http_idle_timeout_seconds
+                if idle_timeout is None
+                else _http_seconds("LANE_HTTP_IDLE_TIMEOUT_SECONDS", idle_timeout)
+            ),
+            http_body_timeout_seconds=(
+                defaults.http_body_timeout_seconds
+                if body_timeout is None
+                else _http_seconds("LANE_HTTP_BODY_TIMEOUT_SECONDS", body_timeout)
+            ),
+            http_max_connections=(
+                defaults.http_max_connections
+                if max_connections is None
+                else _count("LANE_HTTP_MAX_CONNECTIONS", max_connections)
             ),
             metrics_listen=(
                 None
@@ -665,6 +742,24 @@ def _retention_seconds(variable: str, value: str) -> float:
             variable, value, f"the number of seconds must be >= {_MIN_REQUEST_RETENTION_SECONDS:g}"
         )
     return seconds
+
+
+def _http_seconds(variable: str, value: str) -> float:
+    return _seconds(variable, value, allow_zero=False, maximum=_MAX_HTTP_TIMEOUT_SECONDS)
+
+
+def _host_names(variable: str, value: str) -> tuple[str, ...]:
+    """Comma-separated host names (no ports), lower case."""
+    names = tuple(name.strip().lower() for name in value.split(",") if name.strip())
+    for name in names:
+        if not _HOST_NAME.fullmatch(name):
+            raise ConfigError(
+                variable,
+                value,
+                f"{name!r} is not a host name: expected names such as devbox.local, "
+                "192.168.1.5 or [fd00::5], without a port, comma-separated (* for any)",
+            )
+    return names
 
 
 def _tokens(variable: str, text: str | None, shown: str = "<hidden>") -> dict[str, str]:

@@ -5,7 +5,20 @@ Hypercorn serves HTTP/1.1 and HTTP/2 (cleartext with prior knowledge or an upgra
 TLS by ALPN), which Connect's server streams need on both, plus the ASGI trailers that gRPC-Web
 does without. It runs in the service's own event loop, beside the grpc.aio server, on the same
 servicer (``service/lane/server/api/connect.py``). The socket is bound here, with ``SO_REUSEPORT``
-for the workers of ``lane serve --workers N`` as the gRPC port is, and handed to hypercorn.
+for the workers of ``lane serve --workers N`` as the gRPC port is, and its connections are
+accepted, capped and ended by ``http_connections.py``.
+
+Each request, before the service sees it:
+
+- with auth off, its ``Host`` and ``Origin`` must name this machine (DNS rebinding,
+  ``service/lane/server/api/host_check.py``): the web view's files are refused with 403 here,
+  the service's methods in the protocol of the call (``connect_admission.py``);
+- its body must arrive within ``LANE_HTTP_BODY_TIMEOUT_SECONDS`` of its headers
+  (:class:`_RequestBody`), or the call is refused DEADLINE_EXCEEDED ``BODY_TIMEOUT`` and its
+  connection closed;
+- its response's sends wait for the connection, and one the client takes nothing of closes the
+  connection (``service/lane/server/api/response_writes.py``), within a period of the write
+  deadline ``LANE_WATCH_WRITE_DEADLINE_SECONDS``.
 """
 
 from __future__ import annotations
@@ -18,20 +31,24 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from hypercorn.asyncio import serve
+import grpc
+from connectrpc._protocol import ConnectWireError
+from google.rpc import code_pb2
 from hypercorn.config import Config
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 
 from lane.server.api import LaneServicer
 from lane.server.api.connect import LaneServiceApp
+from lane.server.api.connect_errors import refusal_error, status_message
+from lane.server.api.errors import rich_status
+from lane.server.api.host_check import HostCheck
+from lane.server.api.response_writes import ResponseWrites, current_response
 from lane.server.app.config import Settings
+from lane.server.app.http_connections import HttpConnections
 from lane.server.web import WebViewApp
 
 _log = logging.getLogger(__name__)
 
-#: Idle keep-alive connections are closed after this long (hypercorn's default is 5 s, which
-#: only costs browsers a reconnect; streams are not idle: they carry heartbeats every 10 s).
-_KEEP_ALIVE_SECONDS = 75.0
 _BACKLOG = 1024
 #: The most of a refused request's body read and dropped before answering (see _RequestBody).
 _DRAIN_MAX_BYTES = 16 * 1024 * 1024
@@ -47,59 +64,95 @@ class HttpEndpoint:
 
     port: int
     address: str
-    _task: asyncio.Task[None]
-    _shutdown: asyncio.Event
+    connections: HttpConnections
+    _app: LaneServiceApp
 
     async def stop(self, grace: float | None) -> None:
         """Stop accepting, give requests in flight ``grace`` seconds (None: none), close."""
-        self._shutdown.set()
         try:
-            async with asyncio.timeout(grace or 0):
-                await asyncio.shield(self._task)
-        except TimeoutError:
-            pass
+            await self.connections.stop(grace)
         finally:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._app.close()
 
 
 class _HttpApp:
     """The service's methods under ``/lane.v1.LaneService/``, the web view everywhere else."""
 
-    def __init__(self, servicer: LaneServicer) -> None:
-        self._connect = LaneServiceApp(servicer)
-        self._prefix = f"{self._connect.path}/"
+    def __init__(
+        self,
+        servicer: LaneServicer,
+        hosts: HostCheck,
+        connections: HttpConnections,
+        settings: Settings,
+    ) -> None:
+        self.connect = LaneServiceApp(servicer, hosts)
+        self._prefix = f"{self.connect.path}/"
         self._web = WebViewApp()
+        self._hosts = hosts
+        self._connections = connections
+        self._stall_seconds = settings.watch_write_deadline_seconds
+        self._body_seconds = settings.http_body_timeout_seconds
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith(self._prefix):
-            await self._web(scope, receive, send)
-        elif scope["type"] == "http":
-            body = _RequestBody(receive)
-            await self._connect(scope, body, body.draining_before(send))
-        else:
-            await self._connect(scope, receive, send)
+        if scope["type"] != "http":
+            await self.connect(scope, receive, send)
+            return
+        peer = scope.get("client")
+        response = ResponseWrites(send, lambda: self._connections.abort(peer), self._stall_seconds)
+        if not scope["path"].startswith(self._prefix):
+            headers = dict(scope["headers"])
+            refusal = self._hosts.refusal(
+                _text(headers.get(b"host")), _text(headers.get(b"origin"))
+            )
+            if refusal is not None:
+                await _forbidden(response, refusal)
+            else:
+                await self._web(scope, receive, response)
+            return
+        body = _RequestBody(receive, asyncio.get_running_loop().time() + self._body_seconds)
+        token = current_response.set(response)
+        try:
+            await self.connect(scope, body, body.draining_before(response))
+        finally:
+            current_response.reset(token)
 
 
 class _RequestBody:
-    """A request's ``receive`` that knows whether the body was read to its end.
+    """A request's ``receive`` that knows whether the body was read to its end, and refuses a
+    body that has not arrived by its deadline.
 
     A request refused before its body was read (one over the 4 MiB limit is refused from its
     first bytes) must still have the rest read before the answer goes out: an HTTP/1.1 server
     that answers and closes while the client is still sending makes the client see a reset
     connection (UNAVAILABLE), not the refusal. The rest is read and dropped, up to
-    :data:`_DRAIN_MAX_BYTES`; past that the connection is closed as before.
+    :data:`_DRAIN_MAX_BYTES`, by the deadline; past either, the connection is closed instead.
     """
 
-    def __init__(self, receive: ASGIReceiveCallable) -> None:
+    def __init__(self, receive: ASGIReceiveCallable, deadline: float) -> None:
         self._receive = receive
+        self._deadline = deadline
         self._ended = False
+        self._late = False
 
     async def __call__(self) -> Any:
-        message = await self._receive()
+        if self._ended:
+            return await self._receive()  # after the body: only the disconnect comes
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                message = await self._receive()
+        except TimeoutError:
+            self._late = True
+            raise refusal_error(
+                rich_status(
+                    code_pb2.DEADLINE_EXCEEDED,
+                    "BODY_TIMEOUT",
+                    "the request body did not arrive in full within the "
+                    "LANE_HTTP_BODY_TIMEOUT_SECONDS of its headers",
+                    {},
+                )
+            ) from None
         if message["type"] != "http.request" or not message.get("more_body", False):
             self._ended = True
         return message
@@ -110,11 +163,24 @@ class _RequestBody:
         async def send_after_body(message: Any) -> None:
             if message["type"] == "http.response.start" and not self._ended:
                 dropped = 0
-                while not self._ended and dropped <= _DRAIN_MAX_BYTES:
-                    dropped += len((await self()).get("body", b""))
+                with contextlib.suppress(Exception):  # late: answered, then closed
+                    while not self._ended and not self._late and dropped <= _DRAIN_MAX_BYTES:
+                        dropped += len((await self()).get("body", b""))
             await send(message)
 
         return send_after_body
+
+
+async def _forbidden(send: Any, refusal: grpc.Status) -> None:
+    """Answer a web view request of a host not served: 403, the body a Connect error's JSON."""
+    body = ConnectWireError.from_exception(refusal_error(status_message(refusal))).to_json_bytes()
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 403, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
 
 
 def _bind(listen: str, reuse_port: bool) -> socket.socket:
@@ -136,14 +202,15 @@ def _bind(listen: str, reuse_port: bool) -> socket.socket:
     return sock
 
 
-def _config(settings: Settings, fd: int, grace: float) -> Config:
+def _config(settings: Settings) -> Config:
     config = Config()
-    config.bind = [f"fd://{fd}"]
     config.backlog = _BACKLOG
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
-    config.graceful_timeout = grace
-    config.keep_alive_timeout = _KEEP_ALIVE_SECONDS
+    # Idle connections (no request, or one whose headers are still coming) are closed after
+    # this long; streams are not idle, whatever they send.
+    config.keep_alive_timeout = settings.http_idle_timeout_seconds
+    config.ssl_handshake_timeout = settings.http_idle_timeout_seconds
     config.include_server_header = False
     if settings.tls_cert_file is not None and settings.tls_key_file is not None:
         config.certfile = str(settings.tls_cert_file)
@@ -158,22 +225,23 @@ async def start_http(
     settings: Settings, listen: str, servicer: LaneServicer, *, reuse_port: bool = False
 ) -> HttpEndpoint:
     """Serve ``servicer`` over Connect and gRPC-Web, and the web view, on ``listen``
-    (``host:port``; port 0: a free one), with the TLS files of ``settings``; return once it
-    accepts connections."""
+    (``host:port``; port 0: a free one), with the TLS files and HTTP settings of ``settings``;
+    return once it accepts connections."""
     sock = _bind(listen, reuse_port)
     port = sock.getsockname()[1]
-    # Listening now, so connections queue in the backlog from the moment this returns, even
-    # before hypercorn (which listens again on the same socket) takes them up.
+    # Listening now, so connections queue in the backlog from the moment this returns.
     sock.listen(_BACKLOG)
-    config = _config(settings, sock.detach(), settings.grace_seconds)
-    shutdown = asyncio.Event()
-    task = asyncio.create_task(
-        serve(_HttpApp(servicer), config, shutdown_trigger=shutdown.wait),
-        name="http",
-    )
-    await asyncio.sleep(0)  # let it start: a failure to start shows at once
-    if task.done():
-        task.result()  # raises what stopped it
-        raise HttpStartupError(f"the HTTP server on {listen} stopped at start-up")
+    config = _config(settings)
     host = listen.rpartition(":")[0]
-    return HttpEndpoint(port, f"{host}:{port}", task, shutdown)
+    hosts = HostCheck(
+        enabled=not settings.auth_tokens, bound_host=host, allowed=settings.http_allowed_hosts
+    )
+    connections = HttpConnections(config, settings.http_max_connections)
+    app = _HttpApp(servicer, hosts, connections, settings)
+    try:
+        tls = config.create_ssl_context() if config.ssl_enabled else None
+        await connections.start(app, sock, tls)
+    except OSError as err:
+        sock.close()
+        raise HttpStartupError(f"cannot serve HTTP on {listen}: {err}") from None
+    return HttpEndpoint(port, f"{host}:{port}", connections, app.connect)
