@@ -25,6 +25,8 @@ from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 from lane.server.api import LaneServicer
 from lane.server.api.connect import LaneServiceApp
 from lane.server.app.config import Settings
+from lane.server.app.probe_paths import PROBE_PATHS, ProbeApp
+from lane.server.app.readiness import Readiness
 from lane.server.web import WebViewApp
 
 _log = logging.getLogger(__name__)
@@ -65,17 +67,21 @@ class HttpEndpoint:
 
 
 class _HttpApp:
-    """The service's methods under ``/lane.v1.LaneService/``, the web view everywhere else."""
+    """The service's methods under ``/lane.v1.LaneService/``, the probe paths
+    (``probe_paths.py``), the web view everywhere else."""
 
-    def __init__(self, servicer: LaneServicer) -> None:
+    def __init__(self, servicer: LaneServicer, readiness: Readiness | None) -> None:
         self._connect = LaneServiceApp(servicer)
         self._prefix = f"{self._connect.path}/"
         self._web = WebViewApp()
+        self._probes = None if readiness is None else ProbeApp(readiness)
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith(self._prefix):
+        if scope["type"] == "http" and self._probes and scope["path"] in PROBE_PATHS:
+            await self._probes(scope, receive, send)
+        elif scope["type"] == "http" and not scope["path"].startswith(self._prefix):
             await self._web(scope, receive, send)
         elif scope["type"] == "http":
             body = _RequestBody(receive)
@@ -155,11 +161,16 @@ def _config(settings: Settings, fd: int, grace: float) -> Config:
 
 
 async def start_http(
-    settings: Settings, listen: str, servicer: LaneServicer, *, reuse_port: bool = False
+    settings: Settings,
+    listen: str,
+    servicer: LaneServicer,
+    *,
+    reuse_port: bool = False,
+    readiness: Readiness | None = None,
 ) -> HttpEndpoint:
     """Serve ``servicer`` over Connect and gRPC-Web, and the web view, on ``listen``
-    (``host:port``; port 0: a free one), with the TLS files of ``settings``; return once it
-    accepts connections."""
+    (``host:port``; port 0: a free one), with the TLS files of ``settings``, and with
+    ``readiness`` the probe paths; return once it accepts connections."""
     sock = _bind(listen, reuse_port)
     port = sock.getsockname()[1]
     # Listening now, so connections queue in the backlog from the moment this returns, even
@@ -168,7 +179,7 @@ async def start_http(
     config = _config(settings, sock.detach(), settings.grace_seconds)
     shutdown = asyncio.Event()
     task = asyncio.create_task(
-        serve(_HttpApp(servicer), config, shutdown_trigger=shutdown.wait),
+        serve(_HttpApp(servicer, readiness), config, shutdown_trigger=shutdown.wait),
         name="http",
     )
     await asyncio.sleep(0)  # let it start: a failure to start shows at once
