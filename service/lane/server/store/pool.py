@@ -30,7 +30,7 @@ at once. Attempts give up on a host after ``connect_timeout`` (5 s unless the UR
 otherwise; libpq's default is to wait for TCP, minutes on a host that vanished), then try the
 URL's next host.
 
-Read-only servers are not connections. A server in recovery (a hot standby) or with
+Read-only servers are refused. A server in recovery (a hot standby) or with
 ``default_transaction_read_only`` on fails every write; with ``target_session_attrs=read-write``
 libpq refuses it, and without it the pool does the same (the server reports both settings at
 connect and when they change, so this costs no round trip): such an attempt counts as failed,
