@@ -37,6 +37,7 @@ def test_pool_settings_defaults() -> None:
     settings = Settings.from_env({})
     assert settings.db_pool_size == 10
     assert settings.db_checkout_timeout_seconds == 10.0
+    assert settings.db_reconnect_seconds == 1.0
     assert settings.request_retention_seconds == 86400.0
 
 
@@ -46,10 +47,12 @@ def test_pool_settings_read() -> None:
             "LANE_DB_POOL_SIZE": "25",
             "LANE_DB_CHECKOUT_TIMEOUT_SECONDS": "2.5",
             "LANE_REQUEST_RETENTION_SECONDS": "60",
+            "LANE_DB_RECONNECT_SECONDS": "0.25",
         }
     )
     assert settings.db_pool_size == 25
     assert settings.db_checkout_timeout_seconds == 2.5
+    assert settings.db_reconnect_seconds == 0.25
     assert settings.request_retention_seconds == 60.0
 
 
@@ -177,6 +180,10 @@ async def _lane_revision(conn: psycopg.AsyncConnection[tuple[int]], lane_id: str
         ("LANE_REQUEST_RETENTION_SECONDS", "0"),
         ("LANE_REQUEST_RETENTION_SECONDS", "nan"),
         ("LANE_REQUEST_RETENTION_SECONDS", "a day"),
+        ("LANE_DB_RECONNECT_SECONDS", "0"),
+        ("LANE_DB_RECONNECT_SECONDS", "0.01"),
+        ("LANE_DB_RECONNECT_SECONDS", "61"),
+        ("LANE_DB_RECONNECT_SECONDS", "often"),
     ],
 )
 def test_pool_settings_name_the_bad_variable(variable: str, value: str) -> None:

@@ -16,18 +16,16 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
 import psycopg
 import pytest
 import pytest_asyncio
-from lane.client.errors import lane_error
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import snapshot_pb2
 
 from lane.server.app.config import Settings
 from lane.server.app.server import RunningServer
 from lane.server.store.pool import LanePool
-from tests.integration.lanes import new_lane_id, user
+from tests.integration.lanes import new_lane_id, outcome, queue_next_run
 from tests.outage.restartable_postgres import RestartablePostgres
 from tests.support.servers import serve
 
@@ -41,40 +39,12 @@ CHECKOUT_TIMEOUT = 120.0
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def postgres(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RestartablePostgres]:
-    pg = await asyncio.to_thread(RestartablePostgres.create, tmp_path_factory.mktemp("down"))
-    try:
-        yield pg
-    finally:
-        await asyncio.to_thread(pg.destroy)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
 async def service(postgres: RestartablePostgres) -> AsyncIterator[tuple[RunningServer, Stub]]:
     settings = Settings(
         database_url=postgres.uri, db_pool_size=1, db_checkout_timeout_seconds=CHECKOUT_TIMEOUT
     )
     async with serve(settings) as served:
         yield served
-
-
-def _enqueue(lane_id: str, request_id: str) -> pb.EnqueueMessageRequest:
-    return pb.EnqueueMessageRequest(
-        lane_id=lane_id,
-        kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN,
-        message=user(request_id),
-        request_id=request_id,
-    )
-
-
-async def _refusal(call: Any) -> tuple[str, str]:
-    """The (code name, ErrorInfo reason) a call ended with; ("OK", "") when it succeeded."""
-    try:
-        await call
-    except grpc.aio.AioRpcError as err:
-        error = lane_error(err)
-        return error.code.name, error.reason
-    return "OK", ""
 
 
 async def test_an_unreachable_database_answers_unavailable_at_once(
@@ -93,7 +63,7 @@ async def test_an_unreachable_database_answers_unavailable_at_once(
     conn = await pool.getconn()
     waiting_before = pool.get_stats().get("requests_waiting", 0)
     waiting = asyncio.ensure_future(
-        _refusal(stub.EnqueueMessage(_enqueue(lane_id, "waiting"), timeout=DEADLINE))
+        outcome(stub.EnqueueMessage(queue_next_run(lane_id, "waiting"), timeout=DEADLINE))
     )
     await _until(lambda: pool.get_stats().get("requests_waiting", 0) > waiting_before)
 
@@ -104,19 +74,24 @@ async def test_an_unreachable_database_answers_unavailable_at_once(
         with pytest.raises(psycopg.OperationalError):
             await conn.execute("SELECT 1")
         await pool.putconn(conn)
-        assert await waiting == ("UNAVAILABLE", "UNAVAILABLE")
+        assert (await waiting)[:2] == ("UNAVAILABLE", "UNAVAILABLE")
         for n in range(3):
-            request = _enqueue(lane_id, f"later-{n}")
-            answer = await _refusal(stub.EnqueueMessage(request, timeout=DEADLINE))
-            assert answer == ("UNAVAILABLE", "UNAVAILABLE")
+            request = queue_next_run(lane_id, f"later-{n}")
+            code, reason, retry_after = await outcome(
+                stub.EnqueueMessage(request, timeout=DEADLINE)
+            )
+            assert (code, reason) == ("UNAVAILABLE", "UNAVAILABLE")
+            assert retry_after is not None and 0 < retry_after <= 1.0
         assert not pool.reachable
     finally:
         await asyncio.to_thread(postgres.start)
 
     # Back: the pool reconnects on its own and commands commit again.
     give_up = time.monotonic() + 60
-    while (answer := await _refusal(stub.EnqueueMessage(_enqueue(lane_id, "back")))) != ("OK", ""):
-        assert answer == ("UNAVAILABLE", "UNAVAILABLE")
+    while (answer := await outcome(stub.EnqueueMessage(queue_next_run(lane_id, "back"))))[
+        0
+    ] != "OK":
+        assert answer[:2] == ("UNAVAILABLE", "UNAVAILABLE")
         assert time.monotonic() < give_up, "no commit within 60 s of PostgreSQL's restart"
         await asyncio.sleep(0.2)
     assert pool.reachable

@@ -48,12 +48,13 @@ from lane.client.errors import lane_error
 from lane.client.reducer import fold
 from lane.client.watch import RetryPolicy, watch_lane
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
+from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 
 from lane.server.app.config import Settings
 from lane.server.app.server import LANE_SERVICE_NAME, RunningServer, start_server
+from lane.server.failover_drill import Ack, drive_cycles, transcript_texts
 from lane.server.store.pool import DEFAULT_CHECKOUT_TIMEOUT_SECONDS
-from tests.integration.lanes import assistant, events_between, text, user
+from tests.integration.lanes import events_between, user
 from tests.outage.restartable_postgres import RestartablePostgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
@@ -120,18 +121,6 @@ class Attempt:
             f"{self.method} on {self.lane} via {self.via} (request {self.request_id}): "
             f"{self.code} {self.reason} after {self.seconds:.2f}s {self.message[:120]}"
         )
-
-
-@dataclass
-class Ack:
-    """A command the service acknowledged (answered OK)."""
-
-    lane: str
-    method: str
-    request_id: str
-    revision: int
-    marker: str  # the unique text the command put in the lane ('' when none)
-    time: float
 
 
 @dataclass
@@ -258,65 +247,14 @@ async def _drive(
     obs: Observations, stub: Stub, via: str, lane: str, stopping: asyncio.Event
 ) -> None:
     """Cycles of EnqueueMessage + a small run until ``stopping``; each cycle is finished."""
-    cycle = 0
-    try:
-        while not stopping.is_set():
-            cycle += 1
 
-            def rid(step: str, cycle: int = cycle) -> str:
-                return f"{lane}-{cycle}-{step}"
+    async def send(method: str, request: Any, marker: str) -> Any:
+        answer = await _command(obs, stub, via, lane, method, request, marker)
+        await asyncio.sleep(COMMAND_PAUSE)
+        return answer
 
-            async def send(method: str, request: Any, marker: str = "") -> Any:
-                answer = await _command(obs, stub, via, lane, method, request, marker)
-                await asyncio.sleep(COMMAND_PAUSE)
-                return answer
-
-            queued = f"{lane}/{cycle}/queued"
-            await send(
-                "EnqueueMessage",
-                pb.EnqueueMessageRequest(
-                    lane_id=lane,
-                    kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN,
-                    message=user(queued),
-                    request_id=rid("enqueue"),
-                ),
-                queued,
-            )
-            prompt = f"{lane}/{cycle}/prompt"
-            run = await send(
-                "StartRun",
-                pb.StartRunRequest(lane_id=lane, prompt=[user(prompt)], request_id=rid("run")),
-                prompt,
-            )
-            turn = await send(
-                "StartTurn",
-                pb.StartTurnRequest(
-                    lane_id=lane, operation_id=run.operation_id, request_id=rid("turn")
-                ),
-            )
-            answer = f"{lane}/{cycle}/answer"
-            await send(
-                "SettleAssistantMessage",
-                pb.SettleAssistantMessageRequest(
-                    lane_id=lane,
-                    operation_id=run.operation_id,
-                    turn_id=turn.turn_id,
-                    message=assistant(text(answer), stop=messages_pb2.STOP_REASON_STOP),
-                    request_id=rid("settle"),
-                ),
-                answer,
-            )
-            await send(
-                "EndRun",
-                pb.EndRunRequest(
-                    lane_id=lane,
-                    operation_id=run.operation_id,
-                    status=snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED,
-                    request_id=rid("end"),
-                ),
-            )
-    except _GaveUp:
-        return
+    with contextlib.suppress(_GaveUp):
+        await drive_cycles(lane, send, stopping)
 
 
 async def _read(obs: Observations, stub: Stub, lanes: list[str], stopping: asyncio.Event) -> None:
@@ -753,7 +691,7 @@ async def test_nothing_acknowledged_is_lost(scenario: Observations) -> None:
         assert acks, f"{lane}: nothing was acknowledged"
         beyond = [a for a in acks if a.revision > end.capture.revision or a.revision < 1]
         assert not beyond, f"{lane}: acknowledged revisions missing from the log: {beyond[:5]}"
-        placed = _texts(end.capture)
+        placed = transcript_texts(end.capture)
         for ack in acks:
             if ack.marker:
                 count = len([text for text, _ in placed if text == ack.marker])
@@ -791,24 +729,3 @@ async def test_commit_through_another_process_reaches_a_watcher(scenario: Observ
     for lane in scenario.lanes_b:
         assert scenario.followers[lane].error is None
         assert scenario.caught_up[lane], f"{lane}: committed through B, A's watcher lags"
-
-
-def _texts(snapshot: snapshot_pb2.LaneSnapshot) -> list[tuple[str, int]]:
-    """Every text block of the transcript's messages with its entry's seq (the revision that
-    placed it), and of the queued messages (seq 0)."""
-    found: list[tuple[str, int]] = []
-
-    def message_texts(message: messages_pb2.AgentMessage, seq: int) -> None:
-        kind = message.WhichOneof("message")
-        if kind in ("user", "assistant"):
-            for block in getattr(message, kind).content:
-                if block.WhichOneof("block") == "text":
-                    found.append((block.text.text, seq))
-
-    for entry in snapshot.transcript:
-        if entry.WhichOneof("payload") == "message":
-            message_texts(entry.message.message, entry.seq)
-    for item in snapshot.queues:
-        if item.WhichOneof("item") == "message":
-            message_texts(item.message, 0)
-    return found

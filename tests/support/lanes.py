@@ -28,7 +28,9 @@ __all__ = [
     "leased_batch",
     "leased_run",
     "new_lane_id",
+    "outcome",
     "presentation_check",
+    "queue_next_run",
     "result",
     "text",
     "tool_call",
@@ -147,6 +149,29 @@ def error_reason(error: grpc.aio.AioRpcError) -> str:
     """The ErrorInfo reason of a failed call."""
     reason: str = error_info(error).reason
     return reason
+
+
+async def outcome(call: Any) -> tuple[str, str, float | None]:
+    """(code name, ErrorInfo reason, RetryInfo delay) a call ended with; ("OK", "", None) when
+    it succeeded."""
+    from lane.client.errors import lane_error
+
+    try:
+        await call
+    except grpc.aio.AioRpcError as err:
+        error = lane_error(err)
+        return error.code.name, error.reason, error.retry_after
+    return "OK", "", None
+
+
+def queue_next_run(lane_id: str, request_id: str) -> lane_service_pb2.EnqueueMessageRequest:
+    """An EnqueueMessage of a user message (its text: the request id) for the next run."""
+    return lane_service_pb2.EnqueueMessageRequest(
+        lane_id=lane_id,
+        kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN,
+        message=user(request_id),
+        request_id=request_id,
+    )
 
 
 async def leased_run(stub: Any, probe: Probe, *calls: str, seconds: int = 30) -> RunScript:

@@ -18,12 +18,13 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from psycopg import OperationalError
+from psycopg.errors import ReadOnlySqlTransaction
 from psycopg_pool import PoolTimeout
 
 from lane.server.api.call import Call, Context
 from lane.server.domain.errors import Code, LaneError
 from lane.server.log_repeats import RepeatLimiter
-from lane.server.store.pool import DatabaseBusy
+from lane.server.store.pool import DEFAULT_RECONNECT_SECONDS, DatabaseBusy, DatabaseUnreachable
 
 log = logging.getLogger(__name__)
 #: Every call fails alike while the database is away: one line, then a count per 10 s.
@@ -102,10 +103,18 @@ def error_answer(exc: Exception) -> tuple[status_pb2.Status, str]:
             ),
             "DATABASE_BUSY",
         )
-    if isinstance(exc, OperationalError | PoolTimeout):
+    if isinstance(exc, OperationalError | PoolTimeout | ReadOnlySqlTransaction):
+        # ReadOnlySqlTransaction: the server turned read-only under an open connection (a
+        # primary fenced during a failover); the pool discards that connection.
         _outage_log.warning("database unavailable: %s", exc)
         message = "database unavailable; retry"
-        return rich_status(code_pb2.UNAVAILABLE, "UNAVAILABLE", message, {}), "UNAVAILABLE"
+        retry = (
+            exc.retry_after
+            if isinstance(exc, DatabaseUnreachable)
+            else DEFAULT_RECONNECT_SECONDS / 2
+        )
+        status = rich_status(code_pb2.UNAVAILABLE, "UNAVAILABLE", message, {}, retry)
+        return status, "UNAVAILABLE"
     log.exception("unexpected error", exc_info=exc)
     internal = rich_status(code_pb2.INTERNAL, "INTERNAL", "internal error; see the service log", {})
     return internal, "INTERNAL"

@@ -83,6 +83,12 @@ then leaves the rest of the process's to the others (``service/lane/server/api/f
     command never waits past its caller's deadline anyway). A database that cannot be reached
     is answered UNAVAILABLE within a second, whatever this says
     (``service/lane/server/store/pool.py``).
+``LANE_DB_RECONNECT_SECONDS``
+    After an attempt to connect to the database failed (PostgreSQL down, or a failover under
+    way), the longest wait before the next; each wait is drawn between half of this and all of
+    it, and a command that arrives meanwhile makes the attempt happen sooner;
+    ``0.05 <= seconds <= 60``. Default ``1``: a promoted standby is followed within about a
+    second (docs/deploying.md, "A replicated PostgreSQL").
 ``LANE_REQUEST_RETENTION_SECONDS``
     How long the answer to a request id is kept, so a retry with that id returns it; seconds
     >= 60. Default ``86400`` (24 h). Older answers are deleted (checked every 10 minutes),
@@ -176,7 +182,11 @@ from lane.server.api.watch import DEFAULT_STREAM_BYTES, DEFAULT_WRITE_DEADLINE_S
 from lane.server.app.event_loop import EVENT_LOOPS
 from lane.server.app.tls_files import TlsFileError, check_tls_files
 from lane.server.logs import LOG_FORMATS
-from lane.server.store.pool import DEFAULT_CHECKOUT_TIMEOUT_SECONDS, DEFAULT_POOL_SIZE
+from lane.server.store.pool import (
+    DEFAULT_CHECKOUT_TIMEOUT_SECONDS,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_RECONNECT_SECONDS,
+)
 from lane.server.store.retention import KEEP_ANSWERS
 
 _TRUE = frozenset({"on", "true", "1", "yes"})
@@ -185,6 +195,9 @@ _FALSE = frozenset({"off", "false", "0", "no"})
 _MAX_POLL_INTERVAL_SECONDS = 60.0
 # The same for the checkout timeout; and answers are kept at least a minute (retries need them).
 _MAX_CHECKOUT_TIMEOUT_SECONDS = 300.0
+# Reconnecting more often than this would only load a recovering server; more rarely, a typo.
+_MIN_RECONNECT_SECONDS = 0.05
+_MAX_RECONNECT_SECONDS = 60.0
 _MIN_REQUEST_RETENTION_SECONDS = 60.0
 # A deadline past an hour is a typo too; and a stream budget must hold a few messages.
 _MAX_WRITE_DEADLINE_SECONDS = 3600.0
@@ -311,6 +324,11 @@ SETTINGS: tuple[Setting, ...] = (
         "how long a command waits for a free connection before DATABASE_BUSY",
     ),
     Setting(
+        "LANE_DB_RECONNECT_SECONDS",
+        f"{DEFAULT_RECONNECT_SECONDS:g}",
+        "after a failed attempt to connect to the database, the longest wait before the next",
+    ),
+    Setting(
         "LANE_REQUEST_RETENTION_SECONDS",
         f"{KEEP_ANSWERS.total_seconds():g}",
         "how long the answer to a request id is kept for retries (>= 60)",
@@ -395,6 +413,7 @@ class Settings:
     watch_stream_bytes: int = DEFAULT_STREAM_BYTES
     db_pool_size: int = DEFAULT_POOL_SIZE
     db_checkout_timeout_seconds: float = DEFAULT_CHECKOUT_TIMEOUT_SECONDS
+    db_reconnect_seconds: float = DEFAULT_RECONNECT_SECONDS
     request_retention_seconds: float = KEEP_ANSWERS.total_seconds()
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
@@ -458,6 +477,7 @@ class Settings:
         stream_bytes = get("LANE_WATCH_STREAM_BYTES")
         pool_size = get("LANE_DB_POOL_SIZE")
         checkout_timeout = get("LANE_DB_CHECKOUT_TIMEOUT_SECONDS")
+        reconnect = get("LANE_DB_RECONNECT_SECONDS")
         request_retention = get("LANE_REQUEST_RETENTION_SECONDS")
         http_listen = get("LANE_HTTP_LISTEN")
         allowed_hosts = get("LANE_HTTP_ALLOWED_HOSTS")
@@ -582,10 +602,26 @@ class Settings:
                     maximum=_MAX_CHECKOUT_TIMEOUT_SECONDS,
                 )
             ),
+            db_reconnect_seconds=(
+                defaults.db_reconnect_seconds
+                if reconnect is None
+                else _seconds(
+                    "LANE_DB_RECONNECT_SECONDS",
+                    reconnect,
+                    allow_zero=False,
+                    minimum=_MIN_RECONNECT_SECONDS,
+                    maximum=_MAX_RECONNECT_SECONDS,
+                )
+            ),
             request_retention_seconds=(
                 defaults.request_retention_seconds
                 if request_retention is None
-                else _retention_seconds("LANE_REQUEST_RETENTION_SECONDS", request_retention)
+                else _seconds(
+                    "LANE_REQUEST_RETENTION_SECONDS",
+                    request_retention,
+                    allow_zero=False,
+                    minimum=_MIN_REQUEST_RETENTION_SECONDS,
+                )
             ),
             tls_cert_file=cert,
             tls_key_file=key,
@@ -721,26 +757,28 @@ def _check_database_url(value: str) -> None:
         raise ConfigError("LANE_DATABASE_URL", "<hidden>", problem) from None
 
 
-def _seconds(variable: str, value: str, *, allow_zero: bool, maximum: float = math.inf) -> float:
+def _seconds(
+    variable: str,
+    value: str,
+    *,
+    allow_zero: bool,
+    maximum: float = math.inf,
+    minimum: float | None = None,
+) -> float:
     try:
         seconds = float(value)
     except ValueError:
         raise ConfigError(variable, value, "expected a number of seconds") from None
     low_ok = seconds >= 0 if allow_zero else seconds > 0
+    if minimum is not None and low_ok and seconds < minimum:
+        low_ok = False
     if not math.isfinite(seconds) or not low_ok or seconds > maximum:
         bound = ">= 0" if allow_zero else "> 0"
+        if minimum is not None:
+            bound = f">= {minimum:g}"
         if math.isfinite(maximum):
             bound += f" and <= {maximum:g}"
         raise ConfigError(variable, value, f"the number of seconds must be {bound}")
-    return seconds
-
-
-def _retention_seconds(variable: str, value: str) -> float:
-    seconds = _seconds(variable, value, allow_zero=False)
-    if seconds < _MIN_REQUEST_RETENTION_SECONDS:
-        raise ConfigError(
-            variable, value, f"the number of seconds must be >= {_MIN_REQUEST_RETENTION_SECONDS:g}"
-        )
     return seconds
 
 

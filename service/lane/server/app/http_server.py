@@ -45,6 +45,8 @@ from lane.server.api.host_check import HostCheck
 from lane.server.api.response_writes import ResponseWrites, current_response
 from lane.server.app.config import Settings
 from lane.server.app.http_connections import HttpConnections
+from lane.server.app.probe_paths import PROBE_PATHS, ProbeApp
+from lane.server.app.readiness import Readiness
 from lane.server.web import WebViewApp
 
 _log = logging.getLogger(__name__)
@@ -76,7 +78,8 @@ class HttpEndpoint:
 
 
 class _HttpApp:
-    """The service's methods under ``/lane.v1.LaneService/``, the web view everywhere else."""
+    """The service's methods under ``/lane.v1.LaneService/``, the probe paths
+    (``probe_paths.py``), the web view everywhere else."""
 
     def __init__(
         self,
@@ -84,10 +87,12 @@ class _HttpApp:
         hosts: HostCheck,
         connections: HttpConnections,
         settings: Settings,
+        readiness: Readiness | None,
     ) -> None:
         self.connect = LaneServiceApp(servicer, hosts)
         self._prefix = f"{self.connect.path}/"
         self._web = WebViewApp()
+        self._probes = None if readiness is None else ProbeApp(readiness)
         self._hosts = hosts
         self._connections = connections
         self._stall_seconds = settings.watch_write_deadline_seconds
@@ -98,6 +103,10 @@ class _HttpApp:
     ) -> None:
         if scope["type"] != "http":
             await self.connect(scope, receive, send)
+            return
+        if self._probes is not None and scope["path"] in PROBE_PATHS:
+            # Before the Host check: probes come addressed to the pod's IP, or any name.
+            await self._probes(scope, receive, send)
             return
         peer = scope.get("client")
         response = ResponseWrites(send, lambda: self._connections.abort(peer), self._stall_seconds)
@@ -222,11 +231,16 @@ def _config(settings: Settings) -> Config:
 
 
 async def start_http(
-    settings: Settings, listen: str, servicer: LaneServicer, *, reuse_port: bool = False
+    settings: Settings,
+    listen: str,
+    servicer: LaneServicer,
+    *,
+    reuse_port: bool = False,
+    readiness: Readiness | None = None,
 ) -> HttpEndpoint:
     """Serve ``servicer`` over Connect and gRPC-Web, and the web view, on ``listen``
-    (``host:port``; port 0: a free one), with the TLS files and HTTP settings of ``settings``;
-    return once it accepts connections."""
+    (``host:port``; port 0: a free one), with the TLS files and HTTP settings of ``settings``,
+    and with ``readiness`` the probe paths; return once it accepts connections."""
     sock = _bind(listen, reuse_port)
     port = sock.getsockname()[1]
     # Listening now, so connections queue in the backlog from the moment this returns.
@@ -237,7 +251,7 @@ async def start_http(
         enabled=not settings.auth_tokens, bound_host=host, allowed=settings.http_allowed_hosts
     )
     connections = HttpConnections(config, settings.http_max_connections)
-    app = _HttpApp(servicer, hosts, connections, settings)
+    app = _HttpApp(servicer, hosts, connections, settings, readiness)
     try:
         tls = config.create_ssl_context() if config.ssl_enabled else None
         await connections.start(app, sock, tls)

@@ -50,12 +50,13 @@ from lane.server.app.maintenance import (
     reconcile_forever,
     retention_forever,
 )
+from lane.server.app.readiness import Readiness
 from lane.server.app.reflection import add_reflection
 from lane.server.hub import Hub
 from lane.server.metrics import MetricsEndpoint, serve_metrics
 from lane.server.metrics import install as install_metrics
 from lane.server.store import DEFAULT_NAMESPACE, Clock, Store, system_clock
-from lane.server.store.pool import MIN_IDLE_CONNECTIONS
+from lane.server.store.pool import MIN_IDLE_CONNECTIONS, LanePool
 
 _log = logging.getLogger(__name__)
 
@@ -162,6 +163,8 @@ class RunningServer:
     lane_servicer: LaneServicer | None = None
     #: The Connect / gRPC-Web port (``LANE_HTTP_LISTEN``), None when off.
     http: HttpEndpoint | None = None
+    #: Liveness and readiness, as the health service and the HTTP probe paths report them.
+    readiness: Readiness | None = None
     _stop_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
@@ -186,6 +189,8 @@ class RunningServer:
                 return
             self._stopped = True
             try:
+                if self.readiness is not None:
+                    self.readiness.shutting_down()
                 await self.health.enter_graceful_shutdown()
                 # Watch streams never finish on their own: end them with UNAVAILABLE now so
                 # clients resume elsewhere instead of holding shutdown for the grace period.
@@ -263,10 +268,16 @@ async def start_server(
             min_size=min(MIN_IDLE_CONNECTIONS, settings.db_pool_size),
             max_size=settings.db_pool_size,
             checkout_timeout=settings.db_checkout_timeout_seconds,
+            reconnect_seconds=settings.db_reconnect_seconds,
             clock=clock,
         )
         applied = await store.migrate()
-        hub = Hub(store, notify=settings.notify, poll_interval=settings.poll_interval_seconds)
+        hub = Hub(
+            store,
+            notify=settings.notify,
+            poll_interval=settings.poll_interval_seconds,
+            reconnect_seconds=settings.db_reconnect_seconds,
+        )
         await hub.start()
 
         server = grpc.aio.server(options=WORKER_SERVER_OPTIONS if reuse_port else SERVER_OPTIONS)
@@ -284,6 +295,11 @@ async def start_server(
         health_servicer, lane_servicer = await _add_services(
             server, store, hub, watch, Authenticator(settings.auth_tokens), _shares(settings)
         )
+        assert isinstance(store.pool, LanePool)
+        readiness = Readiness(
+            store.pool, health_servicer, (health.OVERALL_HEALTH, LANE_SERVICE_NAME)
+        )
+        await readiness.start()
         try:
             credentials = server_credentials(settings)
             port = (
@@ -298,7 +314,11 @@ async def start_server(
         if settings.http_listen is not None:
             try:
                 http = await start_http(
-                    settings, settings.http_listen, lane_servicer, reuse_port=reuse_port
+                    settings,
+                    settings.http_listen,
+                    lane_servicer,
+                    reuse_port=reuse_port,
+                    readiness=readiness,
                 )
             except HttpStartupError as err:
                 raise StartupError(str(err)) from None
@@ -340,6 +360,7 @@ async def start_server(
                 ),
                 name="reconcile",
             ),
+            asyncio.create_task(readiness.watch_forever(), name="readiness"),
             # The queue-usage gauge is read by scrapes only: refresh it only when they can come.
             *(
                 [asyncio.create_task(notification_queue_forever(store), name="notify-queue")]
@@ -350,6 +371,7 @@ async def start_server(
         metrics=metrics,
         lane_servicer=lane_servicer,
         http=http,
+        readiness=readiness,
     )
     _log.info(
         "lane service listening on %s (%s); database: %s; migrations applied now: %s;"
@@ -455,8 +477,8 @@ async def _add_services(
     authenticator: Authenticator,
     shares: ShareSettings,
 ) -> tuple[Any, LaneServicer]:
-    """Register LaneService, health (all SERVING) and reflection; return the health servicer
-    and the LaneService servicer.
+    """Register LaneService, health (all SERVING; readiness.py keeps it true) and reflection;
+    return the health servicer and the LaneService servicer.
 
     Health and reflection stay open without a token: probes and tools need them, and they
     reveal no lane."""

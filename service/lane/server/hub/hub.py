@@ -47,6 +47,7 @@ import time
 from lane.server import metrics
 from lane.server.hub import interest
 from lane.server.hub.feed import FEED_MAX_BYTES, Feed, FeedMemory, SharedGroup
+from lane.server.log_repeats import RepeatLimiter
 from lane.server.store import (
     ChannelError,
     EventGroup,
@@ -56,8 +57,11 @@ from lane.server.store import (
     Store,
     read_was_full,
 )
+from lane.server.store.pool import DEFAULT_RECONNECT_SECONDS, reconnect_delay
 
 log = logging.getLogger(__name__)
+#: While the database is away the listener fails every second: one line, then a count.
+_outage_log = RepeatLimiter(log)
 
 CHANNEL = "lane_events"
 #: The application name of every hub's LISTEN connection (to find them in pg_stat_activity).
@@ -69,6 +73,9 @@ ANNOUNCE_SETTLE_SECONDS = 0.2
 #: over by one): no more than its feed keeps.
 SHARED_READ_BATCH = 500
 SHARED_READ_BYTES = FEED_MAX_BYTES
+#: A lost LISTEN connection is opened again after this long the first time (it may have been
+#: killed alone); after that, on the pool's schedule (``LANE_DB_RECONNECT_SECONDS``).
+LISTEN_RETRY_FIRST_SECONDS = 0.1
 #: A failed shared read is tried again after this long, doubling up to the maximum.
 SHARED_READ_RETRY_SECONDS = 0.1
 SHARED_READ_RETRY_MAX_SECONDS = 1.0
@@ -223,10 +230,19 @@ class LaneFeed:
 class Hub:
     """Feeds and wakes this process's watchers; see the module docstring."""
 
-    def __init__(self, store: Store, *, notify: bool = True, poll_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        notify: bool = True,
+        poll_interval: float = 1.0,
+        reconnect_seconds: float = DEFAULT_RECONNECT_SECONDS,
+    ) -> None:
         self.store = store
         self.notify = notify
         self.poll_interval = poll_interval
+        #: The longest wait between attempts to open the LISTEN connection again.
+        self.reconnect_seconds = reconnect_seconds
         self._lanes: dict[LaneRef, LaneFeed] = {}
         self._watchers = 0
         #: Reads of the event log the hub made for a lane's feed (of the store's
@@ -522,7 +538,7 @@ class Hub:
         return lanes
 
     async def _listen_forever(self) -> None:
-        backoff = 0.1
+        backoff = LISTEN_RETRY_FIRST_SECONDS
         while True:
             try:
                 # Hello (an empty payload): the other hubs announce what they watch.
@@ -533,7 +549,7 @@ class Hub:
                     self._announce_all = True
                     self._dirty_event.set()
                     self.listening.set()
-                    backoff = 0.1
+                    backoff = LISTEN_RETRY_FIRST_SECONDS
                     # Anything committed while we were not listening is caught up now.
                     self.refresh_all()
                     async for notification in listener.notifications():
@@ -544,9 +560,11 @@ class Hub:
             except ChannelError as exc:
                 self.listening.clear()
                 metrics.current.listener_reconnects.inc()
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                _outage_log.warning("LISTEN connection lost or refused (%s); reconnecting", exc)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                # As the pool does: a short wait, whatever the outage's length, so that after a
+                # failover doorbells flow again within about a second of the promotion.
+                backoff = reconnect_delay(self.reconnect_seconds)
 
     def _heard(self, payload: str) -> None:
         if not payload:  # another hub said hello: tell it what we watch

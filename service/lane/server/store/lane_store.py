@@ -51,7 +51,7 @@ from lane.server.store.lane_writes import (
     insert_lane,
     run_commit,
 )
-from lane.server.store.pool import migrate_pool, open_pool
+from lane.server.store.pool import DEFAULT_RECONNECT_SECONDS, migrate_pool, open_pool
 from lane.server.store.requests import Recording, replayed_answer
 from lane.server.store.store_reads import StoreReads, lane_not_found
 
@@ -152,13 +152,19 @@ class Store(StoreReads):
         min_size: int = 2,
         max_size: int = 10,
         checkout_timeout: float | None = None,
+        reconnect_seconds: float = DEFAULT_RECONNECT_SECONDS,
         clock: Clock = system_clock,
     ) -> Store:
         """Connect a pool to ``dsn``. Does not migrate; call :meth:`migrate`.
-        ``checkout_timeout``: see :func:`~lane.server.store.pool.open_pool` (None: its default);
+        ``checkout_timeout``, ``reconnect_seconds``: see
+        :func:`~lane.server.store.pool.open_pool` (None: its default);
         ``clock``: the time commands decide with (the real one unless a test moves its own)."""
         pool = await open_pool(
-            dsn, min_size=min_size, max_size=max_size, checkout_timeout=checkout_timeout
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            checkout_timeout=checkout_timeout,
+            reconnect_seconds=reconnect_seconds,
         )
         return cls(pool, clock=clock)
 
