@@ -45,6 +45,7 @@ import time
 from lane.server import metrics
 from lane.server.hub import interest
 from lane.server.hub.feed import FEED_MAX_BYTES, Feed, FeedMemory, SharedGroup
+from lane.server.hub.lane_changes import LaneChanges
 from lane.server.store import (
     ChannelError,
     EventGroup,
@@ -247,6 +248,10 @@ class Hub:
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
         self._closing = False
+        #: WatchLanes: the namespaces followed here and their lanes' summaries.
+        self.lane_changes = LaneChanges(
+            store, poll_interval=poll_interval, followed=self._namespace_followed
+        )
         store.add_commit_listener(self.committed)
         store.add_delete_listener(self.lane_deleted)
 
@@ -255,6 +260,9 @@ class Hub:
     async def start(self) -> None:
         """Start the poller and, with NOTIFY on, the listener and the doorbell sender."""
         self._tasks.append(asyncio.create_task(self._poll_forever(), name="hub-poll"))
+        self._tasks.append(
+            asyncio.create_task(self.lane_changes.poll_forever(), name="hub-poll-lanes")
+        )
         if self.notify:
             self._tasks.append(asyncio.create_task(self._listen_forever(), name="hub-listen"))
             self._tasks.append(asyncio.create_task(self._send_doorbells(), name="hub-notify"))
@@ -265,6 +273,7 @@ class Hub:
         for watched in self._lanes.values():
             for subscription in watched.subscriptions:
                 subscription.close()
+        self.lane_changes.close()
 
     async def stop(self) -> None:
         """Stop every task."""
@@ -278,6 +287,7 @@ class Hub:
                 await task
         self._tasks.clear()
         self._readers.clear()
+        await self.lane_changes.stop()
 
     # -- watchers --------------------------------------------------------------------------
 
@@ -317,6 +327,7 @@ class Hub:
     def committed(self, lane: LaneRef, incarnation: int, group: EventGroup) -> None:
         """A commit in this process (the store's commit listener): hand its group to the lane's
         feed and wake its watchers now; ring other processes soon."""
+        self.lane_changes.committed(lane, incarnation, group)
         watched = self._lanes.get(lane)
         if watched is not None and watched.incarnation not in (None, incarnation):
             known = watched.incarnation
@@ -350,6 +361,7 @@ class Hub:
         """The lane's ``incarnation`` was deleted in this process (the store's delete
         listener): end its watchers here now, and tell the other processes."""
         self._lane_gone(lane, incarnation)
+        self.lane_changes.deleted(lane, incarnation)
         if self.notify:
             self._deleted[lane] = incarnation
             self._dirty_event.set()
@@ -398,6 +410,10 @@ class Hub:
 
     def refresh(self, lane: LaneRef) -> None:
         """Bring ``lane``'s feed up to the log (another process committed to it)."""
+        if not lane.lane_id:
+            # A followed namespace was announced: catch up with what came before.
+            self.lane_changes.poll_soon()
+            return
         watched = self._lanes.get(lane)
         if watched is not None:
             self._want_read(watched)
@@ -407,6 +423,7 @@ class Hub:
         been missed)."""
         for watched in list(self._lanes.values()):
             self._want_read(watched)
+        self.lane_changes.poll_soon()
 
     # -- shared reads ----------------------------------------------------------------------
 
@@ -510,13 +527,22 @@ class Hub:
         finally:
             await notifier.close()
 
+    def _namespace_followed(self, namespace: str) -> None:
+        """A namespace's lanes are followed here now (WatchLanes): tell the others, so that
+        their commits in it ring this process."""
+        if self.notify:
+            self._announce.add(interest.whole(namespace))
+            self._dirty_event.set()
+
     def _to_announce(self) -> list[LaneRef]:
-        """The watched lanes to announce now (all of them when a refresh or hello is due)."""
+        """The watched lanes, and followed namespaces, to announce now (all of them when a
+        refresh or hello is due)."""
+        followed = [interest.whole(namespace) for namespace in self.lane_changes.namespaces()]
         if self._announce_all:
             self._announce_all = False
             self._announce = set()
-            return sorted(self._lanes)
-        lanes = sorted(lane for lane in self._announce if lane in self._lanes)
+            return sorted(self._lanes) + followed
+        lanes = sorted(lane for lane in self._announce if lane in self._lanes or lane in followed)
         self._announce = set()
         return lanes
 
@@ -554,9 +580,13 @@ class Hub:
         elif payload.startswith(interest.ANNOUNCE):
             self._remote.heard(payload)
         elif payload.startswith(interest.DELETED):
-            self._lane_gone(*interest.deleted_lane(payload))
+            lane, incarnation = interest.deleted_lane(payload)
+            self._lane_gone(lane, incarnation)
+            self.lane_changes.deleted(lane, incarnation)
         else:
-            self.refresh(interest.rung_lane(payload))
+            lane = interest.rung_lane(payload)
+            self.refresh(lane)
+            self.lane_changes.rang(lane)
 
     async def _poll_forever(self) -> None:
         while True:
