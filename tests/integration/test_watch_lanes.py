@@ -13,10 +13,12 @@ from typing import Any
 import grpc
 import pytest
 from lane.client.testing import LaneScript, new_lane_id
-from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
+from lane.v1 import events_pb2, lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
+from lane.server.api import WatchSettings
 from tests.integration.lanes import error_reason
+from tests.integration.servers import extra_server
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -255,3 +257,238 @@ async def test_the_listing_matches_list_lanes_then_changes_follow(lane_stub) -> 
         assert watcher.lanes == fresh
     finally:
         await watcher.close()
+
+
+async def test_a_commit_on_one_of_three_lanes_is_one_update_of_that_lane(lane_stub) -> None:
+    ids = [new_lane_id("three") for _ in range(3)]
+    for lane_id in ids:
+        await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    watcher = LanesWatcher(lane_stub, pb.WatchLanesRequest(lane_ids=ids))
+    try:
+        await watcher.until(lambda: watcher.listed)
+        assert sorted(line.lane_id for line in watcher.listing) == sorted(ids)
+        run = await LaneScript(lane_stub, ids[1]).start_run("go")
+        await watcher.until(lambda: watcher.changes)
+        (update,) = watcher.changes
+        (line,) = update.lanes
+        assert not update.removed
+        assert (line.lane_id, line.revision) == (ids[1], run.started.revision)
+        assert line.status == pb.LANE_STATUS_RUNNING and line.operation_id == run.operation_id
+        # Nothing else came for it: the next message is the next commit's, on another lane.
+        revision = await set_value(lane_stub, ids[2], "next")
+        await watcher.until(lambda: len(watcher.changes) == 2)
+        assert [(x.lane_id, x.revision) for x in watcher.changes[1].lanes] == [(ids[2], revision)]
+    finally:
+        await watcher.close()
+
+
+async def test_a_client_that_does_not_read_gets_each_lane_once_in_its_latest_state(
+    lane_server,
+) -> None:
+    # Many lanes and a small client window: the listing alone fills it, so the stream's
+    # writes wait while the commits land. What the client then reads after the listing holds
+    # each lane at most once, in its latest state: the stream kept one pending change per lane.
+    prefix = f"unread-{uuid.uuid4().hex[:8]}-" + "x" * 80
+    ids = [f"{prefix}{n:03d}" for n in range(200)]
+    async with grpc.aio.insecure_channel(
+        f"127.0.0.1:{lane_server.port}", options=SMALL_WINDOW
+    ) as channel:
+        stub = lane_service_pb2_grpc.LaneServiceStub(channel)
+        for lane_id in ids:
+            await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+        call = stub.WatchLanes(pb.WatchLanesRequest(lane_id_prefix=prefix))
+        await call.wait_for_connection()
+        latest: dict[str, int] = {}
+        for round_ in range(3):
+            for lane_id in ids:
+                latest[lane_id] = await set_value(stub, lane_id, f"r{round_}")
+        held: dict[str, int] = {}
+        entries_after_listing = 0
+        listed_all = False
+        async with asyncio.timeout(30):
+            async for response in call:
+                if response.heartbeat:
+                    continue
+                if listed_all:
+                    entries_after_listing += len(response.lanes)
+                for line in response.lanes:
+                    held[line.lane_id] = line.revision
+                listed_all = listed_all or response.listing_complete
+                if listed_all and held == latest:
+                    break
+        call.cancel()
+    assert held == latest
+    assert entries_after_listing <= len(ids)
+
+
+async def test_a_commit_in_another_process_reaches_the_stream(
+    session_database_url, lane_stub
+) -> None:
+    # The stream's server polls once a minute: only a doorbell delivers in time. (Its first
+    # commit may race the announcement of the namespace; the second cannot.)
+    async with extra_server(session_database_url, poll_interval=60) as (_, stub):
+        lane_id = new_lane_id("remote")
+        await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+        watcher = LanesWatcher(stub, pb.WatchLanesRequest(lane_id_prefix=lane_id))
+        try:
+            await watcher.until(lambda: watcher.listed)
+            first = await set_value(lane_stub, lane_id, "one")
+            await watcher.until(lambda: watcher.lanes[lane_id].revision == first)
+            run = await LaneScript(lane_stub, lane_id).start_run("go")
+            await watcher.until(lambda: watcher.lanes[lane_id].revision == run.started.revision)
+            line = watcher.lanes[lane_id]
+            assert line.status == pb.LANE_STATUS_RUNNING and line.operation_id == run.operation_id
+        finally:
+            await watcher.close()
+
+
+async def test_without_notify_the_poll_delivers_other_processes_changes(
+    session_database_url, lane_stub
+) -> None:
+    async with extra_server(session_database_url, notify=False, poll_interval=0.2) as (_, stub):
+        prefix = new_lane_id("polled")
+        await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=f"{prefix}-a"))
+        watcher = LanesWatcher(stub, pb.WatchLanesRequest(lane_id_prefix=prefix))
+        try:
+            await watcher.until(lambda: watcher.listed)
+            revision = await set_value(lane_stub, f"{prefix}-a", "moved")
+            await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=f"{prefix}-b"))
+            await lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=f"{prefix}-a"))
+            await watcher.until(lambda: list(watcher.lanes) == [f"{prefix}-b"])
+            seen = [line for change in watcher.changes for line in change.lanes]
+            removed = [r for change in watcher.changes for r in change.removed]
+            assert [(r.lane_id, r.deleted) for r in removed] == [(f"{prefix}-a", True)]
+            # The poll may have seen the value commit, or only the deletion after it.
+            assert all(line.revision <= revision for line in seen if line.lane_id.endswith("-a"))
+        finally:
+            await watcher.close()
+
+
+async def test_deletion_and_creation_again(lane_stub) -> None:
+    lane_id = new_lane_id("again")
+    created = await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    await set_value(lane_stub, lane_id, "first life")
+    watcher = LanesWatcher(lane_stub, pb.WatchLanesRequest(lane_id_prefix=lane_id))
+    try:
+        await watcher.until(lambda: watcher.listed)
+        (old,) = watcher.listing
+        await lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id))
+        await watcher.until(lambda: lane_id not in watcher.lanes)
+        (removal,) = watcher.changes[-1].removed
+        assert (removal.lane_id, removal.incarnation, removal.deleted) == (
+            lane_id,
+            old.incarnation,
+            True,
+        )
+        again = await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+        assert again.revision == 1 and created.revision == 1
+        await watcher.until(lambda: lane_id in watcher.lanes)
+        fresh = watcher.lanes[lane_id]
+        assert fresh.revision == 1 and fresh.incarnation != old.incarnation
+        assert fresh.status == pb.LANE_STATUS_IDLE
+    finally:
+        await watcher.close()
+
+
+async def test_lane_ids_and_statuses_filter_the_stream(lane_stub) -> None:
+    prefix = new_lane_id("filtered")
+    named, other, later = f"{prefix}-named", f"{prefix}-other", f"{prefix}-later"
+    for lane_id in (named, other):
+        await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    by_id = LanesWatcher(lane_stub, pb.WatchLanesRequest(lane_ids=[named, later]))
+    running = LanesWatcher(
+        lane_stub,
+        pb.WatchLanesRequest(lane_id_prefix=prefix, statuses=[pb.LANE_STATUS_RUNNING]),
+    )
+    try:
+        await by_id.until(lambda: by_id.listed)
+        await running.until(lambda: running.listed)
+        assert [line.lane_id for line in by_id.listing] == [named]
+        assert running.listing == []
+        # A lane named before it existed is sent once created; the other lane never is.
+        await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=later))
+        await set_value(lane_stub, other, "unnamed")
+        await by_id.until(lambda: later in by_id.lanes)
+        # A lane that starts running enters the status filter; once it ends, it leaves it.
+        run = await LaneScript(lane_stub, other).start_run("go")
+        await running.until(lambda: other in running.lanes)
+        assert running.lanes[other].operation_id == run.operation_id
+        await run.turn("done")
+        await run.end()
+        await running.until(lambda: other not in running.lanes)
+        removed = [r for change in running.changes for r in change.removed]
+        assert [(r.lane_id, r.deleted) for r in removed] == [(other, False)]
+        await set_value(lane_stub, named, "named again")
+        await by_id.until(lambda: by_id.lanes[named].revision > by_id.listing[0].revision)
+        assert set(by_id.lanes) == {named, later}
+        assert all(line.lane_id in (named, later) for c in by_id.changes for line in c.lanes)
+    finally:
+        await by_id.close()
+        await running.close()
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "reason"),
+    [
+        ({"lane_ids": [f"l{n}" for n in range(1001)]}, "TOO_MANY_LANE_IDS"),
+        ({"statuses": [pb.LANE_STATUS_UNSPECIFIED]}, "UNKNOWN_ENUM_VALUE"),
+        ({"statuses": [42]}, "UNKNOWN_ENUM_VALUE"),
+        ({"lane_ids": ["ok", " padded"]}, "INVALID_ID"),
+        ({"lane_id_prefix": "x" * 200}, "INVALID_ID"),
+    ],
+)
+async def test_bad_requests_are_refused(lane_stub, request_fields, reason) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await lane_stub.WatchLanes(pb.WatchLanesRequest(**request_fields)).read()
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason(refused.value) == reason
+
+
+async def test_a_stalled_client_is_cut_off_with_the_reason(session_database_url) -> None:
+    watch = WatchSettings(write_deadline_seconds=1.0)
+    async with extra_server(session_database_url, watch=watch) as (running, stub):
+        prefix = f"stalled-{uuid.uuid4().hex[:8]}-" + "x" * 100
+        for n in range(300):
+            await stub.CreateLane(pb.CreateLaneRequest(lane_id=f"{prefix}{n:03d}"))
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{running.port}", options=SMALL_WINDOW
+        ) as channel:
+            call = lane_service_pb2_grpc.LaneServiceStub(channel).WatchLanes(
+                pb.WatchLanesRequest(lane_id_prefix=prefix)
+            )
+            await call.wait_for_connection()
+            # The client reads nothing: the listing cannot go out, the stream is cut and its
+            # slot freed while the client still reads nothing.
+            async with asyncio.timeout(30):
+                while not running.hub.lane_changes.followers():  # noqa: ASYNC110 (no event)
+                    await asyncio.sleep(0.05)
+                while running.hub.lane_changes.followers():  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async with asyncio.timeout(30):
+                    async for _ in call:
+                        pass
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert error_reason(caught.value) == "WATCHER_TOO_SLOW"
+
+
+async def test_shutdown_ends_the_stream_unavailable(session_database_url) -> None:
+    async with extra_server(session_database_url) as (running, stub):
+        watcher = LanesWatcher(stub, pb.WatchLanesRequest(lane_id_prefix=new_lane_id("down")))
+        await watcher.until(lambda: watcher.listed)
+        await running.stop(grace=30)
+        await asyncio.wait_for(watcher.task, 10)
+        assert watcher.error is not None
+        assert watcher.error.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_reason(watcher.error) == "SERVER_SHUTTING_DOWN"
+
+
+async def test_an_idle_stream_heartbeats(session_database_url) -> None:
+    watch = WatchSettings(heartbeat_seconds=0.2)
+    async with extra_server(session_database_url, watch=watch) as (_, stub):
+        watcher = LanesWatcher(stub, pb.WatchLanesRequest(lane_id_prefix=new_lane_id("idle")))
+        try:
+            await watcher.until(lambda: watcher.heartbeats >= 2)
+            assert watcher.changes == []
+        finally:
+            await watcher.close()

@@ -211,7 +211,7 @@ def check_counts(request: Message) -> None:
     message count allowed it), so the work is bounded by the limits, not by what was sent.
     Then, the blocks being few enough, each assistant message's tool calls are counted.
     """
-    totals = {_BLOCKS: 0, _MESSAGES: 0, _NAMES: 0}
+    totals = dict.fromkeys(COUNT_LIMITS, 0)
     assistants: list[tuple[messages_pb2.AssistantMessage, str]] = []
 
     def visit(message: Message, path: str) -> None:
