@@ -11,6 +11,8 @@ Everything a caller needs is importable from here::
   run ended; a model raises :class:`ModelError` to say whether a failure is worth retrying.
   Real models are in :mod:`lane.client.models` (optional extras ``openai``, ``anthropic``).
 * :func:`watch_lane`: follows a lane live as :class:`LaneView` s, resuming after failures.
+* :func:`watch_lanes`: follows many lanes' summaries live (a lane list) as
+  :class:`LanesView` s, listing again after failures.
 * :class:`RetryPolicy`: how everything that retries retries.
 * :class:`LaneError` and its subclasses, one per reason a caller acts on, derived from
   :data:`Reason`, the contract's enum of refusal reasons (shared with the TypeScript client).
@@ -51,6 +53,7 @@ from lane.client.model import (
 from lane.client.retry import RetryPolicy
 from lane.client.tools import Tool, ToolContext, ToolResult
 from lane.client.watch import LaneView, watch_lane
+from lane.client.watch_lanes import LanesView, watch_lanes
 from lane.v1.reasons_pb2 import Reason
 
 __all__ = [
@@ -61,6 +64,7 @@ __all__ = [
     "LaneError",
     "LaneNotFound",
     "LaneView",
+    "LanesView",
     "LeaseHeld",
     "Model",
     "ModelError",
@@ -87,4 +91,5 @@ __all__ = [
     "WatchProtocolError",
     "open_channel",
     "watch_lane",
+    "watch_lanes",
 ]
