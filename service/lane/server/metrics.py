@@ -24,10 +24,10 @@ the process (as in the tests) get the same one and add to the same series.
 ``lane_events_appended_total`` (counter)
     Events committed to the event log (a command that changes nothing appends none).
 ``lane_watchers_active`` (gauge)
-    WatchLane streams being served now.
+    WatchLane and WatchLanes streams being served now.
 ``lane_watchers_ended_total{reason}`` (counter)
-    WatchLane streams that ended: ``client_left`` (the client cancelled or went away),
-    ``too_slow`` (RESOURCE_EXHAUSTED ``WATCHER_TOO_SLOW``), ``shutdown`` (UNAVAILABLE
+    WatchLane and WatchLanes streams that ended: ``client_left`` (the client cancelled or went
+    away), ``too_slow`` (RESOURCE_EXHAUSTED ``WATCHER_TOO_SLOW``), ``shutdown`` (UNAVAILABLE
     ``SERVER_SHUTTING_DOWN``), ``lane_deleted`` (NOT_FOUND ``LANE_DELETED``), ``out_of_range``
     (resume below the retention floor or past the head), ``not_found`` (no such lane), another
     refusal's code name in lower case (``resource_exhausted``, ...), or ``error`` (anything
@@ -111,12 +111,12 @@ class Metrics:
         self.locked_commits = self.store_commits.labels("locked")
         self.watchers_active = Gauge(
             "lane_watchers_active",
-            "WatchLane streams being served.",
+            "WatchLane and WatchLanes streams being served.",
             registry=registry,
         )
         self.watchers_ended = Counter(
             "lane_watchers_ended",
-            "WatchLane streams that ended, by reason.",
+            "WatchLane and WatchLanes streams that ended, by reason.",
             ["reason"],
             registry=registry,
         )
