@@ -123,11 +123,13 @@ async def write_within(
     message: pb.WatchLaneResponse | bytes | None,
     deadline: WriteDeadline,
     revision: int,
+    task: asyncio.Task[Any] | None = None,
 ) -> None:
     """Write ``message`` (None: the stream's headers alone, see :func:`send_headers`) under
-    the write deadline: WatcherTooSlow when cut off, WatcherGone when the peer is gone."""
+    the write deadline: WatcherTooSlow when cut off, WatcherGone when the peer is gone.
+    ``task``: the stream's task, if the caller keeps it (``WriteDeadline.write``)."""
     try:
-        await deadline.write(context, message)
+        await deadline.write(context, message, task)
     except DeadlinePassed:
         # HTTP/2 flow control: the client's window and the sockets are full, it is not reading.
         raise WatcherTooSlow(revision) from None
@@ -307,6 +309,7 @@ async def _serve(
             subscription.caught_up()
     following = subscription.incarnation
     assert following is not None  # set by the first read (attached)
+    task = asyncio.current_task()
     while not subscription.closed and not subscription.deleted:
         shared = subscription.take()
         if shared is None:
@@ -346,9 +349,15 @@ async def _serve(
             if got_any:
                 continue
         elif shared:
+            # The common path, once per watcher and commit: kept lean (no span while traces
+            # are off, the task known, no timer per wait: hub/idle.py).
             for group in shared:
-                with traces.delivery(group.first, group.last, "feed"):
-                    await write_within(context, group.frame(event_group_frame), deadline, revision)
+                frame = group.frame(event_group_frame)
+                if traces.tracer is None:
+                    await write_within(context, frame, deadline, revision, task)
+                else:
+                    with traces.delivery(group.first, group.last, "feed"):
+                        await write_within(context, frame, deadline, revision, task)
                 metrics.current.delivery_seconds.observe(max(0.0, time.time() - group.committed_at))
                 revision = group.last
                 subscription.delivered(revision)

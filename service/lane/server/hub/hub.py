@@ -45,6 +45,7 @@ import time
 from lane.server import metrics
 from lane.server.hub import interest
 from lane.server.hub.feed import FEED_MAX_BYTES, Feed, FeedMemory, SharedGroup
+from lane.server.hub.idle import Bell, IdleWakeups
 from lane.server.hub.lane_changes import LaneChanges
 from lane.server.store import (
     ChannelError,
@@ -75,7 +76,7 @@ SHARED_READ_RETRY_SECONDS = 0.1
 SHARED_READ_RETRY_MAX_SECONDS = 1.0
 
 
-class Subscription:
+class Subscription(Bell):
     """One watcher's interest in one lane: its progress, its doorbell, its end.
 
     The watcher reports what it delivered (:meth:`delivered`, :meth:`caught_up`), takes the
@@ -84,21 +85,10 @@ class Subscription:
     stream, so that its client resumes elsewhere.
     """
 
-    # Slots and a bare future rather than an asyncio.Event (whose deque of waiters alone is
-    # ~600 B): an idle watcher is mostly this object, and a process holds thousands.
-    __slots__ = (
-        "_closed",
-        "_deleted",
-        "_feed",
-        "_hub",
-        "_rung",
-        "_waiter",
-        "incarnation",
-        "lane",
-        "revision",
-    )
+    __slots__ = ("_deleted", "_feed", "_hub", "incarnation", "lane", "revision")
 
     def __init__(self, hub: Hub, lane: LaneRef, feed: LaneFeed, *, closed: bool) -> None:
+        super().__init__(hub.idle, closed=closed)
         self.lane = lane
         #: The revision this watcher has delivered through.
         self.revision = 0
@@ -106,17 +96,7 @@ class Subscription:
         self.incarnation: int | None = None
         self._hub = hub
         self._feed = feed
-        #: Rung since the last wait returned (a ring while the watcher writes is kept).
-        self._rung = False
-        #: What the watcher awaits while it waits (None while it is not waiting).
-        self._waiter: asyncio.Future[None] | None = None
-        self._closed = closed
         self._deleted = False
-
-    @property
-    def closed(self) -> bool:
-        """Whether the server is shutting down (the watcher must end its stream)."""
-        return self._closed
 
     @property
     def deleted(self) -> bool:
@@ -169,38 +149,6 @@ class Subscription:
             return []
         return feed.after(self.revision)
 
-    def ring(self) -> None:
-        """Wake the watcher."""
-        self._rung = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def close(self) -> None:
-        """Ask the watcher to end its stream (server shutdown)."""
-        self._closed = True
-        self.ring()
-
-    async def wait(self, within: float) -> bool:
-        """Wait until rung, at most ``within`` seconds; True when rung."""
-        if not self._rung:
-            # A future and a timer, not a task, per wait (one per watcher per commit).
-            loop = asyncio.get_running_loop()
-            waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(within, _expire, waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                self._waiter = None
-        rung, self._rung = self._rung, False
-        return rung
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
 
 class LaneFeed:
     """A watched lane in this process: its feed, its subscriptions, its shared reader."""
@@ -248,9 +196,11 @@ class Hub:
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
         self._closing = False
+        #: Ends the waits of watchers idle for their heartbeat interval.
+        self.idle = IdleWakeups()
         #: WatchLanes: the namespaces followed here and their lanes' summaries.
         self.lane_changes = LaneChanges(
-            store, poll_interval=poll_interval, followed=self._namespace_followed
+            store, self.idle, poll_interval=poll_interval, followed=self._namespace_followed
         )
         store.add_commit_listener(self.committed)
         store.add_delete_listener(self.lane_deleted)
@@ -288,6 +238,7 @@ class Hub:
         self._tasks.clear()
         self._readers.clear()
         await self.lane_changes.stop()
+        await self.idle.stop()
 
     # -- watchers --------------------------------------------------------------------------
 

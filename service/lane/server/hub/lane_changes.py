@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from lane.v1 import lane_service_pb2 as pb
 
 from lane.server.domain.lane_summary import known_result_status, summary_of
+from lane.server.hub.idle import Bell, IdleWakeups
 from lane.server.store import EventGroup, LaneFilter, LaneRef, Store
 
 log = logging.getLogger(__name__)
@@ -91,24 +92,17 @@ class LaneChange:
         return self._entry
 
 
-class Follower:
+class Follower(Bell):
     """One WatchLanes stream's interest: its filter, its pending changes (the latest per lane),
     its doorbell. Use it as a context manager; leaving it stops following."""
 
-    __slots__ = ("_board", "_closed", "_pending", "_rung", "_waiter", "lanes")
+    __slots__ = ("_board", "_pending", "lanes")
 
     def __init__(self, board: Board, lanes: LaneFilter, *, closed: bool) -> None:
+        super().__init__(board.idle, closed=closed)
         self.lanes = lanes
         self._board = board
         self._pending: dict[str, LaneChange] = {}
-        self._rung = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._closed = closed
-
-    @property
-    def closed(self) -> bool:
-        """Whether the server is shutting down (the stream must end)."""
-        return self._closed
 
     def __enter__(self) -> Follower:
         return self
@@ -132,37 +126,6 @@ class Follower:
         """The stream read these summaries itself (its listing): the board learns them."""
         self._board.learn(lines)
 
-    def ring(self) -> None:
-        """Wake the stream."""
-        self._rung = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def close(self) -> None:
-        """Ask the stream to end (server shutdown)."""
-        self._closed = True
-        self.ring()
-
-    async def wait(self, within: float) -> bool:
-        """Wait until rung, at most ``within`` seconds; True when rung."""
-        if not self._rung:
-            loop = asyncio.get_running_loop()
-            waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(within, _expire, waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                self._waiter = None
-        rung, self._rung = self._rung, False
-        return rung
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
 
 class Board:
     """A namespace followed here: its streams, the latest change of each lane in their scope,
@@ -176,6 +139,7 @@ class Board:
         #: Lanes whose summaries are to be read.
         self.dirty: set[str] = set()
         self.reader: asyncio.Task[None] | None = None
+        self.idle = changes.idle
         self._changes = changes
 
     def unfollow(self, follower: Follower) -> None:
@@ -266,11 +230,14 @@ class LaneChanges:
     def __init__(
         self,
         store: Store,
+        idle: IdleWakeups,
         *,
         poll_interval: float,
         followed: Callable[[str], None] = lambda namespace: None,
     ) -> None:
         self.store = store
+        #: Ends the waits of streams idle for their heartbeat interval (the hub's).
+        self.idle = idle
         self.poll_interval = poll_interval
         self._boards: dict[str, Board] = {}
         self._readers: set[asyncio.Task[None]] = set()
