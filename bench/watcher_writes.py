@@ -123,6 +123,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--drivers", type=int, default=8, help="lifecycle drivers (8)")
     parser.add_argument("--seconds", type=float, default=8.0, help="window per phase (8)")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up per phase (2)")
+    parser.add_argument(
+        "--py-spy",
+        metavar="FILE",
+        help="profile the server of each phase with py-spy into FILE (the last phase's stays:"
+        " the working tree with watchers)",
+    )
     add_database_url(parser)
     args = parser.parse_args(argv)
     if args.watchers < args.drivers or args.drivers < 1 or args.seconds <= 0:
@@ -138,6 +144,7 @@ async def run(args: argparse.Namespace) -> int:
             f"--warmup={args.warmup}",
             f"--watchers={args.watchers}",
             "--no-replay",
+            *([f"--py-spy={args.py_spy}"] if args.py_spy else []),
         ]
     )
     async with contextlib.AsyncExitStack() as stack:
