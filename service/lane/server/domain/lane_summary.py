@@ -8,7 +8,7 @@ faulted, idle. The store computes the same status in SQL to filter a listing by 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, TypeAlias
 
 from google.protobuf import timestamp_pb2
@@ -66,11 +66,16 @@ def running_tool_calls(operation: Operation | None) -> int:
     return sum(call.status == CallStatus.EFFECT_PENDING for call in operation.batch.calls)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def timestamp(moment: datetime) -> timestamp_pb2.Timestamp:
-    """``moment`` as a protobuf Timestamp."""
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(moment)
-    return stamp
+    """``moment`` (timezone-aware) as a protobuf Timestamp; integer arithmetic, as
+    ``Timestamp.FromDatetime`` does at several times the cost (a summary is made per commit)."""
+    micros = (moment - _EPOCH) // _MICROSECOND
+    seconds, rest = divmod(micros, 1_000_000)
+    return timestamp_pb2.Timestamp(seconds=seconds, nanos=rest * 1000)
 
 
 class OpenOperation(NamedTuple):
