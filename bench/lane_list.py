@@ -19,6 +19,7 @@ over the lanes at ``--rate`` commits/s (open loop, :func:`bench.watch_delivery._
 for ``--warmup`` seconds and then the ``--seconds`` window. The server's CPU over the window,
 per commit completed in it, is the figure; the ratios of the watched phases to ``none`` are
 printed beside it (CPU time per commit varies less than rates on a shared machine).
+``--py-spy FILE`` profiles the server in each phase's window (FILE-none, FILE-lanes, ...).
 
 Checks (a failure sets the exit status to 1): every commit sent reaches its watchers — the
 WatchLanes stream's latest summary of every lane, and every WatchLane stream, at its lane's
@@ -43,7 +44,15 @@ import grpc
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc
 
-from bench.commit_throughput import CpuUse, Database, cpu_sample, cpu_use, provision_database
+from bench.commit_throughput import (
+    CpuUse,
+    Database,
+    cpu_sample,
+    cpu_use,
+    finish_profiler,
+    provision_database,
+    start_profiler,
+)
 from bench.commit_throughput import run_service as service_process
 from bench.entry import add_database_url, add_server_options, run_benchmark
 from bench.watch_delivery import SendStats, _create_lanes, _send_paced, _sleep_until
@@ -151,9 +160,14 @@ async def run_phase(db: Database, args: argparse.Namespace, name: str) -> Phase:
         window_start = time.monotonic()
         if watching is not None:
             watching.counting = True
+        profiler = None
+        if args.py_spy is not None:
+            output = args.py_spy.with_name(f"{args.py_spy.stem}-{name}{args.py_spy.suffix}")
+            profiler = await start_profiler(output, service.pid, args.seconds)
         await _sleep_until(start + args.warmup + args.seconds, sending)
         after = cpu_sample(processes, db.postmaster)
         window_end = time.monotonic()
+        await finish_profiler(profiler)
         if watching is not None:
             watching.counting = False
         await sending
