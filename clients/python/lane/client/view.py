@@ -454,3 +454,5 @@ def fit_width(text: str, width: int) -> str:
         kept.append(ch)
         used += size
     return "".join(kept) + ("…" if width > 0 else "")
+
+
