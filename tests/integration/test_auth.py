@@ -185,8 +185,8 @@ def aimed_request(method: str, run: MidRun, lane_id: str) -> Message:
 async def answer_of(stub: Stub, method: str, request: Any) -> tuple[str, str, str, str]:
     """(code, reason, message, metadata) of ``request``'s answer; code 'OK' when accepted."""
     try:
-        if method == "WatchLane":
-            call: Any = stub.WatchLane(request)
+        if method in ("WatchLane", "WatchLanes"):
+            call: Any = getattr(stub, method)(request)
             await asyncio.wait_for(call.read(), 5)
             call.cancel()
         elif method == "ExportLane":
@@ -269,7 +269,8 @@ async def test_undecodable_bytes_without_a_token_are_unauthenticated(
 
 # ImportLane creates a lane in the caller's namespace: see test_an_import_lands_in_the_callers_...
 @pytest.mark.parametrize(
-    "method", [m for m in METHODS if m not in ("CreateLane", "ListLanes", "ImportLane")]
+    "method",
+    [m for m in METHODS if m not in ("CreateLane", "ListLanes", "WatchLanes", "ImportLane")],
 )
 async def test_another_namespaces_lane_answers_as_a_missing_one(
     stubs: tuple[Stub, Stub], method: str
@@ -364,6 +365,26 @@ async def test_namespaces_share_ids_without_meeting(stubs: tuple[Stub, Stub]) ->
     }
     assert lane_id in listed_a and lane_id in listed_b
     assert not any(lane.startswith("auth-") for lane in listed_b)
+
+
+async def test_watch_lanes_follows_the_callers_namespace_only(stubs: tuple[Stub, Stub]) -> None:
+    stub_a, stub_b = stubs
+    prefix = new_lane_id("follow")
+    await stub_a.CreateLane(pb.CreateLaneRequest(lane_id=f"{prefix}-a"))
+    await stub_b.CreateLane(pb.CreateLaneRequest(lane_id=f"{prefix}-b"))
+    call: Any = stub_b.WatchLanes(pb.WatchLanesRequest(lane_id_prefix=prefix))
+    try:
+        listing = await asyncio.wait_for(call.read(), 10)
+        assert listing.listing_complete
+        assert [line.lane_id for line in listing.lanes] == [f"{prefix}-b"]
+        # team-a's commits never reach team-b's stream; team-b's own do.
+        await stub_a.CreateLane(pb.CreateLaneRequest(lane_id=f"{prefix}-a2"))
+        await LaneScript(stub_a, f"{prefix}-a").start_run("go")
+        await LaneScript(stub_b, f"{prefix}-b").start_run("go")
+        change = await asyncio.wait_for(call.read(), 10)
+        assert [line.lane_id for line in change.lanes] == [f"{prefix}-b"]
+    finally:
+        call.cancel()
 
 
 async def test_tokens_of_one_namespace_reach_the_same_lanes(

@@ -96,6 +96,13 @@ class Caller:
             request=request, method=method("WatchLane"), headers=_auth(token)
         )
 
+    def watch_lanes(
+        self, request: pb.WatchLanesRequest, token: str | None = None
+    ) -> AsyncIterator[Any]:
+        return self.client.execute_server_stream(
+            request=request, method=method("WatchLanes"), headers=_auth(token)
+        )
+
 
 def _auth(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
@@ -226,6 +233,35 @@ async def test_watch_lane_streams_snapshot_then_commits(
             await anext(caller.watch(pb.WatchLaneRequest(lane_id=lane_id, after_revision=99)))
         assert refused.value.code.value == "out_of_range"
         assert connect_reason(refused.value) == "REVISION_OUT_OF_RANGE"
+
+
+@pytest.mark.parametrize(("protocol", "codec", "version"), WAYS)
+async def test_watch_lanes_lists_then_streams_changes(
+    http_server: RunningServer, http_server_stub: Any, protocol: Any, codec: str, version: Any
+) -> None:
+    prefix = new_lane_id("lanes")
+    for name in ("a", "b"):
+        await http_server_stub.CreateLane(pb.CreateLaneRequest(lane_id=f"{prefix}-{name}"))
+    async with http_client(version) as http:
+        caller = Caller(f"http://127.0.0.1:{http_server.http_port}", protocol, codec, http)
+        stream = caller.watch_lanes(pb.WatchLanesRequest(lane_id_prefix=prefix))
+        listing = await anext(stream)
+        assert listing.listing_complete
+        over_grpc = await http_server_stub.ListLanes(pb.ListLanesRequest(lane_id_prefix=prefix))
+        assert list(listing.lanes) == list(over_grpc.lanes)
+        started = await http_server_stub.StartRun(
+            pb.StartRunRequest(lane_id=f"{prefix}-b", prompt=[user("go")])
+        )
+        change = await anext(stream)
+        (line,) = change.lanes
+        assert (line.lane_id, line.revision) == (f"{prefix}-b", started.revision)
+        assert line.status == pb.LANE_STATUS_RUNNING
+        await stream.aclose()  # type: ignore[attr-defined]
+        # A refusal ends the stream with its code and ErrorInfo, as on gRPC.
+        with pytest.raises(ConnectError) as refused:
+            await anext(caller.watch_lanes(pb.WatchLanesRequest(lane_ids=["x"] * 1001)))
+        assert refused.value.code.value == "invalid_argument"
+        assert connect_reason(refused.value) == "TOO_MANY_LANE_IDS"
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")

@@ -136,6 +136,23 @@ async def test_export_then_import_gives_the_same_lane(
     assert await snapshot_of(lane_stub, original) == before
 
 
+async def test_an_imported_lane_exports_and_imports_again(
+    lane_stub: Stub, lane_server: RunningServer, tmp_path: Path
+) -> None:
+    # An imported lane has no last result (its operations keep their ids elsewhere), while its
+    # whole log still ends a run: its own export must import too.
+    original, copy, again = (new_lane_id(name) for name in ("export", "imported", "again"))
+    await rich_lane(lane_stub, original)
+    path = tmp_path / "lane.jsonl"
+    for source, target in ((original, copy), (copy, again)):
+        status, exported, err = await lane_cli(lane_server, "export", source)
+        assert status == 0, err
+        path.write_bytes(exported)
+        status, _, err = await lane_cli(lane_server, "import", str(path), "--lane", target)
+        assert status == 0, err
+    await assert_copy(lane_stub, original, again)
+
+
 async def test_a_lane_with_an_open_run_is_not_exported(lane_stub: Stub) -> None:
     lane_id = new_lane_id("export-busy")
     await leased_batch(lane_stub, Probe(lane_stub, lane_id), "c1")

@@ -149,6 +149,31 @@ async def test_a_namespace_at_its_watcher_cap_leaves_another_its_watchers(
             call.cancel()
 
 
+async def test_a_watch_lanes_stream_holds_one_watcher_slot_of_its_namespace(
+    server: RunningServer, stubs: tuple[Any, Any]
+) -> None:
+    stub_a, stub_b = stubs
+    calls: list[Any] = []
+
+    def follow(stub: Any) -> Any:
+        call = stub.WatchLanes(pb.WatchLanesRequest(lane_id_prefix=new_lane_id("few")))
+        calls.append(call)
+        return call
+
+    try:
+        for _ in range(2):  # team-a at its cap: 2 of the process's 3
+            assert (await follow(stub_a).read()).listing_complete
+        await refused(follow(stub_a).read, "TOO_MANY_WATCHERS", "namespace")
+        assert (await follow(stub_b).read()).listing_complete
+        await refused(follow(stub_b).read, "TOO_MANY_WATCHERS", "process")
+        calls[0].cancel()
+        await until(lambda: lane_servicer_of(server).watcher_shares.held("team-a") == 1)
+        assert (await follow(stub_a).read()).listing_complete
+    finally:
+        for call in calls:
+            call.cancel()
+
+
 async def test_a_namespace_at_its_session_cap_leaves_another_its_sessions(
     stubs: tuple[Any, Any],
 ) -> None:

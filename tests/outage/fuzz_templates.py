@@ -137,11 +137,33 @@ def _ids_only(request_type: type[Message]) -> Template:
     return lambda draw, ctx, aim: aim.request(request_type)
 
 
+def _statuses(draw: Draw) -> list[int]:
+    """A lane status filter: mostly empty, sometimes with values the contract lacks."""
+    statuses: list[int] = draw(
+        st.lists(st.sampled_from((0, 1, 2, 3, 4, 5, 6, 7, 8, -1)), max_size=3)
+    )
+    return statuses
+
+
 def _list_lanes(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
-    return pb.ListLanesRequest(
+    request = pb.ListLanesRequest(
         page_size=draw(st.sampled_from((0, 1, 5, 1000))),
         page_token=pick(draw, ctx.world.page_tokens, ("",)),
+        lane_id_prefix=draw(st.sampled_from(("", ctx.lane.lane_id[:4], ctx.lane.lane_id))),
+        order=draw(st.sampled_from((0, 0, 1, 2))),
     )
+    request.statuses.extend(_statuses(draw))  # type: ignore[arg-type]
+    return request
+
+
+def _watch_lanes(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    request = pb.WatchLanesRequest(
+        lane_id_prefix=draw(st.sampled_from(("", ctx.lane.lane_id[:4], ctx.lane.lane_id))),
+    )
+    if draw(st.booleans()):
+        request.lane_ids.extend([ctx.lane.lane_id, "no-such-lane"])
+    request.statuses.extend(_statuses(draw))  # type: ignore[arg-type]
+    return request
 
 
 def _update_lane_config(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
@@ -378,6 +400,7 @@ TEMPLATES: dict[str, Template] = {
     "UpdateToolCall": _update_tool_call,
     "StageToolOutcome": _stage_tool_outcome,
     "WatchLane": _watch_lane,
+    "WatchLanes": _watch_lanes,
     "AcquireOperation": _acquire_operation,
     "RenewLease": _renew_lease,
     "ReleaseLease": _ids_only(pb.ReleaseLeaseRequest),

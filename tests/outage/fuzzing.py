@@ -127,6 +127,11 @@ ALLOWED_CODES = frozenset(
     }
 )
 UNARY_DEADLINE = 30.0
+#: The server streams a client follows, and their messages.
+WATCHES: dict[str, type[Message]] = {
+    "WatchLane": pb.WatchLaneResponse,
+    "WatchLanes": pb.WatchLanesResponse,
+}
 #: A WatchLane call is answered when its first message or its error arrives; a resume at the
 #: head sends nothing until the next heartbeat, so silence this long counts as "streaming".
 WATCH_FIRST_MESSAGE_SECONDS = 0.3
@@ -408,11 +413,14 @@ class Fuzzer:
                 f"/{SERVICE.full_name}/{m}", request_serializer=None, response_deserializer=None
             )
             for m in METHODS
-            if m not in ("WatchLane", "ExportLane", "ImportLane")
+            if m not in (*WATCHES, "ExportLane", "ImportLane")
         }
-        self._watch: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(
-            f"/{SERVICE.full_name}/WatchLane", request_serializer=None, response_deserializer=None
-        )
+        self._watches: dict[str, grpc.aio.UnaryStreamMultiCallable[bytes, bytes]] = {
+            m: channel.unary_stream(
+                f"/{SERVICE.full_name}/{m}", request_serializer=None, response_deserializer=None
+            )
+            for m in WATCHES
+        }
         self._export: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(
             f"/{SERVICE.full_name}/ExportLane", request_serializer=None, response_deserializer=None
         )
@@ -447,10 +455,10 @@ class Fuzzer:
 
     async def _send(self, case: Case) -> Answer:
         try:
-            if case.method == "WatchLane":
+            if case.method in WATCHES:
                 # Undecodable or oversized: the stream must end with an error; wait for it.
                 doomed = len(case.body) > MAX_MESSAGE or _decodes(case.method, case.body) is None
-                return await self._send_watch(case.body, doomed)
+                return await self._send_watch(case.method, case.body, doomed)
             if case.method == "ExportLane":
                 return await self._send_export(case.body)
             if case.method == "ImportLane":
@@ -468,11 +476,11 @@ class Fuzzer:
             file += pb.ExportLaneResponse.FromString(data).data
         return Answer(Code.OK, file=bytes(file))
 
-    async def _send_watch(self, body: bytes, doomed: bool) -> Answer:
-        """The first message or the error of a WatchLane call. A stream that stays silent (a
-        resume at the head) counts as OK, unless the request is ``doomed`` (it must end with
-        an error): that one is waited for."""
-        call = self._watch(body, timeout=UNARY_DEADLINE)
+    async def _send_watch(self, method: str, body: bytes, doomed: bool) -> Answer:
+        """The first message or the error of a WatchLane or WatchLanes call. A stream that
+        stays silent (a resume at the head) counts as OK, unless the request is ``doomed`` (it
+        must end with an error): that one is waited for."""
+        call = self._watches[method](body, timeout=UNARY_DEADLINE)
         wait = UNARY_DEADLINE if doomed else WATCH_FIRST_MESSAGE_SECONDS
         try:
             first = await asyncio.wait_for(call.read(), wait)
@@ -524,9 +532,7 @@ class Fuzzer:
         elif answer.reason == "MALFORMED_REQUEST":
             self._violation(case, "bytes that decode as the request answered MALFORMED_REQUEST")
         if code == Code.OK and answer.body is not None:
-            response_type = (
-                pb.WatchLaneResponse if case.method == "WatchLane" else RESPONSE_TYPES[case.method]
-            )
+            response_type = WATCHES.get(case.method) or RESPONSE_TYPES[case.method]
             try:
                 response_type.FromString(answer.body)
             except DecodeError as exc:
@@ -603,7 +609,7 @@ class Fuzzer:
             return
         ref = self.world.by_id.get(lane_id) or self.world.add(LaneRef(lane_id, "fuzzed"))
         response: Any = (
-            RESPONSE_TYPES[method].FromString(answer.body) if method != "WatchLane" else None
+            RESPONSE_TYPES[method].FromString(answer.body) if method not in WATCHES else None
         )
         for name in ("operation_id", "driver_id"):
             value = getattr(request, name, "")

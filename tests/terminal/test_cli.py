@@ -53,7 +53,11 @@ async def test_snapshot_lanes_and_abort(lane_server, lane_stub) -> None:
     status, out, _ = await lane("lanes", "--target", target)
     assert status == 0
     (row,) = [line.split() for line in out.splitlines() if line.startswith(lane_id)]
-    assert row[2:] == [run.operation_id, "open"]
+    assert (row[1], row[2], row[3]) == ("running", str(run.revision), run.operation_id)
+    status, out, _ = await lane(
+        "lanes", "--target", target, "--prefix", lane_id, "--status", "idle"
+    )
+    assert status == 0 and out.splitlines()[1:] == []
     status, out, _ = await lane("abort", lane_id, "--target", target)
     assert status == 0 and f"operation {run.operation_id}: abort requested" in out
     # The run is unleased: whoever drives it ends it.
@@ -68,6 +72,30 @@ async def test_snapshot_lanes_and_abort(lane_server, lane_stub) -> None:
     assert status == 1 and "no open operation" in err
     status, _, err = await lane("snapshot", "no-such-lane-anywhere", "--target", target)
     assert status == 1 and "NOT_FOUND" in err
+
+
+async def test_lanes_watch_prints_each_change(lane_server, lane_stub) -> None:
+    target = f"127.0.0.1:{lane_server.port}"
+    lane_id = new_lane_id("cli-live")
+    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id))
+    process = await asyncio.create_subprocess_exec(
+        *lane_command("lanes", "--watch", "--prefix", lane_id, "--target", target),
+        stdout=asyncio.subprocess.PIPE,
+        env={k: v for k, v in child_env().items() if not k.startswith("LANE_")},
+    )
+    assert process.stdout is not None
+    try:
+        listed = (await asyncio.wait_for(process.stdout.readline(), 30)).decode().split()
+        assert (listed[1], listed[2], listed[3]) == (lane_id, "idle", "1")
+        run = await lane_stub.StartRun(pb.StartRunRequest(lane_id=lane_id, prompt=[user("go")]))
+        changed = (await asyncio.wait_for(process.stdout.readline(), 30)).decode().split()
+        assert changed[1:5] == [lane_id, "running", str(run.revision), run.operation_id]
+        await lane_stub.DeleteLane(pb.DeleteLaneRequest(lane_id=lane_id, force=True))
+        removed = (await asyncio.wait_for(process.stdout.readline(), 30)).decode().split()
+        assert removed[1:] == [lane_id, "deleted"]
+    finally:
+        process.kill()
+        await process.wait()
 
 
 async def test_the_default_demo_completes(lane_server, lane_stub) -> None:

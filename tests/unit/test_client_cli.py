@@ -112,3 +112,31 @@ def test_a_lane_not_found_with_a_token_hints_at_namespaces() -> None:
     assert explain(missing, "h:1") == str(missing)  # no token: no namespaces to speak of
     hinted = explain(missing, "h:1", token=True)
     assert hinted.startswith(str(missing)) and "its own namespace's lanes" in hinted
+
+
+def test_lane_lanes_statuses_are_the_contracts() -> None:
+    from lane.client.cli import LANE_STATUSES
+    from lane.client.cli_lanes import STATUSES
+
+    assert set(LANE_STATUSES) == set(STATUSES)
+
+
+def test_lane_lanes_table_shows_a_summary_in_words() -> None:
+    from google.protobuf import timestamp_pb2
+    from lane.client.cli_lanes import table
+    from lane.v1 import lane_service_pb2 as pb
+    from lane.v1 import messages_pb2, snapshot_pb2
+
+    line = pb.LaneSummary(
+        lane_id="l1",
+        revision=7,
+        status=pb.LANE_STATUS_RETRY_WAITING,
+        operation_id="op",
+        running_tool_calls=2,
+        usage_totals=messages_pb2.Usage(total_tokens=12345),
+        last_result_status=snapshot_pb2.OPERATION_RESULT_STATUS_FAILED,
+        last_activity_time=timestamp_pb2.Timestamp(seconds=1000),
+    )
+    header, row = table([line], now=1000 + 3 * 3600 + 5)
+    assert header.split()[:2] == ["LANE", "STATUS"]
+    assert row.split() == ["l1", "retry-waiting", "7", "op", "2", "12,345", "failed", "3h", "ago"]

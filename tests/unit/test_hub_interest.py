@@ -48,3 +48,13 @@ def test_an_announcement_lapses_unless_refreshed(monkeypatch: pytest.MonkeyPatch
 
 def test_no_announcement_for_no_lanes() -> None:
     assert interest.announcements([]) == []
+
+
+def test_a_namespace_announced_whole_counts_every_lane_of_it_as_watched() -> None:
+    heard = interest.RemoteInterest()
+    (payload,) = interest.announcements([interest.whole("team-a"), LaneRef("team-b", "one")])
+    heard.heard(payload)
+    assert heard.watched(LaneRef("team-a", "any-lane-at-all"))
+    assert heard.watched(LaneRef("team-b", "one"))
+    assert not heard.watched(LaneRef("team-b", "two"))
+    assert not heard.watched(LaneRef("team-c", "any-lane-at-all"))

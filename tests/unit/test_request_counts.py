@@ -80,6 +80,9 @@ def test_every_repeated_field_of_a_request_is_counted_as_what_it_holds() -> None
         "lane.v1.ToolNames.names": "names",
         "lane.v1.ToolResult.added_tool_names": "names",
         "lane.v1.ToolResultMessage.added_tool_names": "names",
+        "lane.v1.ListLanesRequest.statuses": "filters",
+        "lane.v1.WatchLanesRequest.statuses": "filters",
+        "lane.v1.WatchLanesRequest.lane_ids": "filters",
     }
 
 

@@ -27,6 +27,8 @@ MAX_LEASE_SECONDS: Final = 3600
 #: ListLanes: the page size when a request asks for 0, and the largest it may ask for.
 DEFAULT_PAGE_SIZE: Final = 100
 MAX_PAGE_SIZE: Final = 1000
+#: WatchLanes and ListLanes: lane ids and statuses one request may name, together.
+MAX_LANE_FILTERS: Final = 1000
 
 #: WatchLane streams one server process serves at once, of one lane and in all (the defaults
 #: of ``LANE_MAX_WATCHERS_PER_LANE`` and ``LANE_MAX_WATCHERS``).

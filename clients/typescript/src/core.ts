@@ -37,6 +37,12 @@ export {
   type WatchOptions,
   type WatchUpdate,
 } from "./watch.js";
+export {
+  watchLanes,
+  type LanesUpdate,
+  type WatchLanesClient,
+  type WatchLanesOptions,
+} from "./watch-lanes.js";
 export type { LaneServiceClient } from "./lane-client.js";
 export { bearer, type HttpProtocol, type LaneConnectClientOptions } from "./connect-options.js";
 export * from "./gen/lane/v1/entries_pb.js";

@@ -7,6 +7,7 @@
  * - `createLaneConnectClient(baseUrl, { token, protocol })`: the same client over Connect or
  *   gRPC-Web, for the service's HTTP port (as in browsers).
  * - `watchLane(client, laneId, opts)`: a resumable watch yielding folded snapshots.
+ * - `watchLanes(client, opts)`: a live lane list (WatchLanes), listed again after a reconnect.
  * - `apply` / `fold` / `isRebase`: the snapshot reducer (same rules as the Python client).
  * - `LaneError` / `laneErrorFrom`: the service's errors with their decoded ErrorInfo;
  *   `Reason` / `reasonOf`: their reasons as the contract's enum (shared with the Python client);

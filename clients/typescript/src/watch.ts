@@ -317,7 +317,7 @@ export function checkIncarnation(known: string, heartbeat: string): string {
 }
 
 /** Which way a failed stream continues, or throw when it cannot. */
-function classify(error: LaneError, resuming: boolean): Ending {
+export function classify(error: LaneError, resuming: boolean): Ending {
   switch (error.code) {
     case Code.Unavailable:
       return { mode: "resume", error };
@@ -368,7 +368,7 @@ export function backoffDelay(
 }
 
 /** `iterator.next()`, failing after `ms` without a message (0: wait forever). */
-function nextWithin<T>(
+export function nextWithin<T>(
   iterator: AsyncIterator<T>,
   ms: number,
   onTimeout: () => void,
@@ -382,14 +382,14 @@ function nextWithin<T>(
   const timeout = new Promise<never>((_, reject) => {
     timer = setTimeout(() => {
       onTimeout();
-      reject(new Error(`no WatchLane message for ${ms} ms`));
+      reject(new Error(`no message for ${ms} ms`));
     }, ms);
   });
   return Promise.race([next, timeout]).finally(() => clearTimeout(timer));
 }
 
 /** A function, so that TypeScript does not narrow `signal.aborted` across awaits. */
-function aborted(signal: AbortSignal | undefined): boolean {
+export function aborted(signal: AbortSignal | undefined): boolean {
   return signal?.aborted === true;
 }
 

@@ -11,6 +11,8 @@ Everything a caller needs is importable from here::
   run ended; a model raises :class:`ModelError` to say whether a failure is worth retrying.
   Real models are in :mod:`lane.client.models` (optional extras ``openai``, ``anthropic``).
 * :func:`watch_lane`: follows a lane live as :class:`LaneView` s, resuming after failures.
+* :func:`watch_lanes`: follows many lanes' summaries live (a lane list) as
+  :class:`LanesView` s, listing again after failures.
 * :class:`RetryPolicy`: how everything that retries retries.
 * :class:`Hooks` with :class:`ReplaceArguments`, :class:`Deny` and :class:`AfterToolPatch`
   (what hooks return), :class:`RunSettings` and its ``TOOL_EXECUTION_*`` and
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     )
     from lane.client.hooks import AfterToolPatch, Deny, Hooks, ReplaceArguments
     from lane.client.lane_client import LaneClient
+    from lane.client.lane_list import LanesView, watch_lanes
     from lane.client.model import (
         Model,
         ModelError,
@@ -87,6 +90,7 @@ _SOURCES: dict[str, str] = {
     "LaneError": "lane.client.errors",
     "LaneNotFound": "lane.client.errors",
     "LaneView": "lane.client.watch",
+    "LanesView": "lane.client.lane_list",
     "LeaseHeld": "lane.client.errors",
     "Model": "lane.client.model",
     "ModelError": "lane.client.model",
@@ -118,6 +122,7 @@ _SOURCES: dict[str, str] = {
     "WatchProtocolError": "lane.client.errors",
     "open_channel": "lane.client.connect",
     "watch_lane": "lane.client.watch",
+    "watch_lanes": "lane.client.lane_list",
 }
 
 
@@ -149,6 +154,7 @@ __all__ = [
     "LaneError",
     "LaneNotFound",
     "LaneView",
+    "LanesView",
     "LeaseHeld",
     "Model",
     "ModelError",
@@ -178,4 +184,5 @@ __all__ = [
     "WatchProtocolError",
     "open_channel",
     "watch_lane",
+    "watch_lanes",
 ]

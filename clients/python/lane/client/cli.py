@@ -3,7 +3,7 @@
     lane serve [--listen HOST:PORT ...]  run the service (a flag per LANE_* setting)
     lane watch LANE                     live terminal view; Escape aborts, q quits
     lane snapshot LANE [--json]         the lane now (protobuf JSON with --json)
-    lane lanes                          every lane, its revision and open operation
+    lane lanes [--watch]                every lane: status, revision, operation, usage (live)
     lane send LANE TEXT                 queue a user message (steer, follow-up, next run)
     lane abort LANE                     abort the lane's open operation
     lane delete LANE [--force]          delete a lane and everything of it
@@ -159,48 +159,56 @@ def _snapshot(args: argparse.Namespace) -> int:
     return run_client(args, work)
 
 
+#: ``lane lanes --status`` choices: lane.v1.LaneStatus names (cli_lanes.STATUSES; a unit test
+#: holds them together), spelled here so that parsing loads no generated code.
+LANE_STATUSES = (
+    "idle",
+    "running",
+    "aborting",
+    "suspended",
+    "retry-waiting",
+    "compacting",
+    "faulted",
+)
+
+
 def _add_lanes(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     command = commands.add_parser(
         "lanes",
-        help="list the lanes",
-        description="List every lane of the caller's namespace: its id, revision, open "
-        "operation (- for none) and that operation's status (open, aborting; idle for none).",
+        help="list the lanes (--watch: live)",
+        description="List the lanes of the caller's namespace: id, status, revision, open "
+        "operation (- for none), tool calls running, tokens used, how the last run ended, "
+        "last activity. --watch follows them live (WatchLanes): the table is redrawn on each "
+        "change, or, when the output is not a terminal, one line per change. Ctrl-C stops.",
+    )
+    command.add_argument("--watch", action="store_true", help="follow the lanes live")
+    command.add_argument("--prefix", default="", help="only lanes whose id starts with this")
+    command.add_argument(
+        "--status",
+        action="append",
+        choices=LANE_STATUSES,
+        help="only lanes in this status (repeat for several)",
+    )
+    command.add_argument(
+        "--by-activity",
+        action="store_true",
+        help="the most recently active first (without --watch)",
     )
     add_connection_options(command)
-    command.set_defaults(handler=_lanes)
+    command.set_defaults(handler=_lanes, page_size=MAX_PAGE_SIZE)
 
 
 def _lanes(args: argparse.Namespace) -> int:
-    from lane.client.commands import call
-    from lane.v1 import lane_service_pb2 as pb
-    from lane.v1 import snapshot_pb2
+    from lane.client.cli_lanes import run
 
     async def work(stub: Any, _: Connection) -> int:
-        rows: list[tuple[str, str, str, str]] = []
-        token = ""
-        while True:
-            page = await call(
-                stub.ListLanes, pb.ListLanesRequest(page_size=MAX_PAGE_SIZE, page_token=token)
-            )
-            for lane in page.lanes:
-                status = "idle"
-                if lane.operation_id:
-                    status = (
-                        "aborting"
-                        if lane.operation_status == snapshot_pb2.OPERATION_STATUS_ABORTING
-                        else "open"
-                    )
-                rows.append((lane.lane_id, str(lane.revision), lane.operation_id or "-", status))
-            token = page.next_page_token
-            if not token:
-                break
-        header = ("LANE", "REVISION", "OPERATION", "STATUS")
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-        for row in [header, *rows]:
-            print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        return 0
+        status: int = await run(args, stub)
+        return status
 
-    return run_client(args, work)
+    try:
+        return run_client(args, work)
+    except KeyboardInterrupt:
+        return 130
 
 
 _QUEUE_KINDS = ("steer", "follow-up", "next-run")

@@ -73,6 +73,71 @@ RUN_PHASE_TOOLS: RunPhase.ValueType  # 3
 """The turn's tool batch is not fully placed yet."""
 Global___RunPhase: _TypeAlias = RunPhase  # noqa: Y015
 
+class _LaneOrder:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _LaneOrderEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_LaneOrder.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    LANE_ORDER_UNSPECIFIED: _LaneOrder.ValueType  # 0
+    """By lane id, in code-point order."""
+    LANE_ORDER_LAST_ACTIVITY: _LaneOrder.ValueType  # 1
+    """The most recently active first (LaneSummary.last_activity_time), then by lane id."""
+
+class LaneOrder(_LaneOrder, metaclass=_LaneOrderEnumTypeWrapper):
+    """The order ListLanes returns lanes in."""
+
+LANE_ORDER_UNSPECIFIED: LaneOrder.ValueType  # 0
+"""By lane id, in code-point order."""
+LANE_ORDER_LAST_ACTIVITY: LaneOrder.ValueType  # 1
+"""The most recently active first (LaneSummary.last_activity_time), then by lane id."""
+Global___LaneOrder: _TypeAlias = LaneOrder  # noqa: Y015
+
+class _LaneStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _LaneStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_LaneStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    LANE_STATUS_UNSPECIFIED: _LaneStatus.ValueType  # 0
+    LANE_STATUS_IDLE: _LaneStatus.ValueType  # 1
+    """No operation is open and the lane never faulted."""
+    LANE_STATUS_RUNNING: _LaneStatus.ValueType  # 2
+    """A run (or a navigation) is open."""
+    LANE_STATUS_ABORTING: _LaneStatus.ValueType  # 3
+    """The open operation was asked to abort (AbortOperation) and has not ended yet."""
+    LANE_STATUS_SUSPENDED: _LaneStatus.ValueType  # 4
+    """The open run waits on a deferred model response (SuspendRun)."""
+    LANE_STATUS_RETRY_WAITING: _LaneStatus.ValueType  # 5
+    """The open run's model call failed and a retry is scheduled, not started yet (ScheduleRetry)."""
+    LANE_STATUS_COMPACTING: _LaneStatus.ValueType  # 6
+    """A compaction is open."""
+    LANE_STATUS_FAULTED: _LaneStatus.ValueType  # 7
+    """No operation is open and the lane faulted (ReportFault; LaneSnapshot.faulted)."""
+
+class LaneStatus(_LaneStatus, metaclass=_LaneStatusEnumTypeWrapper):
+    """Where a lane stands, derived from its open operation and its fault flag; the first that
+    applies wins, in this order: ABORTING, COMPACTING, SUSPENDED, RETRY_WAITING, RUNNING (an
+    operation is open), FAULTED, IDLE (none is).
+    """
+
+LANE_STATUS_UNSPECIFIED: LaneStatus.ValueType  # 0
+LANE_STATUS_IDLE: LaneStatus.ValueType  # 1
+"""No operation is open and the lane never faulted."""
+LANE_STATUS_RUNNING: LaneStatus.ValueType  # 2
+"""A run (or a navigation) is open."""
+LANE_STATUS_ABORTING: LaneStatus.ValueType  # 3
+"""The open operation was asked to abort (AbortOperation) and has not ended yet."""
+LANE_STATUS_SUSPENDED: LaneStatus.ValueType  # 4
+"""The open run waits on a deferred model response (SuspendRun)."""
+LANE_STATUS_RETRY_WAITING: LaneStatus.ValueType  # 5
+"""The open run's model call failed and a retry is scheduled, not started yet (ScheduleRetry)."""
+LANE_STATUS_COMPACTING: LaneStatus.ValueType  # 6
+"""A compaction is open."""
+LANE_STATUS_FAULTED: LaneStatus.ValueType  # 7
+"""No operation is open and the lane faulted (ReportFault; LaneSnapshot.faulted)."""
+Global___LaneStatus: _TypeAlias = LaneStatus  # noqa: Y015
+
 class _ToolExecution:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -654,18 +719,33 @@ class ListLanesRequest(_message.Message):
 
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    STATUSES_FIELD_NUMBER: _builtins.int
+    LANE_ID_PREFIX_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """At most 1000; 0 means 100."""
     page_token: _builtins.str
+    """A next_page_token of an earlier call with the same order and filters."""
+    lane_id_prefix: _builtins.str
+    """Only lanes whose id starts with this (empty: every lane)."""
+    order: Global___LaneOrder.ValueType
+    """The order of the lanes (unspecified: by id)."""
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[Global___LaneStatus.ValueType]:
+        """Only lanes in one of these statuses (empty: every status)."""
+
     def __init__(
         self,
         *,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        statuses: _abc.Iterable[Global___LaneStatus.ValueType] | None = ...,
+        lane_id_prefix: _builtins.str = ...,
+        order: Global___LaneOrder.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id_prefix", b"lane_id_prefix", "order", b"order", "page_size", b"page_size", "page_token", b"page_token", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -673,7 +753,7 @@ Global___ListLanesRequest: _TypeAlias = ListLanesRequest  # noqa: Y015
 
 @_typing.final
 class LaneSummary(_message.Message):
-    """One line of ListLanes."""
+    """One line of ListLanes, and what WatchLanes sends of a lane."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -682,12 +762,46 @@ class LaneSummary(_message.Message):
     TIP_ID_FIELD_NUMBER: _builtins.int
     OPERATION_ID_FIELD_NUMBER: _builtins.int
     OPERATION_STATUS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    OPERATION_KIND_FIELD_NUMBER: _builtins.int
+    OPERATION_STARTED_TIME_FIELD_NUMBER: _builtins.int
+    LAST_ACTIVITY_TIME_FIELD_NUMBER: _builtins.int
+    LAST_OPERATION_ID_FIELD_NUMBER: _builtins.int
+    LAST_RESULT_STATUS_FIELD_NUMBER: _builtins.int
+    USAGE_TOTALS_FIELD_NUMBER: _builtins.int
+    RUNNING_TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    FAULTED_FIELD_NUMBER: _builtins.int
     lane_id: _builtins.str
     revision: _builtins.int
     tip_id: _builtins.str
     operation_id: _builtins.str
     """Empty when no operation is open."""
     operation_status: _snapshot_pb2.OperationStatus.ValueType
+    status: Global___LaneStatus.ValueType
+    operation_kind: _snapshot_pb2.OperationKind.ValueType
+    """The open operation's kind and start (unset when none is open)."""
+    last_operation_id: _builtins.str
+    """The last ended operation and how it ended (empty and UNSPECIFIED before the first ends)."""
+    last_result_status: _snapshot_pb2.OperationResultStatus.ValueType
+    running_tool_calls: _builtins.int
+    """Tool calls of the open batch started and not settled yet (LaneSnapshot.running_tools
+    rows that are running).
+    """
+    incarnation: _builtins.str
+    """The lane's incarnation (LaneSnapshot.incarnation)."""
+    faulted: _builtins.bool
+    """The lane faulted once (LaneSnapshot.faulted), whatever its status now."""
+    @_builtins.property
+    def operation_started_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def last_activity_time(self) -> _timestamp_pb2.Timestamp:
+        """The commit time of the lane's newest event (its last commit)."""
+
+    @_builtins.property
+    def usage_totals(self) -> _messages_pb2.Usage:
+        """The lane's usage totals (LaneSnapshot.stats.usage): tokens and cost so far."""
+
     def __init__(
         self,
         *,
@@ -696,10 +810,20 @@ class LaneSummary(_message.Message):
         tip_id: _builtins.str = ...,
         operation_id: _builtins.str = ...,
         operation_status: _snapshot_pb2.OperationStatus.ValueType = ...,
+        status: Global___LaneStatus.ValueType = ...,
+        operation_kind: _snapshot_pb2.OperationKind.ValueType = ...,
+        operation_started_time: _timestamp_pb2.Timestamp | None = ...,
+        last_activity_time: _timestamp_pb2.Timestamp | None = ...,
+        last_operation_id: _builtins.str = ...,
+        last_result_status: _snapshot_pb2.OperationResultStatus.ValueType = ...,
+        usage_totals: _messages_pb2.Usage | None = ...,
+        running_tool_calls: _builtins.int = ...,
+        incarnation: _builtins.str = ...,
+        faulted: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_activity_time", b"last_activity_time", "operation_started_time", b"operation_started_time", "usage_totals", b"usage_totals"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id", b"lane_id", "operation_id", b"operation_id", "operation_status", b"operation_status", "revision", b"revision", "tip_id", b"tip_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["faulted", b"faulted", "incarnation", b"incarnation", "lane_id", b"lane_id", "last_activity_time", b"last_activity_time", "last_operation_id", b"last_operation_id", "last_result_status", b"last_result_status", "operation_id", b"operation_id", "operation_kind", b"operation_kind", "operation_started_time", b"operation_started_time", "operation_status", b"operation_status", "revision", b"revision", "running_tool_calls", b"running_tool_calls", "status", b"status", "tip_id", b"tip_id", "usage_totals", b"usage_totals"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -727,6 +851,112 @@ class ListLanesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListLanesResponse: _TypeAlias = ListLanesResponse  # noqa: Y015
+
+@_typing.final
+class WatchLanesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_PREFIX_FIELD_NUMBER: _builtins.int
+    LANE_IDS_FIELD_NUMBER: _builtins.int
+    STATUSES_FIELD_NUMBER: _builtins.int
+    lane_id_prefix: _builtins.str
+    """Only lanes whose id starts with this (empty: every lane of the namespace)."""
+    @_builtins.property
+    def lane_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only these lanes (at most 1,000; more is refused INVALID_ARGUMENT TOO_MANY_LANE_IDS).
+        Empty: no such filter. A lane named here that does not exist yet is sent once created.
+        """
+
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[Global___LaneStatus.ValueType]:
+        """Only lanes in one of these statuses (empty: every status). A lane that moves out of them is
+        sent in `removed`; one that moves into them, in `lanes`.
+        """
+
+    def __init__(
+        self,
+        *,
+        lane_id_prefix: _builtins.str = ...,
+        lane_ids: _abc.Iterable[_builtins.str] | None = ...,
+        statuses: _abc.Iterable[Global___LaneStatus.ValueType] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lane_id_prefix", b"lane_id_prefix", "lane_ids", b"lane_ids", "statuses", b"statuses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchLanesRequest: _TypeAlias = WatchLanesRequest  # noqa: Y015
+
+@_typing.final
+class LaneRemoval(_message.Message):
+    """A lane a WatchLanes stream sent before that no longer matches its request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    incarnation: _builtins.str
+    """The incarnation the stream had sent of the lane."""
+    deleted: _builtins.bool
+    """True when the lane was deleted; false when it moved to a status the request leaves out."""
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        incarnation: _builtins.str = ...,
+        deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "incarnation", b"incarnation", "lane_id", b"lane_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LaneRemoval: _TypeAlias = LaneRemoval  # noqa: Y015
+
+@_typing.final
+class WatchLanesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANES_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    LISTING_COMPLETE_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    listing_complete: _builtins.bool
+    """Set on the last message of the listing (which may carry no lane at all): every matching
+    lane has been sent; changes follow.
+    """
+    heartbeat: _builtins.bool
+    """Set on a heartbeat: nothing changed (at least every 10 s while idle)."""
+    @_builtins.property
+    def lanes(self) -> _containers.RepeatedCompositeFieldContainer[Global___LaneSummary]:
+        """During the listing: the next page of matching lanes, in id order. After it: the latest
+        summary of each matching lane that changed since the previous message (at most one per
+        lane; a lane created again under its id comes with its new incarnation).
+        """
+
+    @_builtins.property
+    def removed(self) -> _containers.RepeatedCompositeFieldContainer[Global___LaneRemoval]:
+        """Lanes sent before that no longer match: deleted, or out of the requested statuses."""
+
+    def __init__(
+        self,
+        *,
+        lanes: _abc.Iterable[Global___LaneSummary] | None = ...,
+        removed: _abc.Iterable[Global___LaneRemoval] | None = ...,
+        listing_complete: _builtins.bool = ...,
+        heartbeat: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "lanes", b"lanes", "listing_complete", b"listing_complete", "removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchLanesResponse: _TypeAlias = WatchLanesResponse  # noqa: Y015
 
 @_typing.final
 class ToolNames(_message.Message):

@@ -130,6 +130,11 @@ class LaneServiceStub:
                 request_serializer=lane_dot_v1_dot_lane__service__pb2.WatchLaneRequest.SerializeToString,
                 response_deserializer=lane_dot_v1_dot_lane__service__pb2.WatchLaneResponse.FromString,
                 _registered_method=True)
+        self.WatchLanes = channel.unary_stream(
+                '/lane.v1.LaneService/WatchLanes',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.WatchLanesRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.WatchLanesResponse.FromString,
+                _registered_method=True)
         self.AcquireOperation = channel.unary_unary(
                 '/lane.v1.LaneService/AcquireOperation',
                 request_serializer=lane_dot_v1_dot_lane__service__pb2.AcquireOperationRequest.SerializeToString,
@@ -367,6 +372,20 @@ class LaneServiceServicer:
 
     def WatchLane(self, request, context):
         """A snapshot, then every event group committed after it, then heartbeats while idle.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchLanes(self, request, context):
+        """Follow many lanes of the caller's namespace at once (a lane list, a dashboard): first the
+        summaries of the lanes that match the request, in pages, the last one marked
+        `listing_complete`; then, whenever lanes change, one message with the latest summary of
+        every matching lane that changed since the previous message (at most one per lane: a slow
+        client gets the latest state, never a backlog) and the lanes that stopped matching; a
+        heartbeat at least every 10 s while idle. No resume: after a disconnect, call again (a new
+        listing). Counts as one watcher (TOO_MANY_WATCHERS); a client that takes nothing for the
+        write deadline is ended RESOURCE_EXHAUSTED (WATCHER_TOO_SLOW).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -625,6 +644,11 @@ def add_LaneServiceServicer_to_server(servicer, server):
                     servicer.WatchLane,
                     request_deserializer=lane_dot_v1_dot_lane__service__pb2.WatchLaneRequest.FromString,
                     response_serializer=lane_dot_v1_dot_lane__service__pb2.WatchLaneResponse.SerializeToString,
+            ),
+            'WatchLanes': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLanes,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.WatchLanesRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.WatchLanesResponse.SerializeToString,
             ),
             'AcquireOperation': grpc.unary_unary_rpc_method_handler(
                     servicer.AcquireOperation,
@@ -1209,6 +1233,33 @@ class LaneService:
             '/lane.v1.LaneService/WatchLane',
             lane_dot_v1_dot_lane__service__pb2.WatchLaneRequest.SerializeToString,
             lane_dot_v1_dot_lane__service__pb2.WatchLaneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLanes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lane.v1.LaneService/WatchLanes',
+            lane_dot_v1_dot_lane__service__pb2.WatchLanesRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.WatchLanesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -98,6 +98,16 @@ class LaneServiceStub:
     """
     WatchLane: _grpc.UnaryStreamMultiCallable[_lane_service_pb2.WatchLaneRequest, _lane_service_pb2.WatchLaneResponse]
     """A snapshot, then every event group committed after it, then heartbeats while idle."""
+    WatchLanes: _grpc.UnaryStreamMultiCallable[_lane_service_pb2.WatchLanesRequest, _lane_service_pb2.WatchLanesResponse]
+    """Follow many lanes of the caller's namespace at once (a lane list, a dashboard): first the
+    summaries of the lanes that match the request, in pages, the last one marked
+    `listing_complete`; then, whenever lanes change, one message with the latest summary of
+    every matching lane that changed since the previous message (at most one per lane: a slow
+    client gets the latest state, never a backlog) and the lanes that stopped matching; a
+    heartbeat at least every 10 s while idle. No resume: after a disconnect, call again (a new
+    listing). Counts as one watcher (TOO_MANY_WATCHERS); a client that takes nothing for the
+    write deadline is ended RESOURCE_EXHAUSTED (WATCHER_TOO_SLOW).
+    """
     AcquireOperation: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.AcquireOperationRequest, _lane_service_pb2.AcquireOperationResponse]
     """Take over the open run: a new lease with a higher fencing token, and the run's durable
     state. Allowed when the run has no live lease (never leased, released or expired) or the
@@ -246,6 +256,16 @@ class LaneServiceAsyncStub(LaneServiceStub):
     """
     WatchLane: _aio.UnaryStreamMultiCallable[_lane_service_pb2.WatchLaneRequest, _lane_service_pb2.WatchLaneResponse]  # type: ignore[assignment]
     """A snapshot, then every event group committed after it, then heartbeats while idle."""
+    WatchLanes: _aio.UnaryStreamMultiCallable[_lane_service_pb2.WatchLanesRequest, _lane_service_pb2.WatchLanesResponse]  # type: ignore[assignment]
+    """Follow many lanes of the caller's namespace at once (a lane list, a dashboard): first the
+    summaries of the lanes that match the request, in pages, the last one marked
+    `listing_complete`; then, whenever lanes change, one message with the latest summary of
+    every matching lane that changed since the previous message (at most one per lane: a slow
+    client gets the latest state, never a backlog) and the lanes that stopped matching; a
+    heartbeat at least every 10 s while idle. No resume: after a disconnect, call again (a new
+    listing). Counts as one watcher (TOO_MANY_WATCHERS); a client that takes nothing for the
+    write deadline is ended RESOURCE_EXHAUSTED (WATCHER_TOO_SLOW).
+    """
     AcquireOperation: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.AcquireOperationRequest, _lane_service_pb2.AcquireOperationResponse]  # type: ignore[assignment]
     """Take over the open run: a new lease with a higher fencing token, and the run's durable
     state. Allowed when the run has no live lease (never leased, released or expired) or the
@@ -499,6 +519,22 @@ class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_lane_service_pb2.WatchLaneResponse], _abc.AsyncIterator[_lane_service_pb2.WatchLaneResponse]]:
         """A snapshot, then every event group committed after it, then heartbeats while idle."""
+
+    @_abc_1.abstractmethod
+    def WatchLanes(
+        self,
+        request: _lane_service_pb2.WatchLanesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_lane_service_pb2.WatchLanesResponse], _abc.AsyncIterator[_lane_service_pb2.WatchLanesResponse]]:
+        """Follow many lanes of the caller's namespace at once (a lane list, a dashboard): first the
+        summaries of the lanes that match the request, in pages, the last one marked
+        `listing_complete`; then, whenever lanes change, one message with the latest summary of
+        every matching lane that changed since the previous message (at most one per lane: a slow
+        client gets the latest state, never a backlog) and the lanes that stopped matching; a
+        heartbeat at least every 10 s while idle. No resume: after a disconnect, call again (a new
+        listing). Counts as one watcher (TOO_MANY_WATCHERS); a client that takes nothing for the
+        write deadline is ended RESOURCE_EXHAUSTED (WATCHER_TOO_SLOW).
+        """
 
     @_abc_1.abstractmethod
     def AcquireOperation(

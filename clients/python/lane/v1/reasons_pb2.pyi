@@ -82,6 +82,8 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     """INVALID_ARGUMENT"""
     REASON_TOO_MANY_COMMANDS: _Reason.ValueType  # 36
     """INVALID_ARGUMENT"""
+    REASON_TOO_MANY_LANE_IDS: _Reason.ValueType  # 39
+    """INVALID_ARGUMENT"""
     REASON_LANE_NOT_FOUND: _Reason.ValueType  # 40
     """NOT_FOUND"""
     REASON_TOOL_CALL_NOT_FOUND: _Reason.ValueType  # 41
@@ -260,6 +262,8 @@ REASON_INVALID_EXPORT: Reason.ValueType  # 34
 REASON_EXPORT_VERSION_UNSUPPORTED: Reason.ValueType  # 35
 """INVALID_ARGUMENT"""
 REASON_TOO_MANY_COMMANDS: Reason.ValueType  # 36
+"""INVALID_ARGUMENT"""
+REASON_TOO_MANY_LANE_IDS: Reason.ValueType  # 39
 """INVALID_ARGUMENT"""
 REASON_LANE_NOT_FOUND: Reason.ValueType  # 40
 """NOT_FOUND"""

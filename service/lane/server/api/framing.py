@@ -28,8 +28,17 @@ from lane.server.domain.wire import (
 _LENGTH_DELIMITED = 2
 
 
+#: The varints of 0-16,383 (one and two bytes): every tag and most lengths a frame writes.
+_SMALL_VARINTS = [
+    bytes((value,)) if value < 0x80 else bytes((value & 0x7F | 0x80, value >> 7))
+    for value in range(1 << 14)
+]
+
+
 def varint(value: int) -> bytes:
     """``value`` as a protobuf varint."""
+    if 0 <= value < 1 << 14:
+        return _SMALL_VARINTS[value]
     out = bytearray()
     while True:
         byte = value & 0x7F

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import snapshot_pb2
 
+from lane.server.api import lane_lists as lists
 from lane.server.api import validation as v
 from lane.server.api.auth import caller_namespace
 from lane.server.api.base import ServicerBase
@@ -15,26 +13,7 @@ from lane.server.api.call import Call
 from lane.server.api.errors import unary
 from lane.server.commands import lanes
 from lane.server.domain import limits
-from lane.server.domain.errors import InvalidArgument
-from lane.server.store.store_reads import LaneRow
-
-
-def lane_summary(row: LaneRow) -> pb.LaneSummary:
-    """A ListLanes row as the contract shows it."""
-    status = (
-        snapshot_pb2.OPERATION_STATUS_UNSPECIFIED
-        if not row.operation_id
-        else snapshot_pb2.OPERATION_STATUS_ABORTING
-        if row.cancel_requested
-        else snapshot_pb2.OPERATION_STATUS_OPEN
-    )
-    return pb.LaneSummary(
-        lane_id=row.lane_id,
-        revision=row.revision,
-        tip_id=row.tip_id,
-        operation_id=row.operation_id,
-        operation_status=status,
-    )
+from lane.server.store import ActivityPosition
 
 
 class LaneRpcs(ServicerBase):
@@ -68,25 +47,33 @@ class LaneRpcs(ServicerBase):
             f"page_size must be between 0 and {v.MAX_PAGE_SIZE}",
             "page_size",
         )
-        after = ""
-        if request.page_token:
-            try:
-                after = base64.urlsafe_b64decode(request.page_token.encode()).decode()
-                if not after.isprintable():
-                    raise ValueError(after)
-            except (binascii.Error, UnicodeDecodeError, ValueError):
-                raise InvalidArgument(
-                    "INVALID_PAGE_TOKEN",
-                    "page_token is not a token ListLanes gave",
-                    field="page_token",
-                ) from None
-        rows, last = await self.store.list_lanes(
-            caller_namespace(), request.page_size or v.DEFAULT_PAGE_SIZE, after
+        v.check_message(request, "")  # unknown statuses and orders
+        lanes = lists.lane_filter(request.lane_id_prefix, request.statuses)
+        size = request.page_size or v.DEFAULT_PAGE_SIZE
+        by_activity = request.order == pb.LANE_ORDER_LAST_ACTIVITY
+        if by_activity:
+            after_activity, after_id = lists.after_activity(request.page_token), ""
+        else:
+            after_activity, after_id = None, lists.after_id(request.page_token)
+        # One more than the page: whether another page follows.
+        rows = await self.store.lane_summaries(
+            caller_namespace(),
+            lanes,
+            size + 1,
+            after_id=after_id,
+            after_activity=after_activity,
+            by_activity=by_activity,
         )
-        token = base64.urlsafe_b64encode(last.encode()).decode() if last else ""
-        return pb.ListLanesResponse(
-            lanes=[lane_summary(row) for row in rows], next_page_token=token
-        )
+        token = ""
+        if len(rows) > size:
+            del rows[size:]
+            last = rows[-1]
+            token = (
+                lists.activity_token(ActivityPosition(last.last_activity, last.lane_id))
+                if by_activity
+                else lists.id_token(last.lane_id)
+            )
+        return pb.ListLanesResponse(lanes=[row.line() for row in rows], next_page_token=token)
 
     @unary
     async def UpdateLaneConfig(

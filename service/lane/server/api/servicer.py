@@ -1,4 +1,4 @@
-"""The LaneService servicer: the RPC groups together, WatchLane, and registration."""
+"""The LaneService servicer: the RPC groups together, WatchLane, WatchLanes, and registration."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 from lane.v1 import lane_service_pb2 as pb
 
-from lane.server.api.auth import Authenticator
+from lane.server.api.auth import Authenticator, caller_namespace
 from lane.server.api.call import Call, Context
 from lane.server.api.drive import DriveRpcs
 from lane.server.api.encoded_counts import check_encoded_counts
@@ -19,13 +19,15 @@ from lane.server.api.fair_shares import ShareSettings
 from lane.server.api.framing import serialize
 from lane.server.api.harness_rpcs import HarnessRpcs
 from lane.server.api.instrument import binding_ids, observed
+from lane.server.api.lane_lists import lane_filter
 from lane.server.api.lane_rpcs import LaneRpcs
 from lane.server.api.ownership_rpcs import OwnershipRpcs
 from lane.server.api.run_rpcs import RunRpcs
 from lane.server.api.tool_rpcs import ToolRpcs
 from lane.server.api.transfer_rpcs import TransferRpcs
-from lane.server.api.validation import check_counts, require_id
+from lane.server.api.validation import check_counts, check_message, require_id
 from lane.server.api.watch import WatchSettings, watch_lane
+from lane.server.api.watch_lanes import watch_lanes
 from lane.server.domain.errors import InvalidArgument
 from lane.server.hub import Hub
 from lane.server.store import Store
@@ -46,6 +48,21 @@ class LaneServicer(
             self.watcher_shares,
             lane,
             request,
+            call.context,
+            self.watch_settings,
+            self.write_deadline,
+        )
+
+    @unary
+    def WatchLanes(self, request: pb.WatchLanesRequest, call: Call) -> Awaitable[None]:
+        check_message(request, "")  # unknown statuses
+        lanes = lane_filter(request.lane_id_prefix, request.statuses, request.lane_ids)
+        return watch_lanes(
+            self.watcher_reads,
+            self.hub.lane_changes,
+            self.watcher_shares,
+            caller_namespace(),
+            lanes,
             call.context,
             self.watch_settings,
             self.write_deadline,

@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 from lane.limits import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_PAGE_SIZE,
+    MAX_LANE_FILTERS,
     MAX_LEASE_SECONDS,
     MAX_PAGE_SIZE,
 )
@@ -102,7 +103,15 @@ def require(condition: bool, reason: str, message: str, field: str) -> None:
 
 _CONTENT_BLOCK = messages_pb2.ContentBlock.DESCRIPTOR.full_name
 _ASSISTANT = messages_pb2.AssistantMessage.DESCRIPTOR.full_name
-_BLOCKS, _MESSAGES, _NAMES = "blocks", "messages", "names"
+_BLOCKS, _MESSAGES, _NAMES, _FILTERS = "blocks", "messages", "names", "filters"
+#: The lane filters of ListLanes and WatchLanes requests.
+_FILTER_FIELDS = frozenset(
+    {
+        lane_service_pb2.ListLanesRequest.DESCRIPTOR.fields_by_name["statuses"].full_name,
+        lane_service_pb2.WatchLanesRequest.DESCRIPTOR.fields_by_name["statuses"].full_name,
+        lane_service_pb2.WatchLanesRequest.DESCRIPTOR.fields_by_name["lane_ids"].full_name,
+    }
+)
 #: Not part of one request: a DriveLane message's batch is split by the service, and each of
 #: its requests counted alone, as a message of its own (api/drive.py); so the walk never nests
 #: a request in itself.
@@ -114,16 +123,20 @@ _BATCHES = frozenset(
 )
 #: What a repeated field's values count as: content blocks; messages (StartRun prompts,
 #: AppendAssistantStream partials, a compaction's retained tail); tool names (a
-#: configuration's active tools, a result's added tools). Every repeated field a request can
-#: hold is one of them (tests/unit/test_request_counts.py keeps the list).
+#: configuration's active tools, a result's added tools); lane filters (the lane ids and
+#: statuses a lane list asks for). Every repeated field a request can hold is one of them
+#: (tests/unit/test_request_counts.py keeps the list).
 COUNT_LIMITS = {
     _BLOCKS: ("TOO_MANY_CONTENT_BLOCKS", MAX_CONTENT_BLOCKS, "content blocks"),
     _MESSAGES: ("TOO_MANY_MESSAGES", MAX_REQUEST_MESSAGES, "messages"),
     _NAMES: ("TOO_MANY_TOOL_NAMES", MAX_TOOL_NAMES, "tool names"),
+    _FILTERS: ("TOO_MANY_LANE_IDS", MAX_LANE_FILTERS, "lane ids and statuses"),
 }
 
 
 def _counted_as(field: FieldDescriptor) -> str:
+    if field.full_name in _FILTER_FIELDS:
+        return _FILTERS
     if field.type != FieldDescriptor.TYPE_MESSAGE:
         return _NAMES
     assert field.message_type is not None
@@ -198,7 +211,7 @@ def check_counts(request: Message) -> None:
     message count allowed it), so the work is bounded by the limits, not by what was sent.
     Then, the blocks being few enough, each assistant message's tool calls are counted.
     """
-    totals = {_BLOCKS: 0, _MESSAGES: 0, _NAMES: 0}
+    totals = dict.fromkeys(COUNT_LIMITS, 0)
     assistants: list[tuple[messages_pb2.AssistantMessage, str]] = []
 
     def visit(message: Message, path: str) -> None:

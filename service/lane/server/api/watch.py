@@ -76,6 +76,9 @@ class WatchSettings:
     max_concurrent_reads: int = 4
     #: The retry delay a TOO_MANY_WATCHERS refusal asks for (google.rpc.RetryInfo).
     full_retry_seconds: float = 2.0
+    #: How long a WatchLanes stream, woken by a change, gathers more before it writes: the
+    #: changes of commits that land together go out as one message.
+    lanes_coalesce_seconds: float = 0.02
 
     @property
     def read_bytes(self) -> int:
@@ -115,16 +118,18 @@ class WatcherTooSlow(Exception):
         self.revision = revision
 
 
-async def _write(
+async def write_within(
     context: grpc.aio.ServicerContext[Any, Any],
     message: pb.WatchLaneResponse | bytes | None,
     deadline: WriteDeadline,
     revision: int,
+    task: asyncio.Task[Any] | None = None,
 ) -> None:
-    """Write ``message`` (None: the stream's headers alone, see :func:`_send_headers`) under
-    the write deadline: WatcherTooSlow when cut off, WatcherGone when the peer is gone."""
+    """Write ``message`` (None: the stream's headers alone, see :func:`send_headers`) under
+    the write deadline: WatcherTooSlow when cut off, WatcherGone when the peer is gone.
+    ``task``: the stream's task, if the caller keeps it (``WriteDeadline.write``)."""
     try:
-        await deadline.write(context, message)
+        await deadline.write(context, message, task)
     except DeadlinePassed:
         # HTTP/2 flow control: the client's window and the sockets are full, it is not reading.
         raise WatcherTooSlow(revision) from None
@@ -135,7 +140,7 @@ async def _write(
         raise WatcherGone from exc
 
 
-async def _send_headers(
+async def send_headers(
     context: grpc.aio.ServicerContext[Any, Any], deadline: WriteDeadline, revision: int
 ) -> None:
     """Send the stream's headers on their own, right before its first message.
@@ -145,24 +150,40 @@ async def _send_headers(
     would then be ended with the headers sent again beside the status, which gRPC core
     refuses (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS), and the client would never get its
     ``WATCHER_TOO_SLOW``. Refusals before the first message stay trailers-only."""
-    await _write(context, None, deadline, revision)
+    await write_within(context, None, deadline, revision)
 
 
 async def _let_go(
     context: grpc.aio.ServicerContext[Any, Any], settings: WatchSettings, revision: int
 ) -> None:
     """End a stream whose client stopped reading (its slot is free already)."""
+    await let_go(
+        context,
+        settings,
+        "resume after the last revision received (the stream had delivered at least revision "
+        f"{revision})",
+        {"lastRevision": str(revision)},
+    )
+
+
+async def let_go(
+    context: grpc.aio.ServicerContext[Any, Any],
+    settings: WatchSettings,
+    advice: str,
+    metadata: dict[str, str],
+) -> None:
+    """End a watcher stream whose client stopped reading, RESOURCE_EXHAUSTED
+    ``WATCHER_TOO_SLOW`` with ``advice`` (what to do now) and ``metadata``."""
     status = status_of(
         code_pb2.RESOURCE_EXHAUSTED,
         "WATCHER_TOO_SLOW",
-        f"the watcher did not read for {settings.write_deadline_seconds:g}s; resume after the "
-        f"last revision received (the stream had delivered at least revision {revision})",
-        {"lastRevision": str(revision)},
+        f"the watcher did not read for {settings.write_deadline_seconds:g}s; {advice}",
+        metadata,
     )
     await end_cut_off(context, status)
 
 
-async def _end(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
+async def end_stream(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
     """End the stream with ``status`` (raises grpc's AbortError, as an abort does)."""
     try:
         await context.abort_with_status(status)
@@ -190,40 +211,45 @@ async def watch_lane(
     try:
         with admit(hub, shares, lane, settings), hub.subscribe(lane) as subscription:
             await _serve(store, subscription, request, context, settings, deadline)
-    except WatcherGone:
-        ended = "client_left"
-        return
-    except WatcherTooSlow as slow:
-        # Out of the subscription: the slot is free now, whenever the client reads again.
-        ended = "too_slow"
-        await _let_go(context, settings, slow.revision)
-        return
-    except asyncio.CancelledError:
-        # The client cancelled, or shutdown's grace period ran out during a write.
-        ended = "shutdown" if subscription is not None and subscription.closed else "client_left"
-        raise
-    except grpc.aio.AbortError:
-        ended = _ended_by(context)
-        raise
-    except LaneError as exc:
-        ended = exc.code.name.lower()  # out_of_range, not_found, ...
-        raise
-    except (OperationalError, PoolTimeout, DatabaseBusy):
-        ended = "database"  # an outage or a full pool, not a fault of the service
+    except BaseException as exc:
+        ended = ended_reason(exc, context, subscription is not None and subscription.closed)
+        if isinstance(exc, WatcherTooSlow):
+            # Out of the subscription: the slot is free now, whenever the client reads again.
+            await _let_go(context, settings, exc.revision)
+            return
+        if isinstance(exc, WatcherGone):
+            return
         raise
     finally:
         metrics.current.watchers_active.dec()
         metrics.current.watchers_ended.labels(ended).inc()
 
 
-def _ended_by(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    """The ``lane_watchers_ended_total`` reason of a stream ended with a status (see _end)."""
-    reasons = {
-        "WATCHER_TOO_SLOW": "too_slow",
-        "SERVER_SHUTTING_DOWN": "shutdown",
-        "LANE_DELETED": "lane_deleted",
-    }
-    return reasons.get(error_reason(context)) or status_code_name(context).lower()
+def ended_reason(
+    exc: BaseException, context: grpc.aio.ServicerContext[Any, Any], shutting_down: bool
+) -> str:
+    """The ``lane_watchers_ended_total`` reason of a watcher stream that ended with ``exc``
+    (``shutting_down``: the server asked it to end)."""
+    if isinstance(exc, WatcherGone):
+        return "client_left"
+    if isinstance(exc, WatcherTooSlow):
+        return "too_slow"
+    if isinstance(exc, asyncio.CancelledError):
+        # The client cancelled, or shutdown's grace period ran out during a write.
+        return "shutdown" if shutting_down else "client_left"
+    if isinstance(exc, grpc.aio.AbortError):
+        # Ended with a status (see end_stream).
+        reasons = {
+            "WATCHER_TOO_SLOW": "too_slow",
+            "SERVER_SHUTTING_DOWN": "shutdown",
+            "LANE_DELETED": "lane_deleted",
+        }
+        return reasons.get(error_reason(context)) or status_code_name(context).lower()
+    if isinstance(exc, LaneError):
+        return exc.code.name.lower()  # out_of_range, not_found, ...
+    if isinstance(exc, (OperationalError, PoolTimeout, DatabaseBusy)):
+        return "database"  # an outage or a full pool, not a fault of the service
+    return "error"
 
 
 async def _serve(
@@ -269,7 +295,7 @@ async def _serve(
         subscription.attached(incarnation)
         subscription.delivered(revision)
         if not subscription.deleted:
-            await _send_headers(context, deadline, revision)
+            await send_headers(context, deadline, revision)
             if revision == head:
                 subscription.caught_up()
     else:
@@ -283,6 +309,7 @@ async def _serve(
             subscription.caught_up()
     following = subscription.incarnation
     assert following is not None  # set by the first read (attached)
+    task = asyncio.current_task()
     while not subscription.closed and not subscription.deleted:
         shared = subscription.take()
         if shared is None:
@@ -309,7 +336,7 @@ async def _serve(
                 frame = event_group_frame(bodies)
                 del bodies  # the frame holds them now
                 with traces.delivery(first, last, "log"):
-                    await _write(context, frame, deadline, revision)
+                    await write_within(context, frame, deadline, revision)
                 metrics.current.delivery_seconds.observe(
                     max(0.0, time.time() - commit_time.timestamp())
                 )
@@ -322,9 +349,15 @@ async def _serve(
             if got_any:
                 continue
         elif shared:
+            # The common path, once per watcher and commit: kept lean (no span while traces
+            # are off, the task known, no timer per wait: hub/idle.py).
             for group in shared:
-                with traces.delivery(group.first, group.last, "feed"):
-                    await _write(context, group.frame(event_group_frame), deadline, revision)
+                frame = group.frame(event_group_frame)
+                if traces.tracer is None:
+                    await write_within(context, frame, deadline, revision, task)
+                else:
+                    with traces.delivery(group.first, group.last, "feed"):
+                        await write_within(context, frame, deadline, revision, task)
                 metrics.current.delivery_seconds.observe(max(0.0, time.time() - group.committed_at))
                 revision = group.last
                 subscription.delivered(revision)
@@ -338,9 +371,9 @@ async def _serve(
             heartbeat = pb.WatchLaneResponse(
                 heartbeat=pb.Heartbeat(head_revision=revision, incarnation=str(following))
             )
-            await _write(context, heartbeat, deadline, revision)
+            await write_within(context, heartbeat, deadline, revision)
     if subscription.deleted and not subscription.closed:
-        await _end(
+        await end_stream(
             context,
             status_of(
                 code_pb2.NOT_FOUND,
@@ -349,14 +382,9 @@ async def _serve(
                 {"laneId": lane_id, "lastRevision": str(revision)},
             ),
         )
-    await _end(
+    await end_stream(
         context,
-        status_of(
-            code_pb2.UNAVAILABLE,
-            "SERVER_SHUTTING_DOWN",
-            f"the server is shutting down; resume after revision {revision}",
-            {"lastRevision": str(revision)},
-        ),
+        shutting_down(f"resume after revision {revision}", {"lastRevision": str(revision)}),
     )
 
 
@@ -376,11 +404,21 @@ async def _send_snapshot(
     subscription.attached(int(outline.snapshot.incarnation))
     if subscription.deleted:
         return revision
-    await _send_headers(context, deadline, revision)
+    await send_headers(context, deadline, revision)
     read_entries = functools.partial(store.entry_bodies, lane)
     async for frame in snapshot_frames(outline, read_entries, chunk_bytes):
-        await _write(context, frame, deadline, revision)
+        await write_within(context, frame, deadline, revision)
     return revision
+
+
+def shutting_down(advice: str, metadata: dict[str, str]) -> grpc.Status:
+    """The status ending a stream at shutdown: UNAVAILABLE ``SERVER_SHUTTING_DOWN``."""
+    return status_of(
+        code_pb2.UNAVAILABLE,
+        "SERVER_SHUTTING_DOWN",
+        f"the server is shutting down; {advice}",
+        metadata,
+    )
 
 
 def _out_of_range(lane_id: str, revision: int, floor: int, head: int) -> OutOfRange:

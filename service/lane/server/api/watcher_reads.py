@@ -1,4 +1,4 @@
-"""The database reads of WatchLane streams, a few at a time per process.
+"""The database reads of WatchLane and WatchLanes streams, a few at a time per process.
 
 A watcher reads the database when it attaches (a snapshot, or the resume point), and when it
 catches up from the event log; afterwards the hub feeds it from memory. Thousands of watchers
@@ -13,7 +13,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from lane.server.store import EventGroup, LaneRef, ResumePoint, SnapshotOutline, Store
+from lane.server.store import (
+    EventGroup,
+    LaneFilter,
+    LaneRef,
+    ResumePoint,
+    SnapshotOutline,
+    Store,
+    SummaryRow,
+)
 
 
 class WatcherReads:
@@ -51,3 +59,10 @@ class WatcherReads:
         """See :meth:`Store.entry_bodies`."""
         async with self._places:
             return await self._store.entry_bodies(lane, entry_ids)
+
+    async def lane_summaries(
+        self, namespace: str, lanes: LaneFilter, limit: int, after_id: str
+    ) -> list[SummaryRow]:
+        """See :meth:`Store.lane_summaries` (in id order)."""
+        async with self._places:
+            return await self._store.lane_summaries(namespace, lanes, limit, after_id=after_id)

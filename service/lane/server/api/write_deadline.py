@@ -57,12 +57,19 @@ class WriteDeadline:
         # Another cancel (the client left, shutdown) that came as well still counts as one.
         return task.uncancel() <= cancelling
 
-    async def write(self, context: grpc.aio.ServicerContext[Any, Any], message: object) -> None:
+    async def write(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        message: object,
+        task: asyncio.Task[Any] | None = None,
+    ) -> None:
         """Write ``message`` (None: the stream's headers alone) to the stream of ``context``
         within the deadline; raise :class:`DeadlinePassed` when the sweep cuts it off (anything
-        else as the write raised it)."""
-        task = asyncio.current_task()
-        assert task is not None
+        else as the write raised it). ``task``: the current task, when the caller knows it (a
+        stream writing once per commit keeps it rather than look it up per write)."""
+        if task is None:
+            task = asyncio.current_task()
+            assert task is not None
         self.begin(task)
         try:
             if message is None:

@@ -47,6 +47,8 @@ import time
 from lane.server import metrics
 from lane.server.hub import interest
 from lane.server.hub.feed import FEED_MAX_BYTES, Feed, FeedMemory, SharedGroup
+from lane.server.hub.idle import Bell, IdleWakeups
+from lane.server.hub.lane_changes import LaneChanges
 from lane.server.log_repeats import RepeatLimiter
 from lane.server.store import (
     ChannelError,
@@ -81,7 +83,7 @@ SHARED_READ_RETRY_SECONDS = 0.1
 SHARED_READ_RETRY_MAX_SECONDS = 1.0
 
 
-class Subscription:
+class Subscription(Bell):
     """One watcher's interest in one lane: its progress, its doorbell, its end.
 
     The watcher reports what it delivered (:meth:`delivered`, :meth:`caught_up`), takes the
@@ -90,21 +92,10 @@ class Subscription:
     stream, so that its client resumes elsewhere.
     """
 
-    # Slots and a bare future rather than an asyncio.Event (whose deque of waiters alone is
-    # ~600 B): an idle watcher is mostly this object, and a process holds thousands.
-    __slots__ = (
-        "_closed",
-        "_deleted",
-        "_feed",
-        "_hub",
-        "_rung",
-        "_waiter",
-        "incarnation",
-        "lane",
-        "revision",
-    )
+    __slots__ = ("_deleted", "_feed", "_hub", "incarnation", "lane", "revision")
 
     def __init__(self, hub: Hub, lane: LaneRef, feed: LaneFeed, *, closed: bool) -> None:
+        super().__init__(hub.idle, closed=closed)
         self.lane = lane
         #: The revision this watcher has delivered through.
         self.revision = 0
@@ -112,17 +103,7 @@ class Subscription:
         self.incarnation: int | None = None
         self._hub = hub
         self._feed = feed
-        #: Rung since the last wait returned (a ring while the watcher writes is kept).
-        self._rung = False
-        #: What the watcher awaits while it waits (None while it is not waiting).
-        self._waiter: asyncio.Future[None] | None = None
-        self._closed = closed
         self._deleted = False
-
-    @property
-    def closed(self) -> bool:
-        """Whether the server is shutting down (the watcher must end its stream)."""
-        return self._closed
 
     @property
     def deleted(self) -> bool:
@@ -174,38 +155,6 @@ class Subscription:
             self._hub._want_read(self._feed)
             return []
         return feed.after(self.revision)
-
-    def ring(self) -> None:
-        """Wake the watcher."""
-        self._rung = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def close(self) -> None:
-        """Ask the watcher to end its stream (server shutdown)."""
-        self._closed = True
-        self.ring()
-
-    async def wait(self, within: float) -> bool:
-        """Wait until rung, at most ``within`` seconds; True when rung."""
-        if not self._rung:
-            # A future and a timer, not a task, per wait (one per watcher per commit).
-            loop = asyncio.get_running_loop()
-            waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(within, _expire, waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                self._waiter = None
-        rung, self._rung = self._rung, False
-        return rung
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 class LaneFeed:
@@ -263,6 +212,12 @@ class Hub:
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
         self._closing = False
+        #: Ends the waits of watchers idle for their heartbeat interval.
+        self.idle = IdleWakeups()
+        #: WatchLanes: the namespaces followed here and their lanes' summaries.
+        self.lane_changes = LaneChanges(
+            store, self.idle, poll_interval=poll_interval, followed=self._namespace_followed
+        )
         store.add_commit_listener(self.committed)
         store.add_delete_listener(self.lane_deleted)
 
@@ -271,6 +226,9 @@ class Hub:
     async def start(self) -> None:
         """Start the poller and, with NOTIFY on, the listener and the doorbell sender."""
         self._tasks.append(asyncio.create_task(self._poll_forever(), name="hub-poll"))
+        self._tasks.append(
+            asyncio.create_task(self.lane_changes.poll_forever(), name="hub-poll-lanes")
+        )
         if self.notify:
             self._tasks.append(asyncio.create_task(self._listen_forever(), name="hub-listen"))
             self._tasks.append(asyncio.create_task(self._send_doorbells(), name="hub-notify"))
@@ -281,6 +239,7 @@ class Hub:
         for watched in self._lanes.values():
             for subscription in watched.subscriptions:
                 subscription.close()
+        self.lane_changes.close()
 
     async def stop(self) -> None:
         """Stop every task."""
@@ -294,6 +253,8 @@ class Hub:
                 await task
         self._tasks.clear()
         self._readers.clear()
+        await self.lane_changes.stop()
+        await self.idle.stop()
 
     # -- watchers --------------------------------------------------------------------------
 
@@ -333,6 +294,7 @@ class Hub:
     def committed(self, lane: LaneRef, incarnation: int, group: EventGroup) -> None:
         """A commit in this process (the store's commit listener): hand its group to the lane's
         feed and wake its watchers now; ring other processes soon."""
+        self.lane_changes.committed(lane, incarnation, group)
         watched = self._lanes.get(lane)
         if watched is not None and watched.incarnation not in (None, incarnation):
             known = watched.incarnation
@@ -366,6 +328,7 @@ class Hub:
         """The lane's ``incarnation`` was deleted in this process (the store's delete
         listener): end its watchers here now, and tell the other processes."""
         self._lane_gone(lane, incarnation)
+        self.lane_changes.deleted(lane, incarnation)
         if self.notify:
             self._deleted[lane] = incarnation
             self._dirty_event.set()
@@ -414,6 +377,10 @@ class Hub:
 
     def refresh(self, lane: LaneRef) -> None:
         """Bring ``lane``'s feed up to the log (another process committed to it)."""
+        if not lane.lane_id:
+            # A followed namespace was announced: catch up with what came before.
+            self.lane_changes.poll_soon()
+            return
         watched = self._lanes.get(lane)
         if watched is not None:
             self._want_read(watched)
@@ -423,6 +390,7 @@ class Hub:
         been missed)."""
         for watched in list(self._lanes.values()):
             self._want_read(watched)
+        self.lane_changes.poll_soon()
 
     # -- shared reads ----------------------------------------------------------------------
 
@@ -527,13 +495,22 @@ class Hub:
         finally:
             await notifier.close()
 
+    def _namespace_followed(self, namespace: str) -> None:
+        """A namespace's lanes are followed here now (WatchLanes): tell the others, so that
+        their commits in it ring this process."""
+        if self.notify:
+            self._announce.add(interest.whole(namespace))
+            self._dirty_event.set()
+
     def _to_announce(self) -> list[LaneRef]:
-        """The watched lanes to announce now (all of them when a refresh or hello is due)."""
+        """The watched lanes, and followed namespaces, to announce now (all of them when a
+        refresh or hello is due)."""
+        followed = [interest.whole(namespace) for namespace in self.lane_changes.namespaces()]
         if self._announce_all:
             self._announce_all = False
             self._announce = set()
-            return sorted(self._lanes)
-        lanes = sorted(lane for lane in self._announce if lane in self._lanes)
+            return sorted(self._lanes) + followed
+        lanes = sorted(lane for lane in self._announce if lane in self._lanes or lane in followed)
         self._announce = set()
         return lanes
 
@@ -573,9 +550,13 @@ class Hub:
         elif payload.startswith(interest.ANNOUNCE):
             self._remote.heard(payload)
         elif payload.startswith(interest.DELETED):
-            self._lane_gone(*interest.deleted_lane(payload))
+            lane, incarnation = interest.deleted_lane(payload)
+            self._lane_gone(lane, incarnation)
+            self.lane_changes.deleted(lane, incarnation)
         else:
-            self.refresh(interest.rung_lane(payload))
+            lane = interest.rung_lane(payload)
+            self.refresh(lane)
+            self.lane_changes.rang(lane)
 
     async def _poll_forever(self) -> None:
         while True:

@@ -6,7 +6,9 @@ Every hub tells the others which lanes its watchers follow, on the doorbell chan
   payload on separate lines), and every watched lane again every :data:`REFRESH_SECONDS`;
 - a hub that starts listening says hello (an empty payload), and every hub that hears it
   announces all its lanes at once, so a new process learns what the others watch;
-- an announcement holds for :data:`TTL_SECONDS`, then lapses unless refreshed.
+- an announcement holds for :data:`TTL_SECONDS`, then lapses unless refreshed;
+- a namespace whose lanes a WatchLanes stream follows is announced whole: the line ``ns/``
+  (no lane id is empty), and every lane of it counts as watched.
 
 A hub sends a doorbell for a commit only when some other process announced the lane. A lane
 announced a moment after a commit there misses that doorbell; the announcing hub rings its own
@@ -18,9 +20,12 @@ the race is latency. Namespace names never contain ``+`` or ``/`` and never star
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
+from typing import TypeVar
 
 from lane.server.store import LaneRef
+
+K = TypeVar("K", bound=Hashable)
 
 #: How often a hub announces every lane it watches.
 REFRESH_SECONDS = 30.0
@@ -53,6 +58,11 @@ def deleted_lane(payload: str) -> tuple[LaneRef, int | None]:
     return rung_lane(payload[len(DELETED) :]), None
 
 
+def whole(namespace: str) -> LaneRef:
+    """What announces every lane of ``namespace`` (announced like a lane: ``ns/``)."""
+    return LaneRef(namespace, "")
+
+
 def rung_lane(payload: str) -> LaneRef:
     """The lane a doorbell payload rings."""
     namespace, _, lane_id = payload.partition("/")
@@ -78,24 +88,37 @@ def announcements(lanes: Iterable[LaneRef]) -> list[str]:
 
 
 class RemoteInterest:
-    """The lanes other processes announced, until their announcements lapse."""
+    """The lanes, and whole namespaces, other processes announced, until their announcements
+    lapse."""
 
     def __init__(self) -> None:
         self._until: dict[LaneRef, float] = {}
+        self._namespaces: dict[str, float] = {}
 
     def heard(self, payload: str) -> None:
-        """Record an announcement payload (``+ns/lane`` lines)."""
+        """Record an announcement payload (``+ns/lane`` lines; ``ns/``: the whole namespace)."""
         until = time.monotonic() + TTL_SECONDS
         for line in payload[len(ANNOUNCE) :].split("\n"):
             if line:
-                self._until[rung_lane(line)] = until
+                lane = rung_lane(line)
+                if lane.lane_id:
+                    self._until[lane] = until
+                else:
+                    self._namespaces[lane.namespace] = until
 
     def watched(self, lane: LaneRef) -> bool:
-        """Whether another process watches ``lane``."""
-        until = self._until.get(lane)
-        if until is None:
-            return False
-        if until < time.monotonic():
-            del self._until[lane]
-            return False
-        return True
+        """Whether another process watches ``lane`` (or follows its whole namespace)."""
+        return _holds(self._until, lane) or (
+            bool(self._namespaces) and _holds(self._namespaces, lane.namespace)
+        )
+
+
+def _holds(announced: dict[K, float], key: K) -> bool:
+    """Whether ``key``'s announcement holds (a lapsed one is forgotten)."""
+    until = announced.get(key)
+    if until is None:
+        return False
+    if until < time.monotonic():
+        del announced[key]
+        return False
+    return True

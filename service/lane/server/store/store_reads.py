@@ -1,11 +1,11 @@
 """The store's reads of a lane: snapshots (whole, or outlined then read a page at a time), the
-head and retention floor, where a resumed watch stands, the event log, listings. None takes the
-lane's row lock or writes; :class:`~lane.server.store.lane_store.Store` is these and its
-commands."""
+head and retention floor, where a resumed watch stands, the event log, lane summaries. None
+takes the lane's row lock or writes; :class:`~lane.server.store.lane_store.Store` is these and
+its commands."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import NamedTuple
 
 from lane.v1 import entries_pb2, snapshot_pb2
@@ -25,6 +25,13 @@ from lane.server.store.lane_reads import (
     load_transcript_index,
 )
 from lane.server.store.lane_ref import LANE_SCAN, LaneRef
+from lane.server.store.lane_summaries import (
+    ActivityPosition,
+    LaneFilter,
+    SummaryRow,
+    read_heads,
+    read_summaries,
+)
 
 
 class SnapshotOutline(NamedTuple):
@@ -33,18 +40,6 @@ class SnapshotOutline(NamedTuple):
 
     snapshot: snapshot_pb2.LaneSnapshot
     transcript: list[tuple[str, int]]
-
-
-class LaneRow(NamedTuple):
-    """A lane as ListLanes shows it: its head and its open operation, if any."""
-
-    lane_id: str
-    revision: int
-    tip_id: str
-    #: The open operation's id ('' when none is open).
-    operation_id: str
-    #: Whether the open operation was asked to abort.
-    cancel_requested: bool
 
 
 class ResumePoint(NamedTuple):
@@ -137,28 +132,37 @@ class StoreReads:
         snapshot.transcript.extend(decode(entries_pb2.Entry, body) for body in bodies)
         return snapshot
 
-    async def list_lanes(
-        self, namespace: str, page_size: int, after_lane_id: str
-    ) -> tuple[list[LaneRow], str]:
-        """The namespace's lanes in id order after ``after_lane_id`` (at most ``page_size``);
-        the last one's id when more follow ('' at the end)."""
+    async def lane_summaries(
+        self,
+        namespace: str,
+        lanes: LaneFilter,
+        limit: int,
+        *,
+        after_id: str = "",
+        after_activity: ActivityPosition | None = None,
+        by_activity: bool = False,
+    ) -> list[SummaryRow]:
+        """Up to ``limit`` summaries of the namespace's lanes that ``lanes`` admits, in id order
+        after ``after_id`` or, ``by_activity``, the most recently active first after
+        ``after_activity`` (``lane_summaries.read_summaries``)."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                LANE_SCAN + "SELECT l.lane_id, l.revision, l.tip_id, l.current_operation_id,"
-                " o.cancel_requested FROM lanes l"
-                " LEFT JOIN operations o ON o.namespace = l.namespace AND o.lane_id = l.lane_id"
-                "  AND o.operation_id = l.current_operation_id"
-                # Code-point order whatever the database's collation, so pages are stable.
-                ' WHERE l.namespace = %s AND l.lane_id > %s COLLATE "C"'
-                ' ORDER BY l.lane_id COLLATE "C" LIMIT %s',
-                (namespace, after_lane_id, page_size + 1),
+            return await read_summaries(
+                conn,
+                namespace,
+                lanes,
+                limit,
+                after_id=after_id,
+                after_activity=after_activity,
+                by_activity=by_activity,
             )
-            rows = await cur.fetchall()
-        found = [
-            LaneRow(lane_id, revision, tip_id or "", operation_id or "", bool(cancelled))
-            for lane_id, revision, tip_id, operation_id, cancelled in rows[:page_size]
-        ]
-        return found, found[-1].lane_id if len(rows) > page_size else ""
+
+    async def namespace_heads(
+        self, namespace: str, prefixes: Collection[str] | None, lane_ids: Collection[str]
+    ) -> dict[str, tuple[int, int]]:
+        """The (incarnation, revision) of the namespace's lanes, all or those named by prefix
+        or id, in one statement (``lane_summaries.read_heads``)."""
+        async with self.pool.connection() as conn:
+            return await read_heads(conn, namespace, prefixes, lane_ids)
 
     async def lane_head(self, lane: LaneRef) -> tuple[int, int]:
         """The lane's (head revision, retention floor)."""
