@@ -161,3 +161,24 @@ async def test_a_statement_that_fails_before_it_is_sent_fails_alone(
             # again: written once, not twice.
             assert not isinstance(outcome, BaseException), outcome
             assert await inbox(own_store, lane) == (2, [(outcome.entry_id, "once")])
+
+
+async def test_a_lane_locked_elsewhere_does_not_hold_its_neighbours(own_store: Store) -> None:
+    lanes = await new_lanes(own_store, 4, "locked")
+    held, others = lanes[0], lanes[1:]
+    async with hand_edit(own_store) as conn, conn.transaction():
+        # Another process's transaction on `held`: its row lock is kept until the block ends.
+        await conn.execute(
+            "SELECT 1 FROM lanes WHERE namespace = %s AND lane_id = %s FOR UPDATE", held
+        )
+        commands = [enqueue(lane, f"{lane.lane_id} once") for lane in lanes]
+        # Ready together: one group, whose statement for `held` waits for the lock.
+        running = [asyncio.ensure_future(enqueue_message(own_store, c)) for c in commands]
+        # The neighbours commit while the lock is still held (before: they waited with it).
+        done = await asyncio.wait_for(asyncio.gather(*running[1:]), 20)
+        assert not running[0].done(), "the locked lane's command waits for the lock"
+        for lane, answer in zip(others, done, strict=True):
+            assert await inbox(own_store, lane) == (2, [(answer.entry_id, f"{lane.lane_id} once")])
+    # The lock gone, the held lane's command commits once, under the lane's lock.
+    answer = await asyncio.wait_for(running[0], 20)
+    assert await inbox(own_store, held) == (2, [(answer.entry_id, f"{held.lane_id} once")])

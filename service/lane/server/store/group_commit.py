@@ -52,14 +52,26 @@ MAX_GROUP = 64
 STALLED_SECONDS = 0.05
 
 
-#: The transaction of a group of several. Its statements are prepared on first use on each
+#: How long a statement of a group waits for a row lock (another process's transaction on its
+#: lane) before it fails, and with it the group's transaction: its command is then decided under
+#: the lane's lock in a transaction of its own, where it waits as long as it takes, and the rest
+#: of the group goes out again without it. Without it, one lane locked elsewhere would hold its
+#: neighbours' commands for as long as the lock is held.
+LOCK_WAIT_SECONDS = 0.1
+
+#: The transaction of a group of several, with its settings in one statement (each statement
+#: is a write and a wake-up of PostgreSQL). Its statements are prepared on first use on each
 #: connection, and planned once there (a generic plan): they find their rows by key, so a plan
 #: made for the values at hand (PostgreSQL's custom plans, which it otherwise makes for a
 #: statement's first five executions and whenever it judges them cheaper) is the same plan,
-#: planned again. The setting is the transaction's own: other queries of the connection are
-#: planned as usual. A lone statement goes alone (see ``_send_alone``): under load, when
-#: planning counts, groups hold several.
-_BEGIN = ("BEGIN", "SET LOCAL plan_cache_mode = force_generic_plan")
+#: planned again. The settings are the transaction's own: other queries of the connection are
+#: planned, and wait for locks, as usual. A lone statement goes alone (see ``_send_alone``):
+#: under load, when planning counts, groups hold several.
+_BEGIN = (
+    "BEGIN",
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true),"
+    f" set_config('lock_timeout', '{round(LOCK_WAIT_SECONDS * 1000)}ms', true)",
+)
 
 
 class _Committer:
