@@ -1461,6 +1461,7 @@ async def run_service_load(
     stats = Stats()
     stop = asyncio.Event()
     profiler: asyncio.subprocess.Process | None = None
+    drivers_profiler: asyncio.subprocess.Process | None = None
     fleet: Fleet | None = None
     processes = {"drivers": os.getpid()}
     trees = {"server": service.pid}  # a supervisor and its workers, or the single process
@@ -1529,6 +1530,11 @@ async def run_service_load(
                     args.seconds,
                     subprocesses=service.workers > 1,
                 )
+                if sessions:
+                    # The drivers' side too: what the SDK costs per command.
+                    drivers_profiler = await start_profiler(
+                        profile_path(args.py_spy, f"{phase}-drivers"), os.getpid(), args.seconds
+                    )
             await _sleep_unless_failed(watcher, args.seconds)
             last, t1 = stats.counters.copy(), time.monotonic()
             cpu_after = cpu_sample(processes, db.postmaster, trees)
@@ -1546,9 +1552,11 @@ async def run_service_load(
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watcher
-                if profiler is not None and profiler.returncode is None:
-                    profiler.kill()
+                for spy in (profiler, drivers_profiler):
+                    if spy is not None and spy.returncode is None:
+                        spy.kill()
             await finish_profiler(profiler)
+            await finish_profiler(drivers_profiler)
         # Cross-check: every lane's head revision equals the last revision its driver saw.
         mismatches = []
         snapshot_revisions = 0
