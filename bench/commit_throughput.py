@@ -2569,10 +2569,14 @@ async def run(args: argparse.Namespace) -> int:
             services[:0] = [
                 (f"{tree.label}: {_phase_label(r)}", r) for r in [compared[1], *ref_sessions]
             ]
-        for label, other_result in other_python:
+        ref_labelled = [] if tree is None else [(tree.label, r) for r in ref_sessions]
+        for label, other_result in [*other_python, *ref_labelled]:
             print()
-            print(f"{label}: {other_result.cpu.describe()}")
+            print(f"{label}, {_phase_label(other_result)}: {other_result.cpu.describe()}")
             print("\n".join(window_lines(other_result)))
+            if other_result.commands_per_message is not None:
+                print(f"  commands per message: {other_result.commands_per_message:.2f}")
+            print("\n".join(latency_table(other_result.latencies)))
         print()
         print(summary_report(baselines, replays, services))
     failed = bool(result.mismatches)
