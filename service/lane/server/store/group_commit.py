@@ -149,24 +149,9 @@ class GroupCommitter:
         """Send the queue in groups until it is empty (or this committer stalled: another
         one took over)."""
         me = _Committer()
-        loop = asyncio.get_running_loop()
         try:
             while self._queue and not me.stalled:
-                group = self._queue[: self._max_group]
-                del self._queue[: self._max_group]
-                stall = loop.call_later(STALLED_SECONDS, self._stalled, me)
-                try:
-                    await self._commit_group(group)
-                except BaseException as exc:
-                    # Connection lost, pool exhausted, cancelled: the outcome of the whole
-                    # group is that of one statement whose connection failed mid-commit.
-                    for queued in group:
-                        if not queued.future.done():
-                            queued.future.set_exception(exc)
-                    if not isinstance(exc, Exception):
-                        raise
-                finally:
-                    stall.cancel()
+                await self._commit_on_one_connection(me)
         finally:
             # No await between the queue found empty and this: a statement queued after it
             # finds a committer place free and starts one.
@@ -178,16 +163,51 @@ class GroupCommitter:
                     queued.future.cancel()
                 self._queue.clear()
 
-    async def _commit_group(self, group: list[_Queued]) -> None:
+    async def _commit_on_one_connection(self, me: _Committer) -> None:
+        """Send groups on one connection of the pool while the queue has any (a busy process
+        checks a connection out once per busy spell, not once per group), until it is empty,
+        ``me`` stalled, or the connection failed."""
+        loop = asyncio.get_running_loop()
+        group = self._take()
+        # The first group's time also counts the checkout: a pool with no free connection
+        # stalls it as a blocked statement would.
+        stall = loop.call_later(STALLED_SECONDS, self._stalled, me)
+        try:
+            async with self._pool.connection() as conn:
+                while True:
+                    await self._commit_group(conn, group)
+                    stall.cancel()
+                    if not self._queue or me.stalled:
+                        return
+                    group = self._take()
+                    stall = loop.call_later(STALLED_SECONDS, self._stalled, me)
+        except BaseException as exc:
+            # Connection lost, pool exhausted, cancelled: the outcome of the whole group is
+            # that of one statement whose connection failed mid-commit. The next group (if
+            # any) gets a connection of its own.
+            for queued in group:
+                if not queued.future.done():
+                    queued.future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            stall.cancel()
+
+    def _take(self) -> list[_Queued]:
+        """The next group: the queue's first :data:`MAX_GROUP` statements."""
+        group = self._queue[: self._max_group]
+        del self._queue[: self._max_group]
+        return group
+
+    async def _commit_group(self, conn: AsyncConnection[Any], group: list[_Queued]) -> None:
         group.sort(key=_lane_order)
-        async with self._pool.connection() as conn:
-            while group:
-                failed = await self._send(conn, group)
-                if failed is None:
-                    return
-                # Everything was rolled back: the rest go again, the failed one has its error.
-                group = [queued for queued in group if queued is not failed]
-                self.retried_groups += bool(group)
+        while group:
+            failed = await self._send(conn, group)
+            if failed is None:
+                return
+            # Everything was rolled back: the rest go again, the failed one has its error.
+            group = [queued for queued in group if queued is not failed]
+            self.retried_groups += bool(group)
 
     async def _send(self, conn: AsyncConnection[Any], group: Sequence[_Queued]) -> _Queued | None:
         """One round trip: the group's statements in one transaction. Sets each statement's
