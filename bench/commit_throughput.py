@@ -1960,7 +1960,8 @@ def sessions_report(
         " stream of its own (LaneSession) instead of unary RPCs; batched sessions: every"
         " driver's lane on one stream per server process (one LaneSession each), so the"
         " commands the drivers issue in one event-loop turn go as one message; a fresh"
-        " service process per phase, after the unary phase, in this run",
+        " service process per phase, after the unary phase, in this run; the drivers' loop:"
+        f" {args.driver_loop}",
         "",
         head,
     ]
@@ -2332,6 +2333,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         metavar="K[,K...]",
         help="with --sessions: a sessions phase per K, with LANE_WORKERS=K (default: --workers)",
+    )
+    parser.add_argument(
+        "--driver-loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop of this process, where the drivers run (default asyncio's own;"
+        " the service runs on uvloop)",
     )
     parser.add_argument(
         "--batched",
