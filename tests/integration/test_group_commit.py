@@ -16,7 +16,8 @@ from lane.v1 import snapshot_pb2
 
 from lane.server.commands.lanes import CreateLane, EnqueueMessage, create_lane, enqueue_message
 from lane.server.domain.errors import AlreadyExists
-from lane.server.store import DEFAULT_NAMESPACE, LaneRef, Store
+from lane.server.store import DEFAULT_NAMESPACE, LaneRef, Store, group_commit
+from lane.server.store.group_write import GroupFailed
 from lane.server.store.requests import RequestKey
 from tests.integration.lanes import hand_edit, new_lane_id, user
 
@@ -145,7 +146,11 @@ async def test_a_statement_that_fails_before_it_is_sent_fails_alone(
                 raise psycopg.InterfaceError("could not send the statement")
         return await real(self, query, params, **kw)
 
+    def declined(*args: Any) -> Any:
+        raise GroupFailed()  # the one-write path declines: the group goes statement by statement
+
     with monkeypatch.context() as patch:
+        patch.setattr(group_commit, "write_group", declined)
         patch.setattr(psycopg.AsyncConnection, "execute", failing)
         outcomes = await asyncio.gather(
             *(enqueue_message(own_store, enqueue(lane, "once")) for lane in lanes),
@@ -182,3 +187,39 @@ async def test_a_lane_locked_elsewhere_does_not_hold_its_neighbours(own_store: S
     # The lock gone, the held lane's command commits once, under the lane's lock.
     answer = await asyncio.wait_for(running[0], 20)
     assert await inbox(own_store, held) == (2, [(answer.entry_id, f"{held.lane_id} once")])
+
+
+async def test_groups_survive_the_connection_losing_its_prepared_statements(
+    fresh_database_url: str,
+) -> None:
+    # One connection: every group runs on it. psycopg deallocates all of a connection's
+    # prepared statements when it rolls a transaction back there, the one-write path's too.
+    store = await Store.open(fresh_database_url, min_size=1, max_size=1)
+    try:
+        await store.migrate()
+        lanes = await new_lanes(store, 3, "dealloc")
+        committer = store.committer
+        notes: dict[LaneRef, list[tuple[str, str]]] = {lane: [] for lane in lanes}
+
+        async def round_(n: int) -> None:
+            answers = await asyncio.gather(
+                *(enqueue_message(store, enqueue(lane, f"round {n}")) for lane in lanes)
+            )
+            for lane, answer in zip(lanes, answers, strict=True):
+                notes[lane].append((answer.entry_id, f"round {n}"))
+
+        await round_(0)  # prepares the statements on the connection, in one write
+        assert committer.groups_sent_again == 0
+        async with store.pool.connection() as conn:
+            await conn.execute("SELECT 1", prepare=True)
+            with pytest.raises(ZeroDivisionError):
+                async with conn.transaction():
+                    raise ZeroDivisionError  # rolled back: DEALLOCATE ALL
+        await round_(1)  # the statements are gone: this group goes again, and commits
+        assert committer.groups_sent_again == 1
+        await round_(2)  # prepared again, in one write
+        assert committer.groups_sent_again == 1
+        for lane in lanes:
+            assert await inbox(store, lane) == (1 + 3, notes[lane])
+    finally:
+        await store.close()

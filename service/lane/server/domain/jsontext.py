@@ -30,5 +30,3 @@ def require_json_object(text: str, field: str) -> None:
     """Refuse unless ``text`` is a JSON object."""
     if not isinstance(parse_json(text, field), dict):
         raise InvalidArgument("INVALID_JSON", f"{field} must be a JSON object", field=field)
-
-

@@ -38,6 +38,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from lane.server import metrics
+from lane.server.store.group_write import GroupFailed, write_group
 from lane.server.store.lane_ref import LaneRef
 from lane.server.store.lane_writes import CommitStatement
 
@@ -120,6 +121,9 @@ class GroupCommitter:
         self.statements = 0
         #: Groups sent again without a statement that failed them.
         self.retried_groups = 0
+        #: Groups the one-write path (group_write.py) did not commit, sent again through
+        #: psycopg's pipeline.
+        self.groups_sent_again = 0
 
     async def commit(self, lane: LaneRef, statement: CommitStatement) -> bool:
         """Commit ``statement`` with whatever else is ready; True when it wrote (the lane was
@@ -215,6 +219,24 @@ class GroupCommitter:
         that one's error and returns it."""
         if len(group) == 1:
             return await self._send_alone(conn, group[0])
+        try:
+            written = await write_group(conn, _BEGIN, [queued.statement for queued in group])
+        except GroupFailed:
+            # Nothing was written: the group goes again through psycopg's own pipeline,
+            # which says which statement failed, and why.
+            self.groups_sent_again += 1
+            return await self._send_pipelined(conn, group)
+        self._committed(len(group))
+        for queued, wrote in zip(group, written, strict=True):
+            if not queued.future.done():  # (cancelled: the process stops)
+                queued.future.set_result(wrote)
+        return None
+
+    async def _send_pipelined(
+        self, conn: AsyncConnection[Any], group: Sequence[_Queued]
+    ) -> _Queued | None:
+        """The group in psycopg's pipeline (a write per statement): as :meth:`_send`, after
+        the one-write path failed."""
         cursors = []
         try:
             # BEGIN and COMMIT spelled out, not left to the implicit transaction the pipeline's

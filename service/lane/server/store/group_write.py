@@ -1,0 +1,207 @@
+"""A group's transaction in one write: BEGIN, its settings, its statements, COMMIT and a Sync go
+to PostgreSQL together, and their results are read back together.
+
+psycopg's pipeline mode writes each statement to the socket as it is queued: a group of K
+statements costs K + 5 writes (BEGIN, the settings, the statements, COMMIT, the Sync and a
+flush request), each a system call here and a wake-up of the backend there, and a pass through
+psycopg's execute path each. This module queues the whole group on the connection's libpq
+pipeline (``psycopg.pq``, psycopg's public libpq layer) and writes it once, with psycopg's own
+parameter adaptation (``psycopg.adapt.Transformer``): the same bytes psycopg would send, in
+one write.
+
+Each statement is prepared once per connection under a name of this module's (a fresh name
+each time one is made, so a name never meets a statement left over from an earlier failure).
+psycopg deallocates every prepared statement of a connection when it rolls back a transaction
+there (``DEALLOCATE ALL``, e.g. after a refused command under the lane lock), so a statement
+this module prepared may be gone: that is found as any failure is.
+
+Only the way every statement works is handled here. When anything fails (a statement's error,
+a prepared statement the connection no longer has, a row lock waited for too long) the
+transaction is rolled back, the connection's names are forgotten, and :func:`write_group`
+says so: the caller sends the group again the usual way, which finds the statement that failed
+and gives its command the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import weakref
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+from psycopg import AsyncConnection, pq
+from psycopg.abc import Buffer
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.pq.abc import PGresult
+
+from lane.server.store.lane_writes import CommitStatement
+
+#: A statement's shape: its SQL and its parameters' types.
+_Shape = tuple[bytes, tuple[int, ...]]
+#: The shapes prepared on each connection, and their names.
+_PREPARED: weakref.WeakKeyDictionary[AsyncConnection[Any], dict[_Shape, bytes]] = (
+    weakref.WeakKeyDictionary()
+)
+_NAMES = itertools.count(1)
+_PLACEHOLDER = re.compile(r"%\((\w+)\)([sbt])|%%")
+_FORMATS = {"s": PyFormat.AUTO, "b": PyFormat.BINARY, "t": PyFormat.TEXT}
+
+
+class _Queued(NamedTuple):
+    """One statement as it goes out: its prepared statement (and whether to prepare it first)
+    and its parameters, adapted."""
+
+    name: bytes
+    sql: bytes
+    types: tuple[int, ...]
+    prepare: bool
+    values: Sequence[Buffer | None]
+    formats: Sequence[int]
+
+
+class GroupFailed(Exception):
+    """The group's transaction did not commit (nothing of it was written): send it again the
+    usual way."""
+
+
+@lru_cache(maxsize=1024)
+def converted(sql: str) -> tuple[bytes, tuple[str, ...], tuple[PyFormat, ...]]:
+    """``sql`` with ``%(name)s`` / ``%(name)b`` / ``%(name)t`` placeholders as PostgreSQL's
+    ``$n`` (one per name, as psycopg numbers them), the names in order, and each one's format."""
+    names: dict[str, tuple[str, PyFormat]] = {}
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(0) == "%%":
+            return "%"
+        name, fmt = match.group(1), _FORMATS[match.group(2)]
+        found = names.get(name)
+        if found is None:
+            found = names[name] = (f"${len(names) + 1}", fmt)
+        elif found[1] != fmt:
+            raise ValueError(f"placeholder {name} has two formats")
+        return found[0]
+
+    text = _PLACEHOLDER.sub(number, sql)
+    return (
+        text.encode(),
+        tuple(names),
+        tuple(fmt for _, fmt in names.values()),
+    )
+
+
+async def write_group(
+    conn: AsyncConnection[Any], prologue: Sequence[str], statements: Sequence[CommitStatement]
+) -> list[bool]:
+    """Run ``prologue`` (BEGIN and the settings, no parameters), ``statements`` and COMMIT on
+    ``conn`` in one write; whether each statement wrote. Raises :class:`GroupFailed` when the
+    transaction did not commit (it was rolled back, nothing written), and whatever the
+    connection raises when it breaks."""
+    pg = conn.pgconn
+    prepared = _PREPARED.setdefault(conn, {})
+    made: dict[_Shape, bytes] = {}
+    # Every statement's parameters adapted first: one that cannot be (a bug) fails here, before
+    # anything is sent, and the group goes the usual way, where it fails alone.
+    transformer = Transformer.from_context(conn)
+    queued: list[_Queued] = []
+    try:
+        for statement in statements:
+            sql, names, formats = converted(statement.sql)
+            params = statement.params
+            values = transformer.dump_sequence([params[name] for name in names], formats)
+            types = tuple(transformer.types or ())
+            key = (sql, types)
+            name = prepared.get(key) or made.get(key)
+            prepare = name is None
+            if name is None:
+                name = made[key] = b"lane_group_%d" % next(_NAMES)
+            formats_out = tuple(transformer.formats or ())
+            queued.append(_Queued(name, sql, types, prepare, values, formats_out))
+    except Exception as exc:
+        raise GroupFailed() from exc
+    pg.enter_pipeline_mode()
+    try:
+        for command in prologue:
+            pg.send_query_params(command.encode(), None)
+        for one in queued:
+            if one.prepare:
+                pg.send_prepare(one.name, one.sql, param_types=one.types)
+            pg.send_query_prepared(one.name, one.values, param_formats=one.formats)
+        pg.send_query_params(b"COMMIT", None)
+        pg.pipeline_sync()
+        results = await _exchange(conn)
+    except BaseException:
+        # Written partly, or read partly: the connection's state is unknown; it is closed
+        # (the pool drops it) rather than handed on.
+        pg.finish()
+        raise
+    pg.exit_pipeline_mode()
+    idle = pg.transaction_status == pq.TransactionStatus.IDLE
+    if not idle or any(result.status not in _OK for result in results):
+        _PREPARED.pop(conn, None)
+        await conn.rollback()
+        raise GroupFailed()
+    prepared.update(made)
+    # The results: the prologue's, then per statement its Prepare's (if sent) and its own,
+    # then COMMIT's.
+    at = len(prologue)
+    written = []
+    for one in queued:
+        at += one.prepare
+        result = results[at]
+        written.append(result.ntuples > 0 and result.get_value(0, 0) == b"1")
+        at += 1
+    return written
+
+
+_OK = frozenset({pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK})
+
+
+async def _exchange(conn: AsyncConnection[Any]) -> list[PGresult]:
+    """Write what the connection's pipeline holds and read every result up to its Sync (the
+    Sync's own left out): one list entry per query, its last result."""
+    pg = conn.pgconn
+    loop = asyncio.get_running_loop()
+    fd = conn.fileno()
+    results: list[PGresult] = []
+    while pg.flush():
+        # The output did not fit the socket at once: wait until it takes more, reading what
+        # comes back meanwhile so that neither side waits for the other.
+        if await _ready(loop, fd, write=True):
+            pg.consume_input()
+    while True:
+        while pg.is_busy():
+            await _ready(loop, fd, write=False)
+            pg.consume_input()
+        result = pg.get_result()
+        if result is None:
+            continue  # the end of one query's results
+        if result.status == pq.ExecStatus.PIPELINE_SYNC:
+            return results
+        results.append(result)
+
+
+async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool) -> bool:
+    """Wait until ``fd`` can be read (or, ``write``, written or read); whether it can be
+    read."""
+    done: asyncio.Future[bool] = loop.create_future()
+
+    def readable() -> None:
+        if not done.done():
+            done.set_result(True)
+
+    def writable() -> None:
+        if not done.done():
+            done.set_result(False)
+
+    loop.add_reader(fd, readable)
+    if write:
+        loop.add_writer(fd, writable)
+    try:
+        return await done
+    finally:
+        loop.remove_reader(fd)
+        if write:
+            loop.remove_writer(fd)
