@@ -217,14 +217,22 @@ class GroupCommitter:
         """One round trip: the group's statements in one transaction. Sets each statement's
         outcome and returns None, or, when a statement failed (nothing was written then), sets
         that one's error and returns it."""
-        if len(group) == 1:
-            return await self._send_alone(conn, group[0])
+        # A group of one is sent alone: one statement is all or nothing by itself (no BEGIN,
+        # no COMMIT, no plan setting to send around it).
+        alone = len(group) == 1
         try:
-            written = await write_group(conn, _BEGIN, [queued.statement for queued in group])
+            written = await write_group(
+                conn,
+                [queued.statement for queued in group],
+                () if alone else _BEGIN,
+                () if alone else ("COMMIT",),
+            )
         except GroupFailed:
-            # Nothing was written: the group goes again through psycopg's own pipeline,
-            # which says which statement failed, and why.
+            # Nothing was written: the group goes again through psycopg, which says which
+            # statement failed, and why.
             self.groups_sent_again += 1
+            if alone:
+                return await self._send_alone(conn, group[0])
             return await self._send_pipelined(conn, group)
         self._committed(len(group))
         for queued, wrote in zip(group, written, strict=True):
@@ -270,8 +278,7 @@ class GroupCommitter:
         return None
 
     async def _send_alone(self, conn: AsyncConnection[Any], queued: _Queued) -> _Queued | None:
-        """A group of one: the statement alone, its own transaction (one statement is all or
-        nothing by itself: no BEGIN, no COMMIT, no plan setting to send around it)."""
+        """A group of one through psycopg: the statement alone, its own transaction."""
         statement = queued.statement
         try:
             cursor = await conn.execute(statement.sql, statement.params, prepare=True)

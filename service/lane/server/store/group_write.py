@@ -93,12 +93,16 @@ def converted(sql: str) -> tuple[bytes, tuple[str, ...], tuple[PyFormat, ...]]:
 
 
 async def write_group(
-    conn: AsyncConnection[Any], prologue: Sequence[str], statements: Sequence[CommitStatement]
+    conn: AsyncConnection[Any],
+    statements: Sequence[CommitStatement],
+    prologue: Sequence[str] = (),
+    epilogue: Sequence[str] = (),
 ) -> list[bool]:
-    """Run ``prologue`` (BEGIN and the settings, no parameters), ``statements`` and COMMIT on
-    ``conn`` in one write; whether each statement wrote. Raises :class:`GroupFailed` when the
-    transaction did not commit (it was rolled back, nothing written), and whatever the
-    connection raises when it breaks."""
+    """Run ``prologue`` (BEGIN and the settings: commands without parameters), ``statements``
+    and ``epilogue`` (COMMIT) on ``conn`` in one write, followed by a Sync (which commits a
+    lone statement sent without BEGIN and COMMIT); whether each statement wrote. Raises
+    :class:`GroupFailed` when the transaction did not commit (it was rolled back, nothing
+    written), and whatever the connection raises when it breaks."""
     pg = conn.pgconn
     prepared = _PREPARED.setdefault(conn, {})
     made: dict[_Shape, bytes] = {}
@@ -129,7 +133,8 @@ async def write_group(
             if one.prepare:
                 pg.send_prepare(one.name, one.sql, param_types=one.types)
             pg.send_query_prepared(one.name, one.values, param_formats=one.formats)
-        pg.send_query_params(b"COMMIT", None)
+        for command in epilogue:
+            pg.send_query_params(command.encode(), None)
         pg.pipeline_sync()
         results = await _exchange(conn)
     except BaseException:
@@ -145,7 +150,7 @@ async def write_group(
         raise GroupFailed()
     prepared.update(made)
     # The results: the prologue's, then per statement its Prepare's (if sent) and its own,
-    # then COMMIT's.
+    # then the epilogue's.
     at = len(prologue)
     written = []
     for one in queued:
