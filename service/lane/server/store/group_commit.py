@@ -68,7 +68,7 @@ LOCK_WAIT_SECONDS = 0.1
 #: planned again. The settings are the transaction's own: other queries of the connection are
 #: planned, and wait for locks, as usual. A lone statement goes alone (see ``_send_alone``):
 #: under load, when planning counts, groups hold several.
-_BEGIN = (
+PROLOGUE = (
     "BEGIN",
     "SELECT set_config('plan_cache_mode', 'force_generic_plan', true),"
     f" set_config('lock_timeout', '{round(LOCK_WAIT_SECONDS * 1000)}ms', true)",
@@ -224,7 +224,7 @@ class GroupCommitter:
             written = await write_group(
                 conn,
                 [queued.statement for queued in group],
-                () if alone else _BEGIN,
+                () if alone else PROLOGUE,
                 () if alone else ("COMMIT",),
             )
         except GroupFailed:
@@ -251,7 +251,7 @@ class GroupCommitter:
             # Sync would commit: should anything fail here before COMMIT is queued, the Sync
             # then commits nothing, and no statement of the group is written half-acknowledged.
             async with conn.pipeline():
-                for command in _BEGIN:
+                for command in PROLOGUE:
                     await conn.execute(command)
                 for queued in group:
                     statement = queued.statement
