@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import sys
 from collections.abc import Sequence
@@ -56,6 +57,7 @@ from lane.server.store.group_commit import PROLOGUE
 from lane.server.store.group_write import write_group
 from lane.server.store.lane_writes import CommitStatement
 
+_PHASES = itertools.count()
 MODES = ("single", "implicit", "explicit", "sync-each", "savepoints", "store-pipeline", "one-write")
 
 
@@ -172,7 +174,9 @@ async def measure(
     db: Database, url: str, run: replay.RecordedRun, mode: str, args: argparse.Namespace
 ) -> ModeResult:
     stop = asyncio.Event()
-    clients = [_Client(url, run, args.lanes, f"{mode}-{i}") for i in range(args.clients)]
+    # A mode given twice (to alternate modes) gets namespaces of its own each time.
+    tag = f"{mode}-{next(_PHASES)}"
+    clients = [_Client(url, run, args.lanes, f"{tag}-{i}") for i in range(args.clients)]
     transactions = await committed_transactions(url)
     tasks = [asyncio.create_task(client.drive(mode, stop)) for client in clients]
     await asyncio.sleep(args.warmup)
