@@ -221,6 +221,7 @@ class LaneSession:
         #: The one timer of the session's attempt deadlines (see :meth:`_sweep`) and when it
         #: fires (loop time).
         self._sweeper: asyncio.TimerHandle | None = None
+        self._running_loop: asyncio.AbstractEventLoop | None = None
         self._sweep_at = 0.0
         #: Streams opened so far (the first, then one per break).
         self.streams_opened = 0
@@ -277,7 +278,7 @@ class LaneSession:
         deadline = retry.deadline()
         attempt = sends = 0
         while True:
-            future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+            future: asyncio.Future[Message] = self._loop().create_future()
             pending = _Pending(request, size, field_name, method, resend, deadline, future)
             try:
                 return await self._answer(pending, timeout)
@@ -324,12 +325,20 @@ class LaneSession:
         finally:
             self._pending.pop(pending, None)
 
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the session runs on (its streams' tasks are bound to it): looked up
+        once, not per command (on Python 3.11 each look-up is a system call)."""
+        loop = self._running_loop
+        if loop is None or loop.is_closed():
+            loop = self._running_loop = asyncio.get_running_loop()
+        return loop
+
     def _arm(self, at: float) -> None:
         """Run :meth:`_sweep` at loop time ``at`` (instead of when it was due)."""
         if self._sweeper is not None:
             self._sweeper.cancel()
         self._sweep_at = at
-        self._sweeper = asyncio.get_running_loop().call_at(at, self._sweep)
+        self._sweeper = self._loop().call_at(at, self._sweep)
 
     def _sweep(self) -> None:
         """Fail every command whose attempt is past its deadline, and set the timer for the
@@ -337,7 +346,7 @@ class LaneSession:
         cancelled for each command costs more than the walk over the unanswered commands
         each time one is due."""
         self._sweeper = None
-        now = asyncio.get_running_loop().time()
+        now = self._loop().time()
         soonest: float | None = None
         for pending in self._pending:
             if pending.answer_by is None or pending.future.done():
