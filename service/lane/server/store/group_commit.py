@@ -38,7 +38,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from lane.server import metrics
-from lane.server.store.group_write import GroupFailed, write_group
+from lane.server.store.group_write import GroupFailed, StatementFailed, write_group
 from lane.server.store.lane_ref import LaneRef
 from lane.server.store.lane_writes import CommitStatement
 
@@ -227,6 +227,13 @@ class GroupCommitter:
                 () if alone else PROLOGUE,
                 () if alone else ("COMMIT",),
             )
+        except StatementFailed as failure:
+            # Nothing was written: the failed statement's command gets the error, the rest go
+            # again (_commit_group).
+            failed = group[failure.index]
+            if not failed.future.done():  # (cancelled: the process stops)
+                failed.future.set_exception(failure.error)
+            return failed
         except GroupFailed:
             # Nothing was written: the group goes again through psycopg, which says which
             # statement failed, and why.

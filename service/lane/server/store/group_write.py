@@ -9,17 +9,21 @@ pipeline (``psycopg.pq``, psycopg's public libpq layer) and writes it once, with
 parameter adaptation (``psycopg.adapt.Transformer``): the same bytes psycopg would send, in
 one write.
 
-Each statement is prepared once per connection under a name of this module's (a fresh name
-each time one is made, so a name never meets a statement left over from an earlier failure).
-psycopg deallocates every prepared statement of a connection when it rolls back a transaction
-there (``DEALLOCATE ALL``, e.g. after a refused command under the lane lock), so a statement
-this module prepared may be gone: that is found as any failure is.
+Each statement is prepared once per connection under a name of this module's (prepared
+statements outlive a rolled-back transaction, so one prepared in a group that failed is kept
+too). psycopg deallocates every prepared statement of a connection when it rolls back a
+transaction there (``DEALLOCATE ALL``, e.g. after a refused command under the lane lock), so
+a statement this module prepared may be gone: the group that finds one missing is rolled back,
+every name of that connection forgotten, and the group sent again at once with its statements
+prepared anew (under new names).
 
-Only the way every statement works is handled here. When anything fails (a statement's error,
-a prepared statement the connection no longer has, a row lock waited for too long) the
-transaction is rolled back, the connection's names are forgotten, and :func:`write_group`
-says so: the caller sends the group again the usual way, which finds the statement that failed
-and gives its command the error.
+When a statement fails (a request id used before, a row lock waited for too long, a
+deadlock) the transaction is rolled back, on the same pipeline (psycopg's own ``rollback()``
+would also deallocate every prepared statement of the connection), and :func:`write_group`
+names the statement and its error (psycopg's exception for the SQLSTATE, with the server's
+diagnostics): the caller gives that command the error and sends the rest again. Anything else
+that keeps the group from committing (a parameter that cannot be adapted, a failed COMMIT)
+makes the caller send the group again through psycopg's own pipeline, statement by statement.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+import psycopg
 from psycopg import AsyncConnection, pq
 from psycopg.abc import Buffer
 from psycopg.adapt import PyFormat, Transformer
@@ -62,9 +67,32 @@ class _Queued(NamedTuple):
     formats: Sequence[int]
 
 
+class Stats:
+    """What happened here in this process."""
+
+    __slots__ = ("statements_lost",)
+
+    def __init__(self) -> None:
+        #: Groups that found their connection's prepared statements gone (and went again).
+        self.statements_lost = 0
+
+
+stats = Stats()
+
+
 class GroupFailed(Exception):
     """The group's transaction did not commit (nothing of it was written): send it again the
     usual way."""
+
+
+class StatementFailed(Exception):
+    """The statement at ``index`` failed with ``error`` (psycopg's exception for its SQLSTATE),
+    and the group's transaction with it: nothing of the group was written."""
+
+    def __init__(self, index: int, error: psycopg.Error) -> None:
+        super().__init__(index, error)
+        self.index = index
+        self.error = error
 
 
 @lru_cache(maxsize=1024)
@@ -97,14 +125,19 @@ async def write_group(
     statements: Sequence[CommitStatement],
     prologue: Sequence[str] = (),
     epilogue: Sequence[str] = (),
+    *,
+    again: bool = False,
 ) -> list[bool]:
     """Run ``prologue`` (BEGIN and the settings: commands without parameters), ``statements``
     and ``epilogue`` (COMMIT) on ``conn`` in one write, followed by a Sync (which commits a
-    lone statement sent without BEGIN and COMMIT); whether each statement wrote. Raises
-    :class:`GroupFailed` when the transaction did not commit (it was rolled back, nothing
-    written), and whatever the connection raises when it breaks."""
+    lone statement sent without BEGIN and COMMIT); whether each statement wrote. When the
+    transaction did not commit (it was rolled back: nothing written), raises
+    :class:`StatementFailed` when a statement failed, else :class:`GroupFailed`; and whatever
+    the connection raises when it breaks. (``again``: this is the second try of a group whose
+    prepared statements were gone.)"""
     pg = conn.pgconn
     prepared = _PREPARED.setdefault(conn, {})
+    #: Names given in this group to shapes new on the connection.
     made: dict[_Shape, bytes] = {}
     # Every statement's parameters adapted first: one that cannot be (a bug) fails here, before
     # anything is sent, and the group goes the usual way, where it fails alone.
@@ -137,30 +170,62 @@ async def write_group(
             pg.send_query_params(command.encode(), None)
         pg.pipeline_sync()
         results = await _exchange(conn)
+        failed = pg.transaction_status != pq.TransactionStatus.IDLE or any(
+            result.status not in _OK for result in results
+        )
+        if failed and pg.transaction_status != pq.TransactionStatus.IDLE:
+            # Rolled back here, not with psycopg's rollback(), which would also deallocate
+            # every prepared statement of the connection (psycopg's and these).
+            pg.send_query_params(b"ROLLBACK", None)
+            pg.pipeline_sync()
+            await _exchange(conn)
     except BaseException:
         # Written partly, or read partly: the connection's state is unknown; it is closed
         # (the pool drops it) rather than handed on.
         pg.finish()
         raise
     pg.exit_pipeline_mode()
-    idle = pg.transaction_status == pq.TransactionStatus.IDLE
-    if not idle or any(result.status not in _OK for result in results):
-        _PREPARED.pop(conn, None)
-        await conn.rollback()
-        raise GroupFailed()
-    prepared.update(made)
     # The results: the prologue's, then per statement its Prepare's (if sent) and its own,
     # then the epilogue's.
     at = len(prologue)
     written = []
-    for one in queued:
-        at += one.prepare
-        result = results[at]
-        written.append(result.ntuples > 0 and result.get_value(0, 0) == b"1")
-        at += 1
-    return written
+    first_error: tuple[int, PGresult] | None = None
+    for index, one in enumerate(queued):
+        mine = [results[at], results[at + 1]] if one.prepare else [results[at]]
+        at += len(mine)
+        if one.prepare and mine[0].status == pq.ExecStatus.COMMAND_OK:
+            # Prepared statements outlive a rolled-back transaction: kept, whatever else.
+            prepared[(one.sql, one.types)] = one.name
+        for result in mine:
+            if first_error is None and result.status == pq.ExecStatus.FATAL_ERROR:
+                first_error = (index, result)
+        written.append(mine[-1].ntuples > 0 and mine[-1].get_value(0, 0) == b"1")
+    if not failed:
+        return written
+    if first_error is not None and _sqlstate(first_error[1]) == _NO_SUCH_STATEMENT:
+        # Deallocated behind this module's back (psycopg's DEALLOCATE ALL after a rollback on
+        # the connection): every name of it is gone. Nothing was written: once more, with
+        # every statement prepared again.
+        prepared.clear()
+        stats.statements_lost += 1
+        if not again:
+            return await write_group(conn, statements, prologue, epilogue, again=True)
+    elif first_error is not None:
+        index, result = first_error
+        error = psycopg.errors.lookup((_sqlstate(result) or b"XX000").decode())
+        message = (result.error_message or b"").decode(errors="replace").strip()
+        raise StatementFailed(index, error(message, info=result))
+    raise GroupFailed()
 
 
+def _sqlstate(result: PGresult) -> bytes | None:
+    if result.status != pq.ExecStatus.FATAL_ERROR:
+        return None
+    return result.error_field(pq.DiagnosticField.SQLSTATE)
+
+
+#: SQLSTATE invalid_sql_statement_name: a prepared statement the connection does not have.
+_NO_SUCH_STATEMENT = b"26000"
 _OK = frozenset({pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK})
 
 
