@@ -4,14 +4,17 @@ to PostgreSQL together, in one round trip and one transaction.
 Each command's statement decides alone (``lane_writes``): it writes everything or, when its
 lane's version moved on, nothing, and says which. So statements of different lanes can share a
 transaction without one's outcome changing another's: the group is sent in one pipeline,
-BEGIN, the statements, COMMIT, and each command reads its own statement's answer. What a
-shared transaction saves is PostgreSQL's per-commit work (a commit record, a WAL flush, the
-transaction's bookkeeping) and a pool checkout and a round trip per command.
+BEGIN, the statements, COMMIT, in one write (group_write.py), and each command reads its own
+statement's answer. What a shared transaction saves is PostgreSQL's per-commit work (a commit
+record, a WAL flush, the transaction's bookkeeping) and a pool checkout and a round trip per
+command.
 
 An *error* is different: it aborts the whole transaction (a request id or an operation id used
 before fails its statement on a primary key, a deadlock with another process's commit the
-statement that waited). Then nothing of the group was written. The statement that failed is
-known (the first whose result did not come back); its command gets the error, and every other
+statement that waited, a row lock waited for past :data:`LOCK_WAIT_SECONDS`). Then nothing of
+the group was written. The statement that failed is known (the first whose result is an error;
+in psycopg's pipeline, the first whose result did not come back); its command gets the error,
+and every other
 statement goes out again at once. A command never fails because of a neighbour, and none is
 written twice. A lost connection fails the whole group, as it failed a lone command. The other
 ways considered — a savepoint per statement, or a Sync per statement so that each commits

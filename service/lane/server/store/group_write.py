@@ -42,6 +42,7 @@ from psycopg.abc import Buffer
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq.abc import PGresult
 
+from lane.server import traces
 from lane.server.store.lane_writes import CommitStatement
 
 #: A statement's shape: its SQL and its parameters' types.
@@ -135,7 +136,6 @@ async def write_group(
     :class:`StatementFailed` when a statement failed, else :class:`GroupFailed`; and whatever
     the connection raises when it breaks. (``again``: this is the second try of a group whose
     prepared statements were gone.)"""
-    pg = conn.pgconn
     prepared = _PREPARED.setdefault(conn, {})
     #: Names given in this group to shapes new on the connection.
     made: dict[_Shape, bytes] = {}
@@ -158,6 +158,21 @@ async def write_group(
             queued.append(_Queued(name, sql, types, prepare, values, formats_out))
     except Exception as exc:
         raise GroupFailed() from exc
+    first = prologue[0] if prologue else statements[0].sql if statements else ""
+    with traces.statements(first, len(prologue) + len(statements) + len(epilogue)):
+        return await _write(conn, queued, prologue, epilogue, prepared, statements, again)
+
+
+async def _write(
+    conn: AsyncConnection[Any],
+    queued: Sequence[_Queued],
+    prologue: Sequence[str],
+    epilogue: Sequence[str],
+    prepared: dict[_Shape, bytes],
+    statements: Sequence[CommitStatement],
+    again: bool,
+) -> list[bool]:
+    pg = conn.pgconn
     pg.enter_pipeline_mode()
     try:
         for command in prologue:
