@@ -81,6 +81,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import importlib.util
 import math
 import os
 import random
@@ -92,7 +93,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -1307,6 +1308,11 @@ class ServiceResult:
     #: With ``--watchers``: what the watchers saw, and how long they took to attach.
     fleet: FleetResult | None = None
     fleet_ready_seconds: float = 0.0
+    #: How the drivers sent their commands: "unary", "sessions" (a DriveLane stream per
+    #: driver) or "batched sessions" (every driver's lane on one stream per server process).
+    transport: str = "unary"
+    #: Over sessions: commands per DriveLane message the drivers wrote, over the whole phase.
+    commands_per_message: float | None = None
 
     @property
     def commits_per_second(self) -> float:
@@ -1433,12 +1439,20 @@ async def run_service_load(
     watchers: int = 0,
     sessions: bool = False,
     phase: str = "unary",
+    batched: bool = False,
+    session_type: type[LaneSession] = LaneSession,
 ) -> ServiceResult:
     """N drivers against the running service: warm up, then count over the window.
 
     ``sessions``: each driver sends its commands over a DriveLane stream of its own
     (:class:`~lane.client.session.LaneSession`, request ids as ``--request-ids`` says), not
     as unary RPCs.
+
+    ``batched``: one DriveLane stream per server process carries every driver's lane, as one
+    agent process driving many lanes uses the SDK: each lane's lifecycle is a task of its own,
+    and the commands the tasks issue in one event-loop turn (typically each lane's next command
+    once a message of answers arrived) go out as one message (``session_type``: the
+    LaneSession class, the working tree's or a ref's).
 
     ``watchers`` > 0: that many WatchLane streams (:mod:`bench.watchers`, a process of their
     own) are attached before the drivers start, spread evenly over the drivers' lanes (or, with
@@ -1447,17 +1461,26 @@ async def run_service_load(
     stats = Stats()
     stop = asyncio.Event()
     profiler: asyncio.subprocess.Process | None = None
+    drivers_profiler: asyncio.subprocess.Process | None = None
     fleet: Fleet | None = None
     processes = {"drivers": os.getpid()}
     trees = {"server": service.pid}  # a supervisor and its workers, or the single process
     before_commits = await committed_transactions(db.url)
+    opened = (
+        channels_per_worker(service)
+        if batched
+        else open_channels(service.address, channel_count(args, service.workers))
+    )
     async with (
-        open_channels(service.address, channel_count(args, service.workers)) as channels,
+        opened as channels,
         await psycopg.AsyncConnection.connect(db.url, autocommit=True) as stats_conn,
         contextlib.AsyncExitStack() as watching,
     ):
         stubs = [lane_service_pb2_grpc.LaneServiceStub(channel) for channel in channels]
         ceiling = await grpc_ceiling(channels, args.drivers, min(args.seconds, 3.0))
+        shared = [session_type(stub, request_ids=args.request_ids) for stub in stubs]
+        for session in shared if batched else ():
+            watching.push_async_callback(session.aclose)
         drivers = [
             Driver(
                 stub=stubs[i % len(stubs)],
@@ -1468,14 +1491,16 @@ async def run_service_load(
                 turns_per_run=args.turns,
                 request_ids=args.request_ids,
                 session=(
-                    LaneSession(stubs[i % len(stubs)], request_ids=args.request_ids)
+                    shared[i % len(shared)]
+                    if batched
+                    else session_type(stubs[i % len(stubs)], request_ids=args.request_ids)
                     if sessions
                     else None
                 ),
             )
             for i in range(args.drivers)
         ]
-        for driver in drivers:
+        for driver in drivers if not batched else ():
             if driver.session is not None:
                 watching.push_async_callback(driver.session.aclose)
         if watchers:
@@ -1505,6 +1530,11 @@ async def run_service_load(
                     args.seconds,
                     subprocesses=service.workers > 1,
                 )
+                if sessions:
+                    # The drivers' side too: what the SDK costs per command.
+                    drivers_profiler = await start_profiler(
+                        profile_path(args.py_spy, f"{phase}-drivers"), os.getpid(), args.seconds
+                    )
             await _sleep_unless_failed(watcher, args.seconds)
             last, t1 = stats.counters.copy(), time.monotonic()
             cpu_after = cpu_sample(processes, db.postmaster, trees)
@@ -1522,9 +1552,11 @@ async def run_service_load(
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watcher
-                if profiler is not None and profiler.returncode is None:
-                    profiler.kill()
+                for spy in (profiler, drivers_profiler):
+                    if spy is not None and spy.returncode is None:
+                        spy.kill()
             await finish_profiler(profiler)
+            await finish_profiler(drivers_profiler)
         # Cross-check: every lane's head revision equals the last revision its driver saw.
         mismatches = []
         snapshot_revisions = 0
@@ -1567,7 +1599,58 @@ async def run_service_load(
         connections=connections,
         fleet=watched,
         fleet_ready_seconds=fleet.ready_seconds if fleet is not None else 0.0,
+        transport="batched sessions" if batched else "sessions" if sessions else "unary",
+        commands_per_message=_commands_per_message({d.session for d in drivers} - {None}),
     )
+
+
+def _commands_per_message(sessions: Collection[LaneSession | None]) -> float | None:
+    """Commands per DriveLane message written by ``sessions`` (None: no sessions)."""
+    messages = sum(s.messages_sent for s in sessions if s is not None)
+    commands = sum(s.commands_sent for s in sessions if s is not None)
+    return commands / messages if messages else None
+
+
+@contextlib.asynccontextmanager
+async def channels_per_worker(service: ServiceProcess) -> AsyncIterator[list[grpc.aio.Channel]]:
+    """One channel (TCP connection) on each server process of ``service``: channels are
+    opened one at a time, and one the kernel handed to a process that has one already is kept
+    aside (open, idle) and another opened, up to 16 tries a process; the rest are closed at the
+    end. With one server process, one channel."""
+    wanted = service.workers
+    kept: list[grpc.aio.Channel] = []
+    aside: list[grpc.aio.Channel] = []
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+    try:
+        served: set[int] = set()
+        for _ in range(16 * wanted):
+            if len(kept) == wanted:
+                break
+            before = connections_per_worker(service) if wanted > 1 else [0]
+            channel = grpc.aio.insecure_channel(service.address, options=options)
+            async with asyncio.timeout(RPC_TIMEOUT_SECONDS):
+                await channel.channel_ready()
+            grown = [0]
+            for _ in range(100):  # the server process may take a moment to accept it
+                after = connections_per_worker(service) if wanted > 1 else [1]
+                grown = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if b > a]
+                if grown:
+                    break
+                await asyncio.sleep(0.01)
+            if grown and grown[0] not in served:
+                served.add(grown[0])
+                kept.append(channel)
+            else:
+                aside.append(channel)
+        if len(kept) < wanted:
+            print(f"note: only {len(kept)} of {wanted} server processes got a connection")
+            kept += aside[: wanted - len(kept)]
+        yield kept
+    finally:
+        await asyncio.gather(*(channel.close(None) for channel in kept + aside))
 
 
 async def _attach_watchers(
@@ -1819,9 +1902,9 @@ def _interpreter(python: str) -> str:
     return f"Python {done.stdout.strip()}"
 
 
-def _phase_label(result: ServiceResult, sessions: bool) -> str:
+def _phase_label(result: ServiceResult) -> str:
     workers = f"{result.workers} worker{'s' if result.workers > 1 else ''}"
-    return f"{'sessions' if sessions else 'unary'}, {workers}"
+    return f"{result.transport}, {workers}"
 
 
 def sessions_report(
@@ -1835,7 +1918,7 @@ def sessions_report(
         return "-" if a is None or b is None or not a else f"{b / a:.2f}"
 
     columns = [unary, *sessions]
-    headers = [_phase_label(unary, False)] + [_phase_label(r, True) for r in sessions]
+    headers = [_phase_label(r) for r in columns]
     rows: list[tuple[str, list[str]]] = []
 
     def row(label: str, values: list[float | None], show: Callable[[float | None], str]) -> None:
@@ -1854,6 +1937,11 @@ def sessions_report(
         row(f"{name} CPU per commit", [_cpu_per_commit(r, name) for r in columns], _micros)
     for name in ("server", "drivers"):
         row(f"{name} CPU per command", [_per_command(r, name) for r in columns], _micros)
+    row(
+        "commands per message",
+        [r.commands_per_message for r in columns],
+        lambda v: "-" if v is None else f"{v:.2f}",
+    )
     rows.append(
         (
             "revision cross-check",
@@ -1869,8 +1957,11 @@ def sessions_report(
         head += f" {header:>20} {'/ unary':>8}"
     lines = [
         f"sessions: the same {args.drivers} drivers, each sending its commands over one DriveLane"
-        " stream of its own (LaneSession) instead of unary RPCs; a fresh service process per"
-        " phase, after the unary phase, in this run",
+        " stream of its own (LaneSession) instead of unary RPCs; batched sessions: every"
+        " driver's lane on one stream per server process (one LaneSession each), so the"
+        " commands the drivers issue in one event-loop turn go as one message; a fresh"
+        " service process per phase, after the unary phase, in this run; the drivers' loop:"
+        f" {args.driver_loop}",
         "",
         head,
     ]
@@ -1882,7 +1973,7 @@ def sessions_report(
     for result in sessions:
         lines += [
             "",
-            f"  {_phase_label(result, True)}: {result.cpu.describe()}",
+            f"  {_phase_label(result)}: {result.cpu.describe()}",
             *(f"  {line}" for line in window_lines(result)),
             "",
             *latency_table(result.latencies),
@@ -2244,6 +2335,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="with --sessions: a sessions phase per K, with LANE_WORKERS=K (default: --workers)",
     )
     parser.add_argument(
+        "--driver-loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop of this process, where the drivers run (default asyncio's own;"
+        " the service runs on uvloop)",
+    )
+    parser.add_argument(
+        "--batched",
+        action="store_true",
+        help="also run the drivers over batched sessions: every driver's lane on one DriveLane"
+        " stream per server process, each lane's lifecycle a task, so commands issued in one"
+        " event-loop turn share a message (with --session-workers' worker counts)",
+    )
+    parser.add_argument(
         "--perf-postgres",
         type=Path,
         metavar="DIR",
@@ -2263,8 +2368,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--all",
         action="store_true",
         help="every figure in one run: the replay at 1 and 4 commits per transaction, and"
-        " sessions with 1 and 2 workers besides unary (as --sessions --session-workers 1,2"
-        " --replay-commits-per-transaction 1,4)",
+        " sessions and batched sessions with 1 and 2 workers besides unary (as --sessions"
+        " --batched --session-workers 1,2 --replay-commits-per-transaction 1,4)",
     )
     parser.add_argument(
         "--watch-lanes",
@@ -2287,7 +2392,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.all:
-        args.sessions = True
+        args.sessions = args.batched = True
         args.session_workers = args.session_workers or [1, 2]
         if args.replay_commits_per_transaction == [1]:
             args.replay_commits_per_transaction = [1, 4]
@@ -2359,8 +2464,11 @@ async def run(args: argparse.Namespace) -> int:
                 rate = ref_result.commits_per_second
                 print(f"{tree.label}: {rate:,.0f} commits/s; stopping it ...", flush=True)
             compared = (ref_service, ref_result, ref_note)
-            for workers in args.session_workers if args.sessions else ():
-                print(f"{tree.label}'s service ({workers} workers) over sessions ...", flush=True)
+            ref_session, session_note = ref_session_type(tree)
+            print(f"{tree.label}'s sessions: {session_note}", flush=True)
+            for workers, batched in session_phases(args):
+                how = "batched sessions" if batched else "sessions"
+                print(f"{tree.label}'s service ({workers} workers) over {how} ...", flush=True)
                 async with (
                     scratch_database(db.server_url, db.description) as ref_db,
                     run_service(
@@ -2368,23 +2476,34 @@ async def run(args: argparse.Namespace) -> int:
                     ) as ref_service,
                 ):
                     done_ref = await run_service_load(
-                        ref_db, args, ref_service, sessions=True, phase=f"ref-sessions-{workers}w"
+                        ref_db,
+                        args,
+                        ref_service,
+                        sessions=True,
+                        batched=batched,
+                        session_type=ref_session,
+                        phase=f"ref-{how.replace(' ', '-')}-{workers}w",
                     )
                 ref_sessions.append(done_ref)
-                print(f"{tree.label} over sessions: {done_ref.commits_per_second:,.0f} commits/s")
+                print(f"{tree.label} over {how}: {done_ref.commits_per_second:,.0f} commits/s")
         other_python: list[tuple[str, ServiceResult]] = []
         for python in args.compare_python or ():
-            for sessions, workers in [(False, args.workers)] + [
-                (True, w) for w in (args.session_workers if args.sessions else ())
+            for sessions, workers, batched in [(False, args.workers, False)] + [
+                (True, w, b) for w, b in session_phases(args)
             ]:
                 print(f"service on {python} ({workers} workers, sessions {sessions}) ...")
                 async with run_service(
                     db.url, args.notify == "on", workers=workers, python=python
                 ) as other:
                     done_other = await run_service_load(
-                        db, args, other, sessions=sessions, phase=f"python-{len(other_python)}"
+                        db,
+                        args,
+                        other,
+                        sessions=sessions,
+                        batched=batched,
+                        phase=f"python-{len(other_python)}",
                     )
-                label = f"{_interpreter(python)}: {_phase_label(done_other, sessions)}"
+                label = f"{_interpreter(python)}: {_phase_label(done_other)}"
                 other_python.append((label, done_other))
         print("service ...", flush=True)
         async with run_service(db.url, args.notify == "on", workers=args.workers) as service:
@@ -2392,12 +2511,18 @@ async def run(args: argparse.Namespace) -> int:
             rate = result.commits_per_second
             print(f"service: {rate:,.0f} commits/s; stopping it ...", flush=True)
         sessioned: list[ServiceResult] = []
-        for workers in args.session_workers if args.sessions else ():
+        for workers, batched in session_phases(args):
             # A fresh service process, so the session phase inherits nothing from the unary one.
-            print(f"service again ({workers} workers), drivers over DriveLane sessions ...")
+            how = "batched sessions" if batched else "sessions"
+            print(f"service again ({workers} workers), drivers over DriveLane {how} ...")
             async with run_service(db.url, args.notify == "on", workers=workers) as session_service:
                 done_sessions = await run_service_load(
-                    db, args, session_service, sessions=True, phase=f"sessions-{workers}w"
+                    db,
+                    args,
+                    session_service,
+                    sessions=True,
+                    batched=batched,
+                    phase=f"{how.replace(' ', '-')}-{workers}w",
                 )
                 sessioned.append(done_sessions)
                 rate = done_sessions.commits_per_second
@@ -2446,17 +2571,20 @@ async def run(args: argparse.Namespace) -> int:
             print()
             print(watchers_report(args, result, watched))
         mine = _interpreter(sys.executable) + ": " if other_python else ""
-        services = [*other_python, (mine + _phase_label(result, False), result)]
-        services += [(mine + _phase_label(r, True), r) for r in sessioned]
+        services = [*other_python, (mine + _phase_label(result), result)]
+        services += [(mine + _phase_label(r), r) for r in sessioned]
         if tree is not None and compared is not None:
             services[:0] = [
-                (f"{tree.label}: {_phase_label(r, sessions)}", r)
-                for r, sessions in [(compared[1], False), *((r, True) for r in ref_sessions)]
+                (f"{tree.label}: {_phase_label(r)}", r) for r in [compared[1], *ref_sessions]
             ]
-        for label, other_result in other_python:
+        ref_labelled = [] if tree is None else [(tree.label, r) for r in ref_sessions]
+        for label, other_result in [*other_python, *ref_labelled]:
             print()
-            print(f"{label}: {other_result.cpu.describe()}")
+            print(f"{label}, {_phase_label(other_result)}: {other_result.cpu.describe()}")
             print("\n".join(window_lines(other_result)))
+            if other_result.commands_per_message is not None:
+                print(f"  commands per message: {other_result.commands_per_message:.2f}")
+            print("\n".join(latency_table(other_result.latencies)))
         print()
         print(summary_report(baselines, replays, services))
     failed = bool(result.mismatches)
@@ -2470,6 +2598,34 @@ async def run(args: argparse.Namespace) -> int:
     failed = failed or any(r.mismatches for _, r in other_python)
     failed = failed or any(not r.ok for r in replays)
     return 1 if failed else 0
+
+
+def session_phases(args: argparse.Namespace) -> list[tuple[int, bool]]:
+    """(server processes, batched) of each sessions phase the options ask for: sessions per
+    ``--session-workers`` count with ``--sessions``, then batched sessions per count with
+    ``--batched``."""
+    phases = [(w, False) for w in args.session_workers if args.sessions]
+    return phases + [(w, True) for w in args.session_workers if args.batched]
+
+
+def ref_session_type(tree: RefTree) -> tuple[type[LaneSession], str]:
+    """The ref's own ``LaneSession`` (its clients/python/lane/client/session.py, loaded as a
+    module of its own beside the working tree's client packages), so that the ref's phases
+    over sessions measure its SDK too; the working tree's when the ref has none or it does
+    not load. Also says which."""
+    path = tree.root / "clients" / "python" / "lane" / "client" / "session.py"
+    if not path.exists():
+        return LaneSession, "the working tree's LaneSession (the ref has none)"
+    spec = importlib.util.spec_from_file_location("bench_ref_session", path)
+    if spec is None or spec.loader is None:
+        return LaneSession, "the working tree's LaneSession (the ref's would not load)"
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # an older SDK importing what the tree no longer has
+        return LaneSession, f"the working tree's LaneSession (the ref's failed: {exc!r})"
+    session: type[LaneSession] = module.LaneSession
+    return session, f"the ref's own LaneSession ({path.relative_to(tree.root)})"
 
 
 def watcher_limits(watchers: int, drivers: int) -> dict[str, str]:

@@ -109,6 +109,11 @@ def run_benchmark(
             loop.remove_signal_handler(signal.SIGTERM)
 
     try:
+        if getattr(args, "driver_loop", "asyncio") == "uvloop":
+            # The bench process's loop (its drivers'): uvloop, as the service runs.
+            import uvloop
+
+            return uvloop.run(until_signalled())
         return asyncio.run(until_signalled())
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: every process and directory this run started is cleaned up")

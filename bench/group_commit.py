@@ -14,7 +14,12 @@ run), with no gRPC and no domain in the loop:
 - ``sync-each``: K statements in one round trip, a Sync after each: K transactions, each
   committed (and its WAL flushed) before the next statement runs;
 - ``savepoints``: BEGIN, then SAVEPOINT / statement / RELEASE per lane, COMMIT: one round trip
-  (a savepoint only isolates an error with a further round trip to roll back to it).
+  (a savepoint only isolates an error with a further round trip to roll back to it);
+- ``store-pipeline``: what the store's group committer sent before its one-write path: BEGIN,
+  its settings, the statements prepared (``prepare=True``), COMMIT, in psycopg's pipeline (a
+  write per statement);
+- ``one-write``: the store's group committer now (``group_write.write_group``): the same
+  transaction queued on the connection's libpq pipeline and written once.
 
 Each of ``--clients`` connections drives K lanes of its own, each through the recorded run;
 a group is the next statement of each of its K lanes, so every group touches K lanes, as a group
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import sys
 from collections.abc import Sequence
@@ -47,9 +53,12 @@ from bench.commit_throughput import (
     scratch_database,
 )
 from bench.entry import add_database_url, run_benchmark
+from lane.server.store.group_commit import PROLOGUE
+from lane.server.store.group_write import write_group
 from lane.server.store.lane_writes import CommitStatement
 
-MODES = ("single", "implicit", "explicit", "sync-each", "savepoints")
+_PHASES = itertools.count()
+MODES = ("single", "implicit", "explicit", "sync-each", "savepoints", "store-pipeline", "one-write")
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,18 @@ async def _group(
 ) -> int:
     """Commit ``statements`` (one per lane) the way ``mode`` says; how many did not write."""
     cursors: list[psycopg.AsyncCursor[Any]] = []
-    if mode == "single":
+    if mode == "one-write":
+        group = [CommitStatement(sql, params) for sql, params in statements]
+        written = await write_group(conn, group, PROLOGUE, ("COMMIT",))
+        return written.count(False)
+    if mode == "store-pipeline":
+        async with conn.pipeline():
+            for command in PROLOGUE:
+                await conn.execute(command)
+            for sql, params in statements:
+                cursors.append(await conn.execute(sql, params, prepare=True))
+            await conn.execute("COMMIT")
+    elif mode == "single":
         for sql, params in statements:
             cursors.append(await conn.execute(sql, params))
     else:
@@ -154,7 +174,9 @@ async def measure(
     db: Database, url: str, run: replay.RecordedRun, mode: str, args: argparse.Namespace
 ) -> ModeResult:
     stop = asyncio.Event()
-    clients = [_Client(url, run, args.lanes, f"{mode}-{i}") for i in range(args.clients)]
+    # A mode given twice (to alternate modes) gets namespaces of its own each time.
+    tag = f"{mode}-{next(_PHASES)}"
+    clients = [_Client(url, run, args.lanes, f"{tag}-{i}") for i in range(args.clients)]
     transactions = await committed_transactions(url)
     tasks = [asyncio.create_task(client.drive(mode, stop)) for client in clients]
     await asyncio.sleep(args.warmup)

@@ -25,7 +25,9 @@ and K workers on one port) on a scratch database. Then, in order:
    seen are counted. A command's latency runs from its first attempt to its acknowledgement
    (retries included). With ``--sessions`` each driver sends its commands over one DriveLane
    stream of its own (``LaneSession``, the Python SDK's default) instead, and nothing refused
-   is sent again. After ``--warmup`` seconds the window of ``--seconds`` is measured; then the
+   is sent again; with ``--batched`` the drivers share one session per channel (as an agent
+   process driving many lanes would), so the commands they issue in one event-loop turn go
+   in one message. After ``--warmup`` seconds the window of ``--seconds`` is measured; then the
    drivers finish their turn and stop.
 4. **Nothing acknowledged lost.** For every lane, the revision the last acknowledged command
    returned must be <= the lane's revision in ``GetLaneSnapshot`` (a lane ahead of its driver
@@ -161,6 +163,9 @@ async def run_mix(args: argparse.Namespace, db: Database, service: ServiceProces
         print(f"floor: {args.drivers} callers of Health/Check ...", flush=True)
         floor = await health_floor(channels, args.drivers, args.health_seconds)
         stubs = [lane_service_pb2_grpc.LaneServiceStub(channel) for channel in channels]
+        shared = [LaneSession(stub, request_ids=True) for stub in stubs] if args.batched else []
+        for session in shared:
+            watching.push_async_callback(session.aclose)
         drivers = [
             Driver(
                 stub=stubs[i % len(stubs)],
@@ -172,12 +177,16 @@ async def run_mix(args: argparse.Namespace, db: Database, service: ServiceProces
                 request_ids=True,
                 retries=retries,
                 session=(
-                    LaneSession(stubs[i % len(stubs)], request_ids=True) if args.sessions else None
+                    shared[i % len(shared)]
+                    if shared
+                    else LaneSession(stubs[i % len(stubs)], request_ids=True)
+                    if args.sessions
+                    else None
                 ),
             )
             for i in range(args.drivers)
         ]
-        for driver in drivers:
+        for driver in drivers if not shared else ():
             if driver.session is not None:
                 watching.push_async_callback(driver.session.aclose)
         print(f"creating {len(drivers)} lanes ...", flush=True)
@@ -310,7 +319,13 @@ def report(
         )
         or "-"
     )
-    transport = "each over a DriveLane session" if args.sessions else "unary RPCs, retries"
+    transport = (
+        f"sharing one DriveLane session per channel ({args.channels})"
+        if args.batched
+        else "each over a DriveLane session"
+        if args.sessions
+        else "unary RPCs, retries"
+    )
     lines = [
         f"load mix: {args.drivers} drivers (one lane each, request ids, {transport}) and"
         f" {args.watchers:,} watchers on their lanes; window {result.seconds:.1f} s after"
@@ -421,6 +436,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " Python SDK does by default) instead of one unary RPC per command; a refused command"
         " is not sent again",
     )
+    parser.add_argument(
+        "--batched",
+        action="store_true",
+        help="the drivers share one DriveLane session per channel (--channels), each lane's"
+        " lifecycle a task: commands issued in one event-loop turn go in one message",
+    )
     parser.add_argument("--calls", type=int, default=4, help="tool calls per turn (default 4)")
     parser.add_argument("--turns", type=int, default=5, help="tool turns per run (default 5)")
     parser.add_argument(
@@ -440,6 +461,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add_database_url(parser)
     args = parser.parse_args(argv)
+    args.sessions = args.sessions or args.batched
     if min(args.drivers, args.calls, args.turns, args.workers, args.channels) < 1:
         parser.error("--drivers, --calls, --turns, --workers and --channels must be >= 1")
     if args.watchers < 1 or args.watcher_channels < 1:

@@ -10,6 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from lane.server.store import group_commit, group_write
+
 
 @dataclass
 class Statement:
@@ -35,6 +37,7 @@ async def recording(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Recorder]:
     recorder = Recorder()
     execute = psycopg.AsyncCursor.execute
     executemany = psycopg.AsyncCursor.executemany
+    write_group = group_write.write_group
     transaction = psycopg.AsyncConnection.transaction
 
     async def recorded_execute(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
@@ -60,6 +63,13 @@ async def recording(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Recorder]:
             if outer:
                 del recorder.transactions[id(self)]
 
+    async def recorded_group(conn: Any, statements: Any, *args: Any, **kw: Any) -> Any:
+        # The group committer's own path (one write for a group): each statement as sent.
+        for statement in statements:
+            recorder.record(conn, statement.sql, statement.params)
+        return await write_group(conn, statements, *args, **kw)
+
+    monkeypatch.setattr(group_commit, "write_group", recorded_group)
     monkeypatch.setattr(psycopg.AsyncCursor, "execute", recorded_execute)
     monkeypatch.setattr(psycopg.AsyncCursor, "executemany", recorded_executemany)
     monkeypatch.setattr(psycopg.AsyncConnection, "transaction", recorded_transaction)

@@ -16,7 +16,8 @@ from lane.v1 import snapshot_pb2
 
 from lane.server.commands.lanes import CreateLane, EnqueueMessage, create_lane, enqueue_message
 from lane.server.domain.errors import AlreadyExists
-from lane.server.store import DEFAULT_NAMESPACE, LaneRef, Store
+from lane.server.store import DEFAULT_NAMESPACE, LaneRef, Store, group_commit, group_write
+from lane.server.store.group_write import GroupFailed
 from lane.server.store.requests import RequestKey
 from tests.integration.lanes import hand_edit, new_lane_id, user
 
@@ -145,7 +146,11 @@ async def test_a_statement_that_fails_before_it_is_sent_fails_alone(
                 raise psycopg.InterfaceError("could not send the statement")
         return await real(self, query, params, **kw)
 
+    def declined(*args: Any) -> Any:
+        raise GroupFailed()  # the one-write path declines: the group goes statement by statement
+
     with monkeypatch.context() as patch:
+        patch.setattr(group_commit, "write_group", declined)
         patch.setattr(psycopg.AsyncConnection, "execute", failing)
         outcomes = await asyncio.gather(
             *(enqueue_message(own_store, enqueue(lane, "once")) for lane in lanes),
@@ -161,3 +166,103 @@ async def test_a_statement_that_fails_before_it_is_sent_fails_alone(
             # again: written once, not twice.
             assert not isinstance(outcome, BaseException), outcome
             assert await inbox(own_store, lane) == (2, [(outcome.entry_id, "once")])
+
+
+async def test_a_lane_locked_elsewhere_does_not_hold_its_neighbours(own_store: Store) -> None:
+    lanes = await new_lanes(own_store, 4, "locked")
+    held, others = lanes[0], lanes[1:]
+    async with hand_edit(own_store) as conn, conn.transaction():
+        # Another process's transaction on `held`: its row lock is kept until the block ends.
+        await conn.execute(
+            "SELECT 1 FROM lanes WHERE namespace = %s AND lane_id = %s FOR UPDATE", held
+        )
+        commands = [enqueue(lane, f"{lane.lane_id} once") for lane in lanes]
+        # Ready together: one group, whose statement for `held` waits for the lock.
+        running = [asyncio.ensure_future(enqueue_message(own_store, c)) for c in commands]
+        # The neighbours commit while the lock is still held (before: they waited with it).
+        done = await asyncio.wait_for(asyncio.gather(*running[1:]), 20)
+        assert not running[0].done(), "the locked lane's command waits for the lock"
+        for lane, answer in zip(others, done, strict=True):
+            assert await inbox(own_store, lane) == (2, [(answer.entry_id, f"{lane.lane_id} once")])
+    # The lock gone, the held lane's command commits once, under the lane's lock.
+    answer = await asyncio.wait_for(running[0], 20)
+    assert await inbox(own_store, held) == (2, [(answer.entry_id, f"{held.lane_id} once")])
+
+
+async def test_groups_survive_the_connection_losing_its_prepared_statements(
+    fresh_database_url: str,
+) -> None:
+    # One connection: every group runs on it. psycopg deallocates all of a connection's
+    # prepared statements when it rolls a transaction back there, the one-write path's too.
+    store = await Store.open(fresh_database_url, min_size=1, max_size=1)
+    try:
+        await store.migrate()
+        lanes = await new_lanes(store, 3, "dealloc")
+        committer = store.committer
+        notes: dict[LaneRef, list[tuple[str, str]]] = {lane: [] for lane in lanes}
+
+        async def round_(n: int) -> None:
+            answers = await asyncio.gather(
+                *(enqueue_message(store, enqueue(lane, f"round {n}")) for lane in lanes)
+            )
+            for lane, answer in zip(lanes, answers, strict=True):
+                notes[lane].append((answer.entry_id, f"round {n}"))
+
+        await round_(0)  # prepares the statements on the connection, in one write
+        lost = group_write.stats.statements_lost
+        async with store.pool.connection() as conn:
+            await conn.execute("SELECT 1", prepare=True)
+            with pytest.raises(ZeroDivisionError):
+                async with conn.transaction():
+                    raise ZeroDivisionError  # rolled back: DEALLOCATE ALL
+        await round_(1)  # the statements are gone: this group goes again, and commits
+        assert group_write.stats.statements_lost == lost + 1
+        await round_(2)  # prepared again
+        assert group_write.stats.statements_lost == lost + 1
+        assert committer.groups_sent_again == 0  # never through psycopg's pipeline
+        for lane in lanes:
+            assert await inbox(store, lane) == (1 + 3, notes[lane])
+    finally:
+        await store.close()
+
+
+async def test_failed_groups_keep_their_connections_prepared_statements(
+    fresh_database_url: str,
+) -> None:
+    # Two connections: the group committer's, and the one a command waiting for a lane's lock
+    # holds meanwhile.
+    store = await Store.open(fresh_database_url, min_size=2, max_size=2)
+    try:
+        await store.migrate()
+        lanes = await new_lanes(store, 3, "kept")
+        held = lanes[0]
+        seen: dict[LaneRef, int] = {lane: 1 for lane in lanes}
+
+        async def round_() -> None:
+            await asyncio.gather(*(enqueue_message(store, enqueue(lane, "x")) for lane in lanes))
+            for lane in lanes:
+                seen[lane] += 1
+
+        for _ in range(4):
+            await round_()  # every shape prepared on both connections
+        retried, lost = store.committer.retried_groups, group_write.stats.statements_lost
+        for _ in range(3):
+            async with hand_edit(store) as conn, conn.transaction():
+                await conn.execute(
+                    "SELECT 1 FROM lanes WHERE namespace = %s AND lane_id = %s FOR UPDATE", held
+                )
+                # The held lane's statement waits past the bound and fails its group, which is
+                # rolled back and sent again without it; the held command waits under the lock.
+                running = asyncio.ensure_future(round_())
+                await asyncio.sleep(0.5)
+            await asyncio.wait_for(running, 20)
+        # Each failed group was sent again without the held lane's statement; and a failed
+        # group is rolled back on its connection without deallocating anything, so no later
+        # group finds a statement of its connection gone.
+        assert store.committer.retried_groups == retried + 3
+        assert group_write.stats.statements_lost == lost
+        for lane in lanes:
+            revision, items = await inbox(store, lane)
+            assert (revision, len(items)) == (seen[lane], seen[lane] - 1)
+    finally:
+        await store.close()

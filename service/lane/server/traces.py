@@ -109,6 +109,20 @@ def delivery(first: int, last: int, source: str) -> contextlib.AbstractContextMa
     )
 
 
+def statements(sql: str, count: int) -> contextlib.AbstractContextManager[Any]:
+    """A CLIENT span around ``count`` statements written to PostgreSQL outside psycopg's
+    cursors (the group committer's one write: ``sql`` is the first statement's text), as the
+    psycopg instrumentation makes one for each statement it runs; nothing while traces are off
+    or outside a recording span."""
+    if tracer is None or not trace.get_current_span().is_recording():
+        return _NULL
+    return tracer.start_as_current_span(
+        sql.split(None, 1)[0] if sql else "SQL",
+        kind=SpanKind.CLIENT,
+        attributes={"db.system": "postgresql", "db.statement": sql, "db.statements": count},
+    )
+
+
 def annotate(key: str, value: AttributeValue) -> None:
     """Set an attribute on the current span (nothing while traces are off)."""
     if tracer is not None:

@@ -11,6 +11,7 @@ commits once); *how often and how long* is the policy's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from dataclasses import dataclass, replace
@@ -47,7 +48,7 @@ class RetryPolicy:
 
     def with_timeout(self, timeout: float | None) -> RetryPolicy:
         """This policy giving up after ``timeout`` seconds instead."""
-        return replace(self, timeout=timeout)
+        return self if timeout == self.timeout else _with_timeout(self, timeout)
 
     def deadline(self) -> float | None:
         """The ``time.monotonic()`` after which a retry that starts now gives up."""
@@ -65,6 +66,13 @@ class RetryPolicy:
         if deadline is not None:
             delay = min(delay, max(0.0, deadline - time.monotonic()))
         await asyncio.sleep(delay)
+
+
+@functools.lru_cache(maxsize=64)
+def _with_timeout(policy: RetryPolicy, timeout: float | None) -> RetryPolicy:
+    # Made once per policy and timeout: a session asked for the same timeout on every command
+    # (retry_seconds=...) would otherwise copy the policy each time.
+    return replace(policy, timeout=timeout)
 
 
 #: Commands: from 0.05-0.1 s, doubling, up to 1-2 s between attempts, for 30 s in all (long

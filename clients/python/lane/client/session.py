@@ -137,7 +137,17 @@ def _batch_bound(metadata: Any) -> int:
 class _Pending:
     """One command waiting for its answer."""
 
-    __slots__ = ("command", "deadline", "future", "method", "request", "resend", "sends", "size")
+    __slots__ = (
+        "answer_by",
+        "command",
+        "deadline",
+        "future",
+        "method",
+        "request",
+        "resend",
+        "sends",
+        "size",
+    )
 
     def __init__(
         self,
@@ -161,6 +171,9 @@ class _Pending:
         self.future = future
         #: Times it was written (the first stream, and again on each new one after a break).
         self.sends = 0
+        #: The loop time by which this attempt must be answered (None: no bound), and how
+        #: long that was (for the error).
+        self.answer_by: tuple[float, float] | None = None
 
 
 class LaneSession:
@@ -205,6 +218,11 @@ class LaneSession:
         self._closed = False
         #: Until then (monotonic time) commands go unary: the server refused a stream.
         self._unary_until = 0.0
+        #: The one timer of the session's attempt deadlines (see :meth:`_sweep`) and when it
+        #: fires (loop time).
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._running_loop: asyncio.AbstractEventLoop | None = None
+        self._sweep_at = 0.0
         #: Streams opened so far (the first, then one per break).
         self.streams_opened = 0
         #: Messages written (one per command, or one per batch) and commands sent in them.
@@ -260,7 +278,7 @@ class LaneSession:
         deadline = retry.deadline()
         attempt = sends = 0
         while True:
-            future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+            future: asyncio.Future[Message] = self._loop().create_future()
             pending = _Pending(request, size, field_name, method, resend, deadline, future)
             try:
                 return await self._answer(pending, timeout)
@@ -290,25 +308,62 @@ class LaneSession:
         )
 
     async def _answer(self, pending: _Pending, seconds: float | None) -> Message:
-        """Submit ``pending`` and wait for its answer (at most ``seconds``)."""
+        """Submit ``pending`` and wait for its answer (at most ``seconds``: past it, it fails
+        DEADLINE_EXCEEDED)."""
         self._pending[pending] = None
         self._outbox.append(pending)
         if self._stream is None and self._reconnect is None:
             self._open()
         self._wake.set()
+        if seconds is not None:
+            at = pending.future.get_loop().time() + seconds
+            pending.answer_by = (at, seconds)
+            if self._sweeper is None or at < self._sweep_at:
+                self._arm(at)
         try:
-            if seconds is None:
-                return await pending.future
-            async with asyncio.timeout(seconds):
-                return await pending.future
-        except TimeoutError:
-            raise LaneError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                "",
-                f"no answer to {pending.method} within {seconds}s",
-            ) from None
+            return await pending.future
         finally:
             self._pending.pop(pending, None)
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the session runs on (its streams' tasks are bound to it): looked up
+        once, not per command (on Python 3.11 each look-up is a system call)."""
+        loop = self._running_loop
+        if loop is None or loop.is_closed():
+            loop = self._running_loop = asyncio.get_running_loop()
+        return loop
+
+    def _arm(self, at: float) -> None:
+        """Run :meth:`_sweep` at loop time ``at`` (instead of when it was due)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self._sweep_at = at
+        self._sweeper = self._loop().call_at(at, self._sweep)
+
+    def _sweep(self) -> None:
+        """Fail every command whose attempt is past its deadline, and set the timer for the
+        next deadline. One timer for the session rather than one per command: a timer made and
+        cancelled for each command costs more than the walk over the unanswered commands
+        each time one is due."""
+        self._sweeper = None
+        now = self._loop().time()
+        soonest: float | None = None
+        for pending in self._pending:
+            if pending.answer_by is None or pending.future.done():
+                continue
+            at, seconds = pending.answer_by
+            if at <= now:
+                pending.future.set_exception(
+                    LaneError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        "",
+                        f"no answer to {pending.method} within {seconds}s",
+                    )
+                )
+            elif soonest is None or at < soonest:
+                soonest = at
+        if soonest is not None:
+            self._arm(soonest)
 
     # -- the stream ----------------------------------------------------------------------------
 
@@ -476,6 +531,9 @@ class LaneSession:
         if self._closed:
             return
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._reconnect is not None:
             self._reconnect.cancel()
             self._reconnect = None

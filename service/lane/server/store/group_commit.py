@@ -4,14 +4,17 @@ to PostgreSQL together, in one round trip and one transaction.
 Each command's statement decides alone (``lane_writes``): it writes everything or, when its
 lane's version moved on, nothing, and says which. So statements of different lanes can share a
 transaction without one's outcome changing another's: the group is sent in one pipeline,
-BEGIN, the statements, COMMIT, and each command reads its own statement's answer. What a
-shared transaction saves is PostgreSQL's per-commit work (a commit record, a WAL flush, the
-transaction's bookkeeping) and a pool checkout and a round trip per command.
+BEGIN, the statements, COMMIT, in one write (group_write.py), and each command reads its own
+statement's answer. What a shared transaction saves is PostgreSQL's per-commit work (a commit
+record, a WAL flush, the transaction's bookkeeping) and a pool checkout and a round trip per
+command.
 
 An *error* is different: it aborts the whole transaction (a request id or an operation id used
 before fails its statement on a primary key, a deadlock with another process's commit the
-statement that waited). Then nothing of the group was written. The statement that failed is
-known (the first whose result did not come back); its command gets the error, and every other
+statement that waited, a row lock waited for past :data:`LOCK_WAIT_SECONDS`). Then nothing of
+the group was written. The statement that failed is known (the first whose result is an error;
+in psycopg's pipeline, the first whose result did not come back); its command gets the error,
+and every other
 statement goes out again at once. A command never fails because of a neighbour, and none is
 written twice. A lost connection fails the whole group, as it failed a lone command. The other
 ways considered — a savepoint per statement, or a Sync per statement so that each commits
@@ -38,6 +41,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from lane.server import metrics
+from lane.server.store.group_write import GroupFailed, StatementFailed, write_group
 from lane.server.store.lane_ref import LaneRef
 from lane.server.store.lane_writes import CommitStatement
 
@@ -52,14 +56,26 @@ MAX_GROUP = 64
 STALLED_SECONDS = 0.05
 
 
-#: The transaction of a group of several. Its statements are prepared on first use on each
+#: How long a statement of a group waits for a row lock (another process's transaction on its
+#: lane) before it fails, and with it the group's transaction: its command is then decided under
+#: the lane's lock in a transaction of its own, where it waits as long as it takes, and the rest
+#: of the group goes out again without it. Without it, one lane locked elsewhere would hold its
+#: neighbours' commands for as long as the lock is held.
+LOCK_WAIT_SECONDS = 0.1
+
+#: The transaction of a group of several, with its settings in one statement (each statement
+#: is a write and a wake-up of PostgreSQL). Its statements are prepared on first use on each
 #: connection, and planned once there (a generic plan): they find their rows by key, so a plan
 #: made for the values at hand (PostgreSQL's custom plans, which it otherwise makes for a
 #: statement's first five executions and whenever it judges them cheaper) is the same plan,
-#: planned again. The setting is the transaction's own: other queries of the connection are
-#: planned as usual. A lone statement goes alone (see ``_send_alone``): under load, when
-#: planning counts, groups hold several.
-_BEGIN = ("BEGIN", "SET LOCAL plan_cache_mode = force_generic_plan")
+#: planned again. The settings are the transaction's own: other queries of the connection are
+#: planned, and wait for locks, as usual. A lone statement goes alone (see ``_send_alone``):
+#: under load, when planning counts, groups hold several.
+PROLOGUE = (
+    "BEGIN",
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true),"
+    f" set_config('lock_timeout', '{round(LOCK_WAIT_SECONDS * 1000)}ms', true)",
+)
 
 
 class _Committer:
@@ -108,6 +124,9 @@ class GroupCommitter:
         self.statements = 0
         #: Groups sent again without a statement that failed them.
         self.retried_groups = 0
+        #: Groups the one-write path (group_write.py) did not commit, sent again through
+        #: psycopg's pipeline.
+        self.groups_sent_again = 0
 
     async def commit(self, lane: LaneRef, statement: CommitStatement) -> bool:
         """Commit ``statement`` with whatever else is ready; True when it wrote (the lane was
@@ -137,24 +156,9 @@ class GroupCommitter:
         """Send the queue in groups until it is empty (or this committer stalled: another
         one took over)."""
         me = _Committer()
-        loop = asyncio.get_running_loop()
         try:
             while self._queue and not me.stalled:
-                group = self._queue[: self._max_group]
-                del self._queue[: self._max_group]
-                stall = loop.call_later(STALLED_SECONDS, self._stalled, me)
-                try:
-                    await self._commit_group(group)
-                except BaseException as exc:
-                    # Connection lost, pool exhausted, cancelled: the outcome of the whole
-                    # group is that of one statement whose connection failed mid-commit.
-                    for queued in group:
-                        if not queued.future.done():
-                            queued.future.set_exception(exc)
-                    if not isinstance(exc, Exception):
-                        raise
-                finally:
-                    stall.cancel()
+                await self._commit_on_one_connection(me)
         finally:
             # No await between the queue found empty and this: a statement queued after it
             # finds a committer place free and starts one.
@@ -166,30 +170,98 @@ class GroupCommitter:
                     queued.future.cancel()
                 self._queue.clear()
 
-    async def _commit_group(self, group: list[_Queued]) -> None:
+    async def _commit_on_one_connection(self, me: _Committer) -> None:
+        """Send groups on one connection of the pool while the queue has any (a busy process
+        checks a connection out once per busy spell, not once per group), until it is empty,
+        ``me`` stalled, or the connection failed."""
+        loop = asyncio.get_running_loop()
+        group = self._take()
+        # The first group's time also counts the checkout: a pool with no free connection
+        # stalls it as a blocked statement would.
+        stall = loop.call_later(STALLED_SECONDS, self._stalled, me)
+        try:
+            async with self._pool.connection() as conn:
+                while True:
+                    await self._commit_group(conn, group)
+                    stall.cancel()
+                    if not self._queue or me.stalled:
+                        return
+                    group = self._take()
+                    stall = loop.call_later(STALLED_SECONDS, self._stalled, me)
+        except BaseException as exc:
+            # Connection lost, pool exhausted, cancelled: the outcome of the whole group is
+            # that of one statement whose connection failed mid-commit. The next group (if
+            # any) gets a connection of its own.
+            for queued in group:
+                if not queued.future.done():
+                    queued.future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            stall.cancel()
+
+    def _take(self) -> list[_Queued]:
+        """The next group: the queue's first :data:`MAX_GROUP` statements."""
+        group = self._queue[: self._max_group]
+        del self._queue[: self._max_group]
+        return group
+
+    async def _commit_group(self, conn: AsyncConnection[Any], group: list[_Queued]) -> None:
         group.sort(key=_lane_order)
-        async with self._pool.connection() as conn:
-            while group:
-                failed = await self._send(conn, group)
-                if failed is None:
-                    return
-                # Everything was rolled back: the rest go again, the failed one has its error.
-                group = [queued for queued in group if queued is not failed]
-                self.retried_groups += bool(group)
+        while group:
+            failed = await self._send(conn, group)
+            if failed is None:
+                return
+            # Everything was rolled back: the rest go again, the failed one has its error.
+            group = [queued for queued in group if queued is not failed]
+            self.retried_groups += bool(group)
 
     async def _send(self, conn: AsyncConnection[Any], group: Sequence[_Queued]) -> _Queued | None:
         """One round trip: the group's statements in one transaction. Sets each statement's
         outcome and returns None, or, when a statement failed (nothing was written then), sets
         that one's error and returns it."""
-        if len(group) == 1:
-            return await self._send_alone(conn, group[0])
+        # A group of one is sent alone: one statement is all or nothing by itself (no BEGIN,
+        # no COMMIT, no plan setting to send around it).
+        alone = len(group) == 1
+        try:
+            written = await write_group(
+                conn,
+                [queued.statement for queued in group],
+                () if alone else PROLOGUE,
+                () if alone else ("COMMIT",),
+            )
+        except StatementFailed as failure:
+            # Nothing was written: the failed statement's command gets the error, the rest go
+            # again (_commit_group).
+            failed = group[failure.index]
+            if not failed.future.done():  # (cancelled: the process stops)
+                failed.future.set_exception(failure.error)
+            return failed
+        except GroupFailed:
+            # Nothing was written: the group goes again through psycopg, which says which
+            # statement failed, and why.
+            self.groups_sent_again += 1
+            if alone:
+                return await self._send_alone(conn, group[0])
+            return await self._send_pipelined(conn, group)
+        self._committed(len(group))
+        for queued, wrote in zip(group, written, strict=True):
+            if not queued.future.done():  # (cancelled: the process stops)
+                queued.future.set_result(wrote)
+        return None
+
+    async def _send_pipelined(
+        self, conn: AsyncConnection[Any], group: Sequence[_Queued]
+    ) -> _Queued | None:
+        """The group in psycopg's pipeline (a write per statement): as :meth:`_send`, after
+        the one-write path failed."""
         cursors = []
         try:
             # BEGIN and COMMIT spelled out, not left to the implicit transaction the pipeline's
             # Sync would commit: should anything fail here before COMMIT is queued, the Sync
             # then commits nothing, and no statement of the group is written half-acknowledged.
             async with conn.pipeline():
-                for command in _BEGIN:
+                for command in PROLOGUE:
                     await conn.execute(command)
                 for queued in group:
                     statement = queued.statement
@@ -216,8 +288,7 @@ class GroupCommitter:
         return None
 
     async def _send_alone(self, conn: AsyncConnection[Any], queued: _Queued) -> _Queued | None:
-        """A group of one: the statement alone, its own transaction (one statement is all or
-        nothing by itself: no BEGIN, no COMMIT, no plan setting to send around it)."""
+        """A group of one through psycopg: the statement alone, its own transaction."""
         statement = queued.statement
         try:
             cursor = await conn.execute(statement.sql, statement.params, prepare=True)

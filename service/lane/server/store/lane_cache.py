@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections import OrderedDict, deque
 
 from lane.server.store.lane_reads import VersionedLane
 from lane.server.store.lane_ref import LaneRef
@@ -31,7 +30,7 @@ class LaneCache:
     def __init__(self, capacity: int = DEFAULT_CACHED_LANES) -> None:
         self.capacity = capacity
         self._lanes: OrderedDict[LaneRef, VersionedLane] = OrderedDict()
-        self._turns: dict[LaneRef, tuple[asyncio.Lock, int]] = {}
+        self._turns: dict[LaneRef, _Turn] = {}
 
     def get(self, lane: LaneRef) -> VersionedLane | None:
         """The lane as last seen, or None."""
@@ -51,19 +50,58 @@ class LaneCache:
         """Drop the lane (its state is unknown)."""
         self._lanes.pop(lane, None)
 
-    @contextlib.asynccontextmanager
-    async def turn(self, lane: LaneRef) -> AsyncIterator[None]:
-        """Hold the lane's turn among this process's commands for the block."""
-        lock, users = self._turns.get(lane, (None, 0))
-        if lock is None:
-            lock = asyncio.Lock()
-        self._turns[lane] = (lock, users + 1)
+    def turn(self, lane: LaneRef) -> _Taking:
+        """Hold the lane's turn among this process's commands for the block (``async with``):
+        the commands waiting for it get it one after the other, in the order they asked."""
+        return _Taking(self._turns, lane)
+
+
+class _Turn:
+    """A lane's turn, held by one command: those waiting for it, in order."""
+
+    __slots__ = ("waiting",)
+
+    def __init__(self) -> None:
+        self.waiting: deque[asyncio.Future[None]] = deque()
+
+
+class _Taking:
+    """``async with`` a lane's turn. A class rather than a generator context manager around an
+    ``asyncio.Lock``: it runs around every command, and a lane nobody else is commanding costs
+    one dictionary entry, no lock and no future (a fifth of the cost)."""
+
+    __slots__ = ("_lane", "_turns")
+
+    def __init__(self, turns: dict[LaneRef, _Turn], lane: LaneRef) -> None:
+        self._turns = turns
+        self._lane = lane
+
+    async def __aenter__(self) -> None:
+        turn = self._turns.get(self._lane)
+        if turn is None:
+            self._turns[self._lane] = _Turn()
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        turn.waiting.append(waiter)
         try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._turns[lane]
-            if users == 1:
-                del self._turns[lane]
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.cancelled():
+                with contextlib.suppress(ValueError):  # (passed over already)
+                    turn.waiting.remove(waiter)
             else:
-                self._turns[lane] = (lock, users - 1)
+                self._pass_on()  # handed the turn as it was cancelled: the next one gets it
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._pass_on()
+
+    def _pass_on(self) -> None:
+        """Hand the turn to the first command still waiting, or free it."""
+        turn = self._turns[self._lane]
+        while turn.waiting:
+            waiter = turn.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        del self._turns[self._lane]

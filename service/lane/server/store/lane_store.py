@@ -85,12 +85,14 @@ _RECONCILABLE = (
 
 
 #: Errors of an optimistic statement after which the command is decided under the lane's lock (the
-#: statement wrote nothing): a request id or operation id used before, or a deadlock with another
-#: process's commit on the same rows.
+#: statement wrote nothing): a request id or operation id used before, a deadlock with another
+#: process's commit on the same rows, or, in a group, a row lock held elsewhere for longer than the
+#: group waits (group_commit.LOCK_WAIT_SECONDS).
 _DECIDE_UNDER_LOCK = (
     psycopg.errors.UniqueViolation,
     psycopg.errors.DeadlockDetected,
     psycopg.errors.SerializationFailure,
+    psycopg.errors.LockNotAvailable,
 )
 
 
