@@ -161,3 +161,25 @@ async def test_a_statement_that_fails_before_it_is_sent_fails_alone(
             # again: written once, not twice.
             assert not isinstance(outcome, BaseException), outcome
             assert await inbox(own_store, lane) == (2, [(outcome.entry_id, "once")])
+
+
+async def test_a_row_lock_held_elsewhere_holds_no_neighbour_of_its_group(
+    own_store: Store,
+) -> None:
+    # Found by test_drive_lane's cut stream: a statement waiting for a row lock another
+    # connection holds kept its whole group's transaction open, so the other lanes' commands
+    # sent with it waited as long as that lock was held (there: forever).
+    held, free = await new_lanes(own_store, 2, "lock-wait")
+    async with hand_edit(own_store) as conn, conn.transaction():
+        await conn.execute(
+            "SELECT 1 FROM lanes WHERE namespace = %s AND lane_id = %s FOR UPDATE", held
+        )
+        # Both ready in the same turn of the event loop: one group.
+        waiting = asyncio.ensure_future(enqueue_message(own_store, enqueue(held, "held")))
+        answered = asyncio.ensure_future(enqueue_message(own_store, enqueue(free, "free")))
+        done = await asyncio.wait_for(answered, 10)
+        assert await inbox(own_store, free) == (2, [(done.entry_id, "free")])
+        assert not waiting.done(), "the held lane's command went past its row lock"
+    # The lock is gone: the held lane's command commits, once.
+    written = await asyncio.wait_for(waiting, 10)
+    assert await inbox(own_store, held) == (2, [(written.entry_id, "held")])

@@ -10,7 +10,8 @@ transaction's bookkeeping) and a pool checkout and a round trip per command.
 
 An *error* is different: it aborts the whole transaction (a request id or an operation id used
 before fails its statement on a primary key, a deadlock with another process's commit the
-statement that waited). Then nothing of the group was written. The statement that failed is
+statement that waited, a row lock held longer than :data:`LOCK_WAIT` the statement that waited
+for it). Then nothing of the group was written. The statement that failed is
 known (the first whose result did not come back); its command gets the error, and every other
 statement goes out again at once. A command never fails because of a neighbour, and none is
 written twice. A lost connection fails the whole group, as it failed a lone command. The other
@@ -52,6 +53,13 @@ MAX_GROUP = 64
 STALLED_SECONDS = 0.05
 
 
+#: How long a statement of a group of several waits for a row lock (another process's commit,
+#: a transaction held by hand) before it gives up: the group is then sent again without it, and
+#: its command waits for the lock in a transaction of its own (lane_store). Waiting in the group
+#: would hold every other statement of the group, and their commands, for as long as the lock.
+LOCK_WAIT = "100ms"
+
+
 #: The transaction of a group of several. Its statements are prepared on first use on each
 #: connection, and planned once there (a generic plan): they find their rows by key, so a plan
 #: made for the values at hand (PostgreSQL's custom plans, which it otherwise makes for a
@@ -59,7 +67,11 @@ STALLED_SECONDS = 0.05
 #: planned again. The setting is the transaction's own: other queries of the connection are
 #: planned as usual. A lone statement goes alone (see ``_send_alone``): under load, when
 #: planning counts, groups hold several.
-_BEGIN = ("BEGIN", "SET LOCAL plan_cache_mode = force_generic_plan")
+_BEGIN = (
+    "BEGIN",
+    "SET LOCAL plan_cache_mode = force_generic_plan",
+    f"SET LOCAL lock_timeout = '{LOCK_WAIT}'",
+)
 
 
 class _Committer:

@@ -85,12 +85,13 @@ _RECONCILABLE = (
 
 
 #: Errors of an optimistic statement after which the command is decided under the lane's lock (the
-#: statement wrote nothing): a request id or operation id used before, or a deadlock with another
-#: process's commit on the same rows.
+#: statement wrote nothing): a request id or operation id used before, a deadlock with another
+#: process's commit on the same rows, or a row lock its group would not wait for (group_commit).
 _DECIDE_UNDER_LOCK = (
     psycopg.errors.UniqueViolation,
     psycopg.errors.DeadlockDetected,
     psycopg.errors.SerializationFailure,
+    psycopg.errors.LockNotAvailable,
 )
 
 
@@ -281,8 +282,8 @@ class Store(StoreReads):
         try:
             written = await self.committer.commit(lane, statement)
         except _DECIDE_UNDER_LOCK:
-            # A request id or operation id used before, or a deadlock with another process's
-            # commit (nothing was written): decide under the lock.
+            # A request id or operation id used before, a deadlock with another process's
+            # commit, a row lock held elsewhere (nothing was written): decide under the lock.
             return None
         if not written:
             return None
