@@ -172,9 +172,9 @@ async def write_import(
     async with conn.cursor() as cur:
         await cur.executemany(
             "INSERT INTO inbox (namespace, lane_id, entry_id, position, body)"
-            " VALUES (%s, %s, %s, %s, %s)",
+            " VALUES (%(ns)s, %(lane)s, %(entry)s, %(position)s, %(body)s)",
             [
-                (*lane, item.entry_id, position, encode(item))
+                {**params, "entry": item.entry_id, "position": position, "body": encode(item)}
                 for position, item in enumerate(snapshot.queues, 1)
             ],
         )
