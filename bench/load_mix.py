@@ -74,7 +74,7 @@ from bench.commit_throughput import (
     run_service,
     watcher_limits,
 )
-from bench.entry import add_database_url, open_channels, run_benchmark
+from bench.entry import add_database_url, add_run_shape, open_channels, run_benchmark
 from bench.watchers import FleetResult, percentiles, start_fleet
 
 #: The target: p99 command latency at most this, nothing acknowledged lost.
@@ -421,8 +421,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " Python SDK does by default) instead of one unary RPC per command; a refused command"
         " is not sent again",
     )
-    parser.add_argument("--calls", type=int, default=4, help="tool calls per turn (default 4)")
-    parser.add_argument("--turns", type=int, default=5, help="tool turns per run (default 5)")
+    add_run_shape(parser)
     parser.add_argument(
         "--notify", choices=("on", "off"), default="on", help="the service's LANE_NOTIFY"
     )
