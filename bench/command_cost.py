@@ -23,6 +23,7 @@ from psycopg.abc import AdaptContext
 from psycopg.adapt import Transformer
 
 from bench import replay
+from bench.entry import add_run_shape
 from lane.server.domain import lanes
 from lane.server.domain.limits import check_commit
 from lane.server.domain.state import LaneState
@@ -98,8 +99,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.command_cost", description=__doc__)
     parser.add_argument("--passes", type=int, default=20, help="passes, best kept (default 20)")
     parser.add_argument("--runs", type=int, default=5, help="lifecycle runs per pass (default 5)")
-    parser.add_argument("--calls", type=int, default=4, help="tool calls per turn (default 4)")
-    parser.add_argument("--turns", type=int, default=5, help="tool turns per run (default 5)")
+    add_run_shape(parser)
     return parser.parse_args(argv)
 
 

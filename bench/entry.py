@@ -1,6 +1,7 @@
 """What every service benchmark shares: the database option (and the server options of those
-that time a window), the entry point (parse, run, clean up on Ctrl-C or SIGTERM), where a
-checkout keeps its server package, and stopping the server processes it started."""
+that time a window, the run's shape of those that run the drivers' lifecycle), the entry point
+(parse, run, clean up on Ctrl-C or SIGTERM), where a checkout keeps its server package, and
+stopping the server processes it started."""
 
 from __future__ import annotations
 
@@ -25,6 +26,13 @@ def add_database_url(parser: argparse.ArgumentParser) -> None:
         help="PostgreSQL server URL, role with CREATEDB (default: $LANE_BENCH_DATABASE_URL,"
         " else an embedded pgserver in a temp dir)",
     )
+
+
+def add_run_shape(parser: argparse.ArgumentParser) -> None:
+    """``--calls`` and ``--turns``: the shape of the drivers' lifecycle run
+    (:mod:`bench.replay`), for a benchmark that runs or records it."""
+    parser.add_argument("--calls", type=int, default=4, help="tool calls per turn (default 4)")
+    parser.add_argument("--turns", type=int, default=5, help="tool turns per run (default 5)")
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:

@@ -52,7 +52,7 @@ from bench.commit_throughput import (
     provision_database,
     scratch_database,
 )
-from bench.entry import add_database_url, run_benchmark
+from bench.entry import add_database_url, add_run_shape, run_benchmark
 from lane.server.store.group_commit import PROLOGUE
 from lane.server.store.group_write import write_group
 from lane.server.store.lane_writes import CommitStatement
@@ -252,8 +252,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--lanes", type=int, default=4, help="lanes per group, K (default 4)")
     parser.add_argument("--seconds", type=float, default=5.0, help="window per mode (default 5)")
     parser.add_argument("--warmup", type=float, default=1.0, help="before each window (default 1)")
-    parser.add_argument("--calls", type=int, default=4, help="tool calls per turn (default 4)")
-    parser.add_argument("--turns", type=int, default=5, help="tool turns per run (default 5)")
+    add_run_shape(parser)
     parser.add_argument(
         "--modes",
         type=lambda value: value.split(","),

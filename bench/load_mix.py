@@ -76,7 +76,7 @@ from bench.commit_throughput import (
     run_service,
     watcher_limits,
 )
-from bench.entry import add_database_url, open_channels, run_benchmark
+from bench.entry import add_database_url, add_run_shape, open_channels, run_benchmark
 from bench.watchers import FleetResult, percentiles, start_fleet
 
 #: The target: p99 command latency at most this, nothing acknowledged lost.
@@ -442,8 +442,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the drivers share one DriveLane session per channel (--channels), each lane's"
         " lifecycle a task: commands issued in one event-loop turn go in one message",
     )
-    parser.add_argument("--calls", type=int, default=4, help="tool calls per turn (default 4)")
-    parser.add_argument("--turns", type=int, default=5, help="tool turns per run (default 5)")
+    add_run_shape(parser)
     parser.add_argument(
         "--notify", choices=("on", "off"), default="on", help="the service's LANE_NOTIFY"
     )

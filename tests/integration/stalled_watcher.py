@@ -2,13 +2,16 @@
 frozen by the test (SIGSTOP) — a client that really stops reading, down to its TCP socket.
 Once thawed it drains the stream and prints how it ended as one JSON line. With ``export`` as
 its third argument it does the same with an ExportLane stream (its first piece, then
-frozen)."""
+frozen). Tests start it with :func:`frozen_client`."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -41,6 +44,31 @@ async def main(target: str, lane_id: str, stream: str) -> None:
                 detail.Unpack(info)
             outcome = {"code": error.code().name, "reason": info.reason, **info.metadata}
         print(json.dumps({**outcome, "received": received}), flush=True)
+
+
+@contextlib.asynccontextmanager
+async def frozen_client(
+    port: int, lane_id: str, stream: str = "watch"
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """This module as a process reading ``lane_id``'s ``stream`` (``watch`` or ``export``)
+    from the server on ``port``, frozen once it has its first message: a client that stopped
+    reading. Send it SIGCONT to thaw it, then read its outcome line from its stdout; it is
+    thawed and killed on exit."""
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.integration.stalled_watcher",
+        f"127.0.0.1:{port}", lane_id, stream,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert client.stdout is not None
+        assert await asyncio.wait_for(client.stdout.readline(), 30) == b"ready\n"
+        client.send_signal(signal.SIGSTOP)
+        yield client
+    finally:
+        if client.returncode is None:
+            client.send_signal(signal.SIGCONT)
+            client.kill()
+        await client.wait()
 
 
 if __name__ == "__main__":

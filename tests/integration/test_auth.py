@@ -47,6 +47,7 @@ from tests.integration.lanes import (
     user,
 )
 from tests.support.clock import OffsetClock
+from tests.support.servers import lane_stubs
 
 Stub = Any  # lane_service_pb2_grpc.LaneServiceAsyncStub (typing only)
 SERVICE = pb.DESCRIPTOR.services_by_name["LaneService"]
@@ -84,15 +85,8 @@ async def auth_server(session_database_url: str, store: Any) -> AsyncIterator[Au
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stubs(auth_server: AuthServer) -> AsyncIterator[tuple[Stub, Stub]]:
     """Stubs of team-a and team-b."""
-    channel_a, channel_b = auth_server.channel(TOKEN_A), auth_server.channel(TOKEN_B)
-    try:
-        yield (
-            lane_service_pb2_grpc.LaneServiceStub(channel_a),
-            lane_service_pb2_grpc.LaneServiceStub(channel_b),
-        )
-    finally:
-        await channel_a.close()
-        await channel_b.close()
+    async with lane_stubs(auth_server.channel(TOKEN_A), auth_server.channel(TOKEN_B)) as (a, b):
+        yield a, b
 
 
 # -- a lane in mid-run, and a request aimed at it for every RPC ---------------------------------

@@ -28,13 +28,14 @@ from grpc_status import rpc_status
 from lane.client.connect import open_channel
 from lane.client.session import LaneSession
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
+from lane.v1 import snapshot_pb2
 from pyqwest import HTTPVersion
 
 from lane.server.app.config import Settings
 from lane.server.app.server import RunningServer, start_server
 from tests.integration.lanes import error_info, new_lane_id
 from tests.integration.test_connect import Caller, connect_reason, http_client, method
+from tests.support.servers import lane_stubs
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -65,16 +66,9 @@ async def server(session_database_url: str) -> AsyncIterator[RunningServer]:
 @pytest_asyncio.fixture(loop_scope="session")
 async def stubs(server: RunningServer) -> AsyncIterator[tuple[Any, Any]]:
     """Stubs of team-a and team-b."""
-    channel_a = open_channel(server.address, token=TOKEN_A)
-    channel_b = open_channel(server.address, token=TOKEN_B)
-    try:
-        yield (
-            lane_service_pb2_grpc.LaneServiceStub(channel_a),
-            lane_service_pb2_grpc.LaneServiceStub(channel_b),
-        )
-    finally:
-        await channel_a.close()
-        await channel_b.close()
+    channels = [open_channel(server.address, token=token) for token in (TOKEN_A, TOKEN_B)]
+    async with lane_stubs(*channels) as (stub_a, stub_b):
+        yield stub_a, stub_b
 
 
 def retry_seconds(error: grpc.aio.AioRpcError) -> float:

@@ -292,6 +292,13 @@ async def authed(session_database_url: str) -> AsyncIterator[tuple[RunningServer
         yield running, stub
 
 
+def http_port(running: RunningServer) -> int:
+    """The HTTP port of a server started with one."""
+    port = running.http_port
+    assert port is not None
+    return port
+
+
 def auth(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
@@ -300,8 +307,7 @@ async def test_a_body_without_a_valid_token_is_neither_decompressed_nor_parsed(
     authed: tuple[RunningServer, Stub], work: Work
 ) -> None:
     running, _ = authed
-    port = running.http_port
-    assert port is not None
+    port = http_port(running)
     blocks = b",".join([b"{}"] * 100_000)
     bomb = gzip.compress(b'{"laneId":"x","message":{"user":{"content":[' + blocks + b"]}}}")
     unary = {"content-type": "application/json", "content-encoding": "gzip"}
@@ -334,8 +340,7 @@ async def test_a_gzip_bomb_is_refused_without_inflating_past_the_limit(
     authed: tuple[RunningServer, Stub], work: Work
 ) -> None:
     running, _ = authed
-    port = running.http_port
-    assert port is not None
+    port = http_port(running)
     # 64 KiB on the wire, 64 MiB inflated.
     bomb = gzip.compress(b'{"laneId":"' + b"x" * (64 << 20) + b'"}', compresslevel=9)
     assert len(bomb) < 128 << 10
@@ -355,8 +360,7 @@ async def test_a_json_request_over_a_count_is_refused_before_protobuf_reads_it(
     authed: tuple[RunningServer, Stub], work: Work
 ) -> None:
     running, stub = authed
-    port = running.http_port
-    assert port is not None
+    port = http_port(running)
     lane_id = new_lane_id("counts")
     await stub.CreateLane(pb.CreateLaneRequest(lane_id=lane_id), metadata=[*auth_md(TOKEN_A)])
     request = pb.EnqueueMessageRequest(lane_id=lane_id, message=user(""))
@@ -386,8 +390,7 @@ async def test_large_json_bodies_wait_their_namespace_s_turn_within_a_bound(
     authed: tuple[RunningServer, Stub], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     running, _ = authed
-    port = running.http_port
-    assert port is not None
+    port = http_port(running)
     # Every parse waits until the test lets them go: the namespace's turns fill up.
     gate = threading.Event()
     started = threading.Semaphore(0)
@@ -505,8 +508,7 @@ async def test_a_stalled_watcher_is_cut_at_the_deadline_and_its_slot_freed(
         max_watchers_per_lane=2,
     )
     async with serve(settings) as (running, stub):
-        port = running.http_port
-        assert port is not None
+        port = http_port(running)
         lane_id, run_id = await tool_call_lane(stub)
         reads_later = await stalled_watcher(port, lane_id, protocol)
         never_reads = await stalled_watcher(port, lane_id, protocol)
@@ -554,8 +556,7 @@ async def test_with_auth_off_only_loopback_hosts_are_served(session_database_url
         http_allowed_hosts=("devbox.local",),
     )
     async with serve(settings) as (running, _):
-        port = running.http_port
-        assert port is not None
+        port = http_port(running)
         snapshot = f"{SERVICE}/GetLaneSnapshot"
         json_body = {"content-type": "application/json"}
         served = [
@@ -594,8 +595,7 @@ async def test_with_auth_off_only_loopback_hosts_are_served(session_database_url
 async def test_with_auth_on_any_host_is_served(authed: tuple[RunningServer, Stub]) -> None:
     # A token is no credential a browser adds by itself: a rebound page has none to send.
     running, _ = authed
-    port = running.http_port
-    assert port is not None
+    port = http_port(running)
     headers = {"host": "lanes.example.com", "origin": "https://lanes.example.com"}
     answer = await post(
         port,
@@ -617,8 +617,7 @@ async def test_a_trickled_body_is_cut_after_the_body_timeout(session_database_ur
         http_body_timeout_seconds=1.0,
     )
     async with serve(settings) as (running, _):
-        port = running.http_port
-        assert port is not None
+        port = http_port(running)
         client = await RawHttp.open(port)
         headers = {
             "host": "127.0.0.1",
@@ -656,8 +655,7 @@ async def test_an_idle_connection_is_closed_after_the_idle_timeout(
         http_idle_timeout_seconds=1.0,
     )
     async with serve(settings) as (running, _):
-        port = running.http_port
-        assert port is not None
+        port = http_port(running)
         # HTTP/2 with prior knowledge: the preface and empty settings, then nothing.
         idle_h2 = await RawHttp.open(port)
         empty_settings = b"\x00\x00\x00" + b"\x04" + b"\x00" + b"\x00\x00\x00\x00"
@@ -681,8 +679,8 @@ async def test_connections_over_the_cap_are_closed(session_database_url: str) ->
         http_max_connections=2,
     )
     async with serve(settings) as (running, _):
-        port = running.http_port
-        assert port is not None and running.http is not None
+        port = http_port(running)
+        assert running.http is not None
         connections = running.http.connections
         held = [await RawHttp.open(port) for _ in range(2)]
 
@@ -715,8 +713,7 @@ async def test_a_shutdown_with_streams_open_logs_no_error(
 ) -> None:
     settings = Settings(database_url=session_database_url, http_listen="127.0.0.1:0")
     async with serve(settings) as (running, stub):
-        port = running.http_port
-        assert port is not None
+        port = http_port(running)
         lane_id, run_id = await tool_call_lane(stub)
         # Watchers that read, over Connect and gRPC-Web, and two that stopped reading with
         # megabytes on their way (their writes wait when the server stops).

@@ -210,6 +210,11 @@ BAD: dict[str, tuple[Callable[[Lines], None], str, str]] = {
         "INVALID_EXPORT",
         "usage totals differ",
     ),
+    "last result unlike the log": (
+        lane_record(lambda lane: lane["lastResult"].update(operationId="another-run")),
+        "INVALID_EXPORT",
+        "last result differ",
+    ),
     "inbox unlike the log": (
         lane_record(lambda lane: lane.update(queues=[])),
         "INVALID_EXPORT",

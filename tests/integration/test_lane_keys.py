@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import Any
 
 import grpc
 import pytest
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import snapshot_pb2
 
 from lane.server.store import LANE_SCAN
+from tests.integration.lanes import new_lane_id, user
 from tests.integration.servers import extra_server
 from tests.integration.statements import Statement, recording
+from tests.integration.test_export_import import import_file
 from tests.outage.fuzzing import fuzz
 
 LANE_TABLES = ("lanes", "entries", "inbox", "operations", "tool_calls", "usage_rows", "events",
@@ -85,6 +90,29 @@ async def test_every_statement_names_one_lane(
     assert not found, f"{len(found)} statements break the lane-key rule:\n" + "\n".join(
         sorted(set(found))[:30]
     )
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_import_with_queued_messages_names_its_lane(
+    lane_stub: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by the fuzzer (when it drew an import of a lane with queued messages): the
+    # import's INSERT INTO inbox named the lane by positional parameters.
+    source, copy = new_lane_id("keys-queued"), new_lane_id("keys-imported")
+    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=source))
+    for text in ("one", "two"):
+        await lane_stub.EnqueueMessage(
+            pb.EnqueueMessageRequest(
+                lane_id=source, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user(text)
+            )
+        )
+    pieces = lane_stub.ExportLane(pb.ExportLaneRequest(lane_id=source))
+    file = b"".join([piece.data async for piece in pieces])
+    async with recording(monkeypatch) as recorder:
+        await import_file(lane_stub, copy, file, 1 << 16)
+    inserts = [s for s in recorder.statements if s.sql.startswith("INSERT INTO inbox")]
+    assert [lane_key(s) for s in inserts] == [("default", copy)] * 2
+    assert not problems(recorder.statements)
 
 
 def test_the_rule_catches_a_statement_without_its_lane() -> None:

@@ -234,19 +234,37 @@ async def lane_cli(*args: str) -> tuple[int, str]:
     return process.returncode, out.decode() + err.decode()
 
 
+@contextlib.asynccontextmanager
+async def left_busy(target: str, lane: str) -> AsyncIterator[tuple[LaneClient, str]]:
+    """A client of ``target``, and the id of the run a driver left open on ``lane`` when it
+    was killed (no EndRun, no lease release)."""
+    async with LaneClient(target) as client:
+        first = Driver(client, lane, driver_id="driver-that-dies", lease_seconds=2)
+        task = asyncio.create_task(first.run("go", never_answers))
+        operation_id = await open_operation_id(client.stub, lane)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        yield client, operation_id
+
+
+async def freed_with_lane_abort(client: LaneClient, target: str, lane: str) -> None:
+    """Free ``lane`` as the LANE_BUSY message says: ``lane abort``, then the lease lapses."""
+    status, output = await lane_cli("abort", lane, "--target", target)
+    assert status == 0 and "abort requested" in output, output
+
+    async def freed() -> bool:
+        return not (await snapshot(client.stub, lane)).HasField("operation")
+
+    await until(freed, what="the aborted run ended once its lease lapsed")
+
+
 async def test_a_lane_left_busy_by_a_killed_driver_says_how_to_free_it(
     lane_server: RunningServer,
 ) -> None:
     target = f"127.0.0.1:{lane_server.port}"
     lane = new_lane_id("killed")
-    async with LaneClient(target) as client:
-        first = Driver(client, lane, driver_id="driver-that-dies", lease_seconds=2)
-        task = asyncio.create_task(first.run("go", never_answers))
-        operation_id = await open_operation_id(client.stub, lane)
-        task.cancel()  # killed: no EndRun, no lease release
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
+    async with left_busy(target, lane) as (client, operation_id):
         with pytest.raises(LaneBusy) as busy:
             await Driver(client, lane).run("again", ScriptedModel([ScriptStep("done")]))
         error = busy.value
@@ -262,13 +280,7 @@ async def test_a_lane_left_busy_by_a_killed_driver_says_how_to_free_it(
         status, output = await lane_cli("demo", "--lane", lane, "--target", target)
         assert status == 1 and f"`lane abort {lane}`" in output, output
 
-        status, output = await lane_cli("abort", lane, "--target", target)
-        assert status == 0 and "abort requested" in output, output
-
-        async def freed() -> bool:
-            return not (await snapshot(client.stub, lane)).HasField("operation")
-
-        await until(freed, what="the aborted run ended once its lease lapsed")
+        await freed_with_lane_abort(client, target, lane)
         result = await Driver(client, lane).run("again", ScriptedModel([ScriptStep("done")]))
         assert result.status_name == "completed"
 

@@ -26,6 +26,7 @@ from lane.server.app.server import RunningServer
 from lane.server.commands.transfer import EXPORT_PAGE_BYTES, IMPORT_BATCH_BYTES, TransferUsage
 from tests.integration.lanes import new_lane_id
 from tests.integration.servers import extra_server
+from tests.integration.stalled_watcher import frozen_client
 from tests.integration.test_app import _free_port
 from tests.integration.test_export_import import import_file, snapshot_of
 from tests.integration.test_serve_cli import lane_env
@@ -77,19 +78,8 @@ async def test_an_export_nobody_reads_is_ended_and_holds_a_page(session_database
         usage = usage_of(running)
         # The client is a process of its own, frozen once it has the first piece: it stops
         # reading down to its socket, as a hung client does.
-        stalled = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.integration.stalled_watcher",
-            f"127.0.0.1:{running.port}",
-            lane_id,
-            "export",
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert stalled.stdout is not None
-        try:
-            assert await asyncio.wait_for(stalled.stdout.readline(), 30) == b"ready\n"
-            stalled.send_signal(signal.SIGSTOP)
+        async with frozen_client(running.port, lane_id, "export") as stalled:
+            assert stalled.stdout is not None
             await until(lambda: usage.open == 1)
             # Cut off at its deadline while still frozen: its export closed, nothing held.
             await until(lambda: usage.open == 0)
@@ -104,11 +94,6 @@ async def test_an_export_nobody_reads_is_ended_and_holds_a_page(session_database
             assert (outcome["code"], outcome["reason"]) == ("RESOURCE_EXHAUSTED", "EXPORT_TOO_SLOW")
             assert outcome["laneId"] == lane_id
             assert outcome["received"] < UPDATES * UPDATE_BYTES // EXPORT_PIECE_BYTES
-        finally:
-            if stalled.returncode is None:
-                stalled.send_signal(signal.SIGCONT)
-                stalled.kill()
-            await stalled.wait()
 
 
 async def test_an_export_that_is_read_holds_a_page_and_an_import_a_batch(
@@ -158,17 +143,9 @@ async def test_a_client_that_leaves_an_export_ends_it_quietly(
             assert isinstance(first, pb.ExportLaneResponse) and first.data
             await asyncio.sleep(1.0)
             call.cancel()
-            client = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "tests.integration.stalled_watcher",
-                f"127.0.0.1:{port}", lane_id, "export",
-                stdout=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            assert client.stdout is not None
-            assert await asyncio.wait_for(client.stdout.readline(), 30) == b"ready\n"
-            client.send_signal(signal.SIGSTOP)  # it stops reading, then dies
-            await asyncio.sleep(1.0)
-            client.kill()
-            await client.wait()
+            async with frozen_client(port, lane_id, "export") as client:
+                await asyncio.sleep(1.0)  # it stops reading, then dies
+                client.kill()
             # The lane is exported whole afterwards: nothing of the two was left behind.
             pieces = [p.data async for p in stub.ExportLane(pb.ExportLaneRequest(lane_id=lane_id))]
             assert b"".join(pieces).endswith(b"\n")

@@ -14,24 +14,19 @@ driver's cap fails the run with the provider's message.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shutil
 from typing import Any
 
 import pytest
 import pytest_asyncio
-from lane.client import Driver, LaneClient
-from lane.client.model import ModelRequest
-from lane.v1 import messages_pb2
 
 from lane.server.app.config import Settings
 from lane.server.app.server import RunningServer, start_server
 from tests.integration.lanes import new_lane_id
-from tests.integration.test_sdk_fail_fast import closed_port, lane_cli
+from tests.integration.test_sdk_fail_fast import closed_port, freed_with_lane_abort, left_busy
 from tests.integration.test_tls import Certificates, certificates, tls_service
 from tests.integration.typescript_driver import TYPESCRIPT_DIR
-from tests.support.driver_tools import open_operation_id, snapshot, until
 
 __all__ = ["certificates"]  # the fixture, used by the tests below
 
@@ -126,36 +121,18 @@ async def test_a_bad_token_fails_at_once_saying_how_to_pass_one(auth_target: str
     assert results["bare watch"]["code"] == "UNAUTHENTICATED"
 
 
-async def never_answers(request: ModelRequest) -> messages_pb2.AssistantMessage:
-    await asyncio.Event().wait()
-    raise AssertionError("unreachable")
-
-
 async def test_a_lane_left_busy_by_a_killed_driver_says_how_to_free_it(
     lane_server: RunningServer,
 ) -> None:
     target = f"127.0.0.1:{lane_server.port}"
     lane = new_lane_id("ts-killed")
-    async with LaneClient(target) as client:
-        first = Driver(client, lane, driver_id="driver-that-dies", lease_seconds=2)
-        task = asyncio.create_task(first.run("go", never_answers))
-        operation_id = await open_operation_id(client.stub, lane)
-        task.cancel()  # killed: no EndRun, no lease release
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
+    async with left_busy(target, lane) as (client, operation_id):
         refused = await node({"kind": "run", "target": target, "lane": lane})
         assert (refused["code"], refused["reason"]) == ("FAILED_PRECONDITION", "LANE_BUSY")
         assert f"`lane abort {lane}`" in refused["message"]
         assert f'driver.recover("{operation_id}")' in refused["message"]
 
-        status, output = await lane_cli("abort", lane, "--target", target)
-        assert status == 0, output
-
-        async def freed() -> bool:
-            return not (await snapshot(client.stub, lane)).HasField("operation")
-
-        await until(freed, what="the aborted run ended once its lease lapsed")
+        await freed_with_lane_abort(client, target, lane)
         ran = await node({"kind": "run", "target": target, "lane": lane})
         assert ran["status"] == "COMPLETED", ran
 

@@ -9,7 +9,6 @@ import functools
 import json
 import logging
 import signal
-import sys
 from datetime import timedelta
 
 import grpc
@@ -33,6 +32,7 @@ from tests.integration.lanes import (
     user,
 )
 from tests.integration.servers import extra_server
+from tests.integration.stalled_watcher import frozen_client
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -383,18 +383,8 @@ async def test_slow_watcher_is_cut_off_and_nobody_else_waits(session_database_ur
         )
         # The stalled client is a process of its own, frozen once it has its snapshot: it stops
         # reading down to its socket, as a hung client does.
-        stalled = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.integration.stalled_watcher",
-            f"127.0.0.1:{running.port}",
-            lane_id,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert stalled.stdout is not None
-        try:
-            assert await asyncio.wait_for(stalled.stdout.readline(), 30) == b"ready\n"
-            stalled.send_signal(signal.SIGSTOP)
+        async with frozen_client(running.port, lane_id) as stalled:
+            assert stalled.stdout is not None
             healthy = Watcher(stub, lane_id)
             payload = "x" * 500_000  # within the 512 KiB payload limit
             head = 0
@@ -431,11 +421,6 @@ async def test_slow_watcher_is_cut_off_and_nobody_else_waits(session_database_ur
             # ... naming a revision it had: at most what it received, events of 1 revision each.
             snapshot_revision = head - 80
             assert snapshot_revision <= int(outcome["lastRevision"]) <= head - 1
-        finally:
-            if stalled.returncode is None:
-                stalled.send_signal(signal.SIGCONT)
-                stalled.kill()
-            await stalled.wait()
 
 
 async def test_shutdown_ends_streams_with_unavailable(session_database_url) -> None:

@@ -24,7 +24,7 @@ world and the file hold (see fuzz_values.any_index).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf import json_format
 from hypothesis import strategies as st
@@ -84,13 +84,24 @@ PIECE_SIZES = (1, 7, 100, 4096, 1 << 20)
 ODD_LANE_IDS = ("", " ", "a\x00b", "x" * 129)
 
 
-def import_case(draw: Draw, ctx: Ctx) -> tuple[str, str, list[bytes]]:
-    """An ImportLane call: its mode, the new lane's id and its messages, encoded."""
+class ImportCase(NamedTuple):
+    """An ImportLane call: its mode, the lane id it names, whether that id was minted for it
+    (else a lane of the world, or not an id: a refusal then proves nothing about leftovers),
+    and its messages, encoded."""
+
+    mode: str
+    lane_id: str
+    fresh: bool
+    messages: list[bytes]
+
+
+def import_case(draw: Draw, ctx: Ctx) -> ImportCase:
+    """An ImportLane call (see :class:`ImportCase`)."""
     world = ctx.world
     mode = choose(draw, IMPORT_MODES)
     files = world.exports or [EMPTY_FILE]
     file = files[any_index(draw, len(files))]
-    lane_id = _target(draw, ctx)
+    lane_id, fresh = _target(draw, ctx)
     if mode == "json_edit":
         file = _json_edit(draw, file)
     elif mode == "lines_edit":
@@ -114,18 +125,20 @@ def import_case(draw: Draw, ctx: Ctx) -> tuple[str, str, list[bytes]]:
             encoded[at] = b"\xff\xff\xff"  # not an ImportLaneRequest
         else:
             encoded.append(pb.ImportLaneRequest(lane_id=lane_id).SerializeToString())
-    return mode, lane_id, encoded
+    return ImportCase(mode, lane_id, fresh, encoded)
 
 
-def _target(draw: Draw, ctx: Ctx) -> str:
+def _target(draw: Draw, ctx: Ctx) -> tuple[str, bool]:
+    """The lane id an import names, and whether it was minted for it. An existing lane may be
+    one an earlier import created: its id looks like a minted one."""
     choice = draw(st.integers(0, 19))
     odd = choose(draw, ODD_LANE_IDS)
     existing = ctx.world.lanes[any_index(draw, len(ctx.world.lanes))].lane_id
     if choice == 0:
-        return odd
+        return odd, False
     if choice == 1:
-        return existing
-    return ctx.world.fresh("imported")
+        return existing, False
+    return ctx.world.fresh("imported"), True
 
 
 def _lines(file: bytes) -> list[bytes]:

@@ -177,6 +177,8 @@ class Case:
     mode: str
     body: bytes
     messages: list[bytes] = field(default_factory=list)
+    #: ImportLane: the lane id was minted for this call (no lane has it before).
+    fresh_lane: bool = False
 
 
 MODES = (
@@ -257,8 +259,9 @@ def draw_case(draw: Draw, world: World) -> Case:
     lane = choose(draw, candidates)
     ctx = Ctx(world, lane)
     if method == "ImportLane":
-        mode, _, messages = import_case(draw, ctx)
-        return Case(method, mode, messages[0] if messages else b"", messages)
+        call = import_case(draw, ctx)
+        messages = call.messages
+        return Case(method, call.mode, messages[0] if messages else b"", messages, call.fresh)
     if one_in(draw, 250):
         over = draw(st.booleans())
         base = template(draw, ctx, method).SerializeToString()
@@ -428,7 +431,8 @@ class Fuzzer:
             f"/{SERVICE.full_name}/ImportLane", request_serializer=None, response_deserializer=None
         )
         #: Lanes that refused imports were to create: none may exist after its batch.
-        self._refused_imports: list[str] = []
+        #: (lane id, how the import was made and refused).
+        self._refused_imports: list[tuple[str, str]] = []
 
     async def baseline(self) -> None:
         """Capture every lane of the world before fuzzing."""
@@ -545,7 +549,8 @@ class Fuzzer:
         batch, :meth:`_check_refused_imports`)."""
         decoded = all(_decodes(case.method, message) is not None for message in case.messages)
         lane_id: str = request.lane_id
-        fresh = lane_id.startswith(f"{self.world.prefix}-imported-")
+        # Not the id's look: a lane an earlier import created has a minted id too.
+        fresh = case.fresh_lane
         if decoded and answer.reason == "MALFORMED_REQUEST":
             self._violation(case, "messages that decode answered MALFORMED_REQUEST")
         if not decoded and answer.code == Code.OK:
@@ -555,12 +560,13 @@ class Fuzzer:
                 case, f"an exported file was refused: {answer.reason} {answer.details[:300]}"
             )
         if answer.code != Code.OK and fresh:
-            self._refused_imports.append(lane_id)
+            refusal = f"{case.mode}: {answer.code.name} {answer.reason}"
+            self._refused_imports.append((lane_id, refusal))
 
     async def _check_refused_imports(self) -> None:
         """The lanes refused imports were to create do not exist."""
         refused, self._refused_imports = self._refused_imports, []
-        for lane_id in refused:
+        for lane_id, refusal in refused:
             try:
                 await self.stub.GetLaneSnapshot(
                     pb.GetLaneSnapshotRequest(lane_id=lane_id), timeout=UNARY_DEADLINE
@@ -569,7 +575,9 @@ class Fuzzer:
                 if error.code() == Code.NOT_FOUND:
                     continue
                 raise
-            self.stats.violations.append(f"a refused import left lane {lane_id!r} behind")
+            self.stats.violations.append(
+                f"a refused import ({refusal}) left lane {lane_id!r} behind"
+            )
 
     def _learn_transfer(self, method: str, lane_id: str, answer: Answer) -> None:
         """Remember an export's file, a lane an import created, a lane deleted."""

@@ -26,7 +26,9 @@ from lane.v1 import messages_pb2, snapshot_pb2
 
 from tests.integration.lanes import Probe, error_reason, user
 from tests.integration.servers import extra_server
-from tests.outage.fuzzing import METHODS, fuzz
+from tests.outage.fuzz_transfer import EMPTY_FILE
+from tests.outage.fuzz_world import LaneRef, World
+from tests.outage.fuzzing import METHODS, Case, Fuzzer, fuzz
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -138,3 +140,37 @@ async def test_a_lane_filled_by_accepted_requests_still_captures(lane_stub) -> N
     assert not problems, f"{accepted} EnqueueMessage of 1.5 MiB accepted; then " + "; ".join(
         problems
     )
+
+
+def import_call(lane_id: str, data: bytes, *, fresh: bool) -> Case:
+    message = pb.ImportLaneRequest(lane_id=lane_id, data=data).SerializeToString()
+    return Case("ImportLane", "lines_edit", message, [message], fresh_lane=fresh)
+
+
+async def test_a_refused_import_naming_an_imported_lane_is_no_leftover(
+    lane_channel, lane_stub
+) -> None:
+    # The fuzzer's own check was wrong: it took every id that looks minted for an import
+    # (`<prefix>-imported-N`) for a new lane, but the lanes earlier imports created look so
+    # too and are among the lanes an import may name. A refused import naming one was
+    # reported as "a refused import left lane ... behind".
+    world = World()
+    imported = world.fresh("imported")
+    await lane_stub.ImportLane(iter([pb.ImportLaneRequest(lane_id=imported, data=EMPTY_FILE)]))
+    world.add(LaneRef(imported, "imported"))
+    fuzzer = Fuzzer(lane_channel, lane_stub, world)
+    left, refused = world.fresh("imported"), world.fresh("imported")
+    await fuzzer.send_batch(
+        [
+            import_call(imported, b"not an export\n", fresh=False),
+            import_call(refused, b"not an export\n", fresh=True),
+        ]
+    )
+    assert fuzzer.stats.by_code["INVALID_ARGUMENT"] == 2
+    assert not fuzzer.stats.violations
+    # A lane that is there after its import was refused still is one.
+    await lane_stub.CreateLane(pb.CreateLaneRequest(lane_id=left))
+    await fuzzer.send_batch([import_call(left, b"not an export\n", fresh=True)])
+    assert fuzzer.stats.violations == [
+        f"a refused import (lines_edit: INVALID_ARGUMENT INVALID_EXPORT) left lane {left!r} behind"
+    ]

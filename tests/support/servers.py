@@ -1,6 +1,7 @@
 """Extra service instances for tests that need more than the session server, and helpers for
 service processes.
 
+- :func:`lane_stubs`: stubs on channels a test opened (one per token), closed after;
 - :func:`serve`: a server started with given :class:`Settings` and a stub to it;
 - :func:`extra_server`: another process's worth of server on a database (notify, polling,
   clock and reconciler settings by keyword);
@@ -33,6 +34,17 @@ from lane.server.store import Clock, system_clock
 if TYPE_CHECKING:
     # In the type stubs only.
     from lane.v1.lane_service_pb2_grpc import LaneServiceAsyncStub as Stub
+
+
+@asynccontextmanager
+async def lane_stubs(*channels: grpc.aio.Channel) -> AsyncIterator[tuple[Stub, ...]]:
+    """A LaneService stub on each of ``channels`` (one per caller, say), the channels closed on
+    exit."""
+    try:
+        yield tuple(lane_service_pb2_grpc.LaneServiceStub(channel) for channel in channels)
+    finally:
+        for channel in channels:
+            await channel.close()
 
 
 @asynccontextmanager

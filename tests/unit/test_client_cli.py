@@ -10,7 +10,7 @@ import grpc
 import pytest
 from lane.client.cli import build_parser
 from lane.client.errors import LaneError
-from lane.client.reach import cause_of, explain, normalize_target
+from lane.client.reach import cause_of, explained, normalize_target
 
 
 def test_targets_get_the_default_port() -> None:
@@ -49,13 +49,13 @@ def test_transport_failures_are_explained() -> None:
         message="failed to connect to all addresses; last error: UNAVAILABLE: "
         "ipv4:127.0.0.1:5: Socket closed",
     )
-    assert "--tls" in explain(plaintext_to_tls, "h:5")
+    assert "--tls" in str(explained(plaintext_to_tls, "h:5"))
     shutting_down = LaneError(
         grpc.StatusCode.UNAVAILABLE, "SERVER_SHUTTING_DOWN", "the server is shutting down"
     )
     assert cause_of(shutting_down) == "the service is shutting down"
     refused_lane = LaneError(grpc.StatusCode.NOT_FOUND, "LANE_NOT_FOUND", "lane x not found")
-    assert explain(refused_lane, "h:1") == str(refused_lane)
+    assert str(explained(refused_lane, "h:1")) == str(refused_lane)
 
 
 def test_a_url_target_says_drop_the_scheme(capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,8 +109,8 @@ def test_the_cli_does_not_import_grpc_before_it_sets_its_log_level() -> None:
 
 def test_a_lane_not_found_with_a_token_hints_at_namespaces() -> None:
     missing = LaneError(grpc.StatusCode.NOT_FOUND, "LANE_NOT_FOUND", "lane x does not exist")
-    assert explain(missing, "h:1") == str(missing)  # no token: no namespaces to speak of
-    hinted = explain(missing, "h:1", token=True)
+    assert str(explained(missing, "h:1")) == str(missing)  # no token: no namespaces to speak of
+    hinted = str(explained(missing, "h:1", token=True))
     assert hinted.startswith(str(missing)) and "its own namespace's lanes" in hinted
 
 

@@ -9,7 +9,7 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lane.client.testing import text, tool_call, user
+from lane.client.testing import text, tool_call
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2
 
@@ -21,18 +21,12 @@ from lane.server.api.encoded_counts import (
 from lane.server.api.framing import length_delimited, varint
 from lane.server.api.validation import check_counts, count_plan
 from lane.server.domain.errors import InvalidArgument
-from lane.server.domain.limits import MAX_CONTENT_BLOCKS, MAX_REQUEST_MESSAGES, MAX_TOOL_NAMES
+from lane.server.domain.limits import MAX_CONTENT_BLOCKS
+from tests.unit import counted_requests
+from tests.unit.counted_requests import BLOCKS, KINDS, MESSAGES, NAMES, near_the_limits, reason
 
 #: Text that takes a request past the size from which its bytes are counted.
 PADDING = "x" * CHECKED_FROM_BYTES
-
-
-def reason(check: object, *args: object) -> str | None:
-    try:
-        check(*args)  # type: ignore[operator]
-    except InvalidArgument as error:
-        return error.reason
-    return None
 
 
 def field_number(message: type[Message], name: str) -> int:
@@ -41,35 +35,25 @@ def field_number(message: type[Message], name: str) -> int:
 
 
 def settle(blocks: list[messages_pb2.ContentBlock]) -> pb.SettleAssistantMessageRequest:
-    return pb.SettleAssistantMessageRequest(
-        lane_id="l", operation_id="o", turn_id="t", message=messages_pb2.AssistantMessage(
-            content=[text(PADDING), *blocks], stop_reason=messages_pb2.STOP_REASON_STOP
-        ),
-    )  # fmt: skip
+    return counted_requests.settle(PADDING, blocks)
 
 
 @settings(max_examples=40, deadline=None)
 @given(
-    blocks=st.integers(MAX_CONTENT_BLOCKS - 3, MAX_CONTENT_BLOCKS + 3),
-    messages=st.integers(MAX_REQUEST_MESSAGES - 2, MAX_REQUEST_MESSAGES + 2),
-    names=st.integers(MAX_TOOL_NAMES - 2, MAX_TOOL_NAMES + 2),
-    which=st.sampled_from(["settle", "start_run", "config", "drive"]),
+    blocks=BLOCKS,
+    messages=MESSAGES,
+    names=NAMES,
+    kind=st.sampled_from([*KINDS, "drive"]),
 )
 def test_a_large_request_is_refused_from_its_bytes_exactly_when_its_decoded_counts_are(
-    blocks: int, messages: int, names: int, which: str
+    blocks: int, messages: int, names: int, kind: str
 ) -> None:
     request: Message
-    if which == "settle":
-        request = settle([text("") for _ in range(blocks - 1)])
-    elif which == "start_run":
-        prompt = [user(PADDING), *(user("") for _ in range(messages - 1))]
-        request = pb.StartRunRequest(lane_id="l", prompt=prompt)
-    elif which == "config":
-        request = pb.UpdateLaneConfigRequest(lane_id="l")
-        request.active_tool_names.names.extend([PADDING, *(f"t{i}" for i in range(names - 1))])
-    else:
+    if kind == "drive":
         inner = settle([text("") for _ in range(blocks - 1)])
         request = pb.DriveLaneRequest(sequence=1, settle_assistant_message=inner)
+    else:
+        request = near_the_limits(kind, PADDING, blocks, messages, names)
     data = request.SerializeToString()
     assert len(data) > CHECKED_FROM_BYTES
     decoded = type(request).FromString(data)

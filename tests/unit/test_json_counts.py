@@ -11,9 +11,8 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lane.client.testing import text, user
+from lane.client.testing import user
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import messages_pb2
 
 from lane.server.api.json_counts import (
     CHECKED_FROM_BYTES,
@@ -23,17 +22,10 @@ from lane.server.api.json_counts import (
 )
 from lane.server.api.validation import check_counts
 from lane.server.domain.errors import InvalidArgument
-from lane.server.domain.limits import MAX_CONTENT_BLOCKS, MAX_REQUEST_MESSAGES, MAX_TOOL_NAMES
+from lane.server.domain.limits import MAX_CONTENT_BLOCKS
+from tests.unit.counted_requests import BLOCKS, KINDS, MESSAGES, NAMES, near_the_limits, reason
 
 PADDING = "x" * CHECKED_FROM_BYTES
-
-
-def reason(check: object, *args: object) -> str | None:
-    try:
-        check(*args)  # type: ignore[operator]
-    except InvalidArgument as error:
-        return error.reason
-    return None
 
 
 def as_json(request: Message, *, proto_names: bool = False) -> bytes:
@@ -42,34 +34,18 @@ def as_json(request: Message, *, proto_names: bool = False) -> bytes:
     ).encode()
 
 
-def settle(blocks: list[messages_pb2.ContentBlock]) -> pb.SettleAssistantMessageRequest:
-    return pb.SettleAssistantMessageRequest(
-        lane_id="l", operation_id="o", turn_id="t", message=messages_pb2.AssistantMessage(
-            content=[text(PADDING), *blocks], stop_reason=messages_pb2.STOP_REASON_STOP
-        ),
-    )  # fmt: skip
-
-
 @settings(max_examples=40, deadline=None)
 @given(
-    blocks=st.integers(MAX_CONTENT_BLOCKS - 3, MAX_CONTENT_BLOCKS + 3),
-    messages=st.integers(MAX_REQUEST_MESSAGES - 2, MAX_REQUEST_MESSAGES + 2),
-    names=st.integers(MAX_TOOL_NAMES - 2, MAX_TOOL_NAMES + 2),
-    which=st.sampled_from(["settle", "start_run", "config"]),
+    blocks=BLOCKS,
+    messages=MESSAGES,
+    names=NAMES,
+    kind=st.sampled_from(KINDS),
     proto_names=st.booleans(),
 )
 def test_a_large_json_request_is_refused_from_its_text_exactly_when_its_parsed_counts_are(
-    blocks: int, messages: int, names: int, which: str, proto_names: bool
+    blocks: int, messages: int, names: int, kind: str, proto_names: bool
 ) -> None:
-    request: Message
-    if which == "settle":
-        request = settle([text("") for _ in range(blocks - 1)])
-    elif which == "start_run":
-        prompt = [user(PADDING), *(user("") for _ in range(messages - 1))]
-        request = pb.StartRunRequest(lane_id="l", prompt=prompt)
-    else:
-        request = pb.UpdateLaneConfigRequest(lane_id="l")
-        request.active_tool_names.names.extend([PADDING, *(f"t{i}" for i in range(names - 1))])
+    request = near_the_limits(kind, PADDING, blocks, messages, names)
     data = as_json(request, proto_names=proto_names)
     assert len(data) > CHECKED_FROM_BYTES
     parsed = json_format.Parse(data, type(request)())

@@ -129,7 +129,7 @@ def run_client(
     failure print a message naming the target, the cause and the fix, and return 1."""
     from lane.client.connect import connect, tls_credentials
     from lane.client.errors import LaneError
-    from lane.client.reach import Unreachable, explain, normalize_target, scheme_problem
+    from lane.client.reach import Unreachable, explained, normalize_target, scheme_problem
     from lane.v1 import lane_service_pb2_grpc
 
     connection = Connection.from_args(args)
@@ -172,8 +172,8 @@ def run_client(
         print(f"lane: {err}", file=sys.stderr)
         return 1
     except LaneError as err:
-        explained = explain(err, target, tls=connection.tls, token=connection.token is not None)
-        print(f"lane: {explained}", file=sys.stderr)
+        message = explained(err, target, tls=connection.tls, token=connection.token is not None)
+        print(f"lane: {message}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 130

@@ -35,7 +35,7 @@ from typing import Any
 from lane.client.driver import Driver, LeaseLost
 from lane.client.errors import LaneError
 from lane.client.model import Model, ScriptedCall, ScriptedModel, ScriptStep, load_script
-from lane.client.reach import explain
+from lane.client.reach import explained
 from lane.client.tools import Tool, ToolContext, ToolResult, ToolResultLike
 from lane.v1 import lane_service_pb2 as pb
 
@@ -342,7 +342,7 @@ async def drive_interruptibly(
     try:
         result = await driver.run(prompt, model)
     except LaneError as err:
-        print(f"{name}: {explain(err, target)}", file=out, flush=True)
+        print(f"{name}: {explained(err, target)}", file=out, flush=True)
         return 1
     except LeaseLost as err:
         print(f"{name}: {err}", file=out, flush=True)

@@ -3,7 +3,7 @@
 gRPC reports a failed connection as UNAVAILABLE with a transport message such as ``failed to
 connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote
 host: Connection refused``. :func:`cause_of` shortens that to its cause (``connection refused``)
-and :func:`explain` adds what to do about it, naming the target::
+and :func:`explained` adds what to do about it, naming the target::
 
     cannot reach the lane service at 127.0.0.1:1: connection refused. Is the service running
     (lane serve)? Point --target or LANE_TARGET at it.
@@ -36,7 +36,6 @@ __all__ = [
     "Unreachable",
     "Wording",
     "cause_of",
-    "explain",
     "explained",
     "fix_for",
     "is_transport_failure",
@@ -217,21 +216,8 @@ def cause_of(error: LaneError, *, tls: bool = False) -> str:
 
 
 def fix_for(error: LaneError, *, tls: bool = False, wording: Wording = CLI) -> str:
-    """What to do about ``error``: the fix :func:`explain` suggests (may be empty)."""
+    """What to do about ``error``: the fix :func:`explained` suggests (may be empty)."""
     return _diagnose(error, tls=tls, wording=wording)[1]
-
-
-def explain(
-    error: LaneError,
-    target: str,
-    *,
-    tls: bool = False,
-    wording: Wording = CLI,
-    token: bool = False,
-) -> str:
-    """A message for a person about ``error`` from the service at ``target``: the text of
-    :func:`explained`."""
-    return str(explained(error, target, tls=tls, wording=wording, token=token))
 
 
 def explained(
@@ -242,7 +228,8 @@ def explained(
     wording: Wording = CLI,
     token: bool = False,
 ) -> LaneError:
-    """``error`` from the service at ``target``, saying what to do about it: a transport
+    """``error`` from the service at ``target``, saying what to do about it (its ``str()`` is
+    the message for a person): a transport
     failure as :class:`Unreachable` (the cause and the fix, in ``wording``), a refused token
     with how to pass one, a lane not found with a hint about namespaces when the caller sent a
     ``token``; any other error as it is."""

@@ -28,7 +28,7 @@ import grpc
 from lane.client.commands import call
 from lane.client.errors import LaneError, WatchProtocolError
 from lane.client.keys import ESCAPE, parse_keys
-from lane.client.reach import cause_of, explain
+from lane.client.reach import cause_of, explained
 from lane.client.view import Frame, ToolClock, render_frame
 from lane.client.watch import RetryPolicy, watch_lane
 from lane.v1 import lane_service_pb2 as pb
@@ -109,7 +109,7 @@ class WatchScreen:
                 if err.code == grpc.StatusCode.NOT_FOUND:
                     self.status = f"waiting for lane {self.lane_id} to be created"
                 else:
-                    self.status = f"watch failed: {explain(err, self.target, tls=self.tls)}"
+                    self.status = f"watch failed: {explained(err, self.target, tls=self.tls)}"
             except WatchProtocolError as err:
                 self.status = f"watch broke its contract: {err}; starting over"
             await asyncio.sleep(1.0)

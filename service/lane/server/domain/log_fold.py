@@ -14,7 +14,8 @@ a lane the service never ran:
   the tip of that point (a navigation's branch summary: its target), once; each usage event one
   usage row of the file, likewise;
 * at the end no operation is open, and the tip, inbox, configuration, usage totals, faulted
-  flag, message count and last result are the lane record's.
+  flag, message count and last result (if the record has one: an imported lane has none) are
+  the lane record's.
 
 A log that starts above a retention floor is folded from a lane the file does not describe:
 the fields no kept event sets are taken from the record, the tip is checked from the first
@@ -27,6 +28,7 @@ entry by entry as above, not held), so folding costs memory for the lane's live 
 
 from __future__ import annotations
 
+from google.protobuf.message import Message
 from lane.client.reducer import fold_into
 from lane.v1 import events_pb2, snapshot_pb2
 
@@ -166,15 +168,7 @@ class LogFold:
         if not body.HasField("entry"):
             raise invalid(line, f"{where} carries no entry")
         entry = body.entry
-        at = self._entries.find(entry.id)
-        if at is None:
-            raise invalid(line, f"{where} adds entry {entry.id!r}, which the file does not hold")
-        if self._entries.seq(at) != event.revision or entry.seq != event.revision:
-            raise invalid(line, f"{where} adds entry {entry.id} at another seq than its own")
-        if not self._entries.same_content(at, entry):
-            raise invalid(line, f"{where} adds entry {entry.id} with other content than its record")
-        if not self._entries.mark_added(at):
-            raise invalid(line, f"{where} adds entry {entry.id} a second time")
+        _claim(self._entries, "entry", entry.id, entry.seq, entry, event.revision, line, where)
         snap = self.snapshot
         navigating = snap.HasField("operation") and snap.operation.kind == _NAVIGATION
         follows = self._target if navigating else snap.tip_id
@@ -188,15 +182,7 @@ class LogFold:
 
     def _usage(self, event: events_pb2.HarnessEvent, line: int, where: str) -> None:
         row = event.usage.row
-        at = self._usage_rows.find(row.id)
-        if at is None:
-            raise invalid(line, f"{where} records usage row {row.id!r}, not a row of the file")
-        if self._usage_rows.seq(at) != event.revision or row.seq != event.revision:
-            raise invalid(line, f"{where} records usage row {row.id} at another seq than its own")
-        if not self._usage_rows.same_content(at, row):
-            raise invalid(line, f"{where} records usage row {row.id} with other content")
-        if not self._usage_rows.mark_added(at):
-            raise invalid(line, f"{where} records usage row {row.id} a second time")
+        _claim(self._usage_rows, "usage row", row.id, row.seq, row, event.revision, line, where)
 
     def _navigation_end(self, event: events_pb2.HarnessEvent, line: int, where: str) -> None:
         """What a client gets by re-snapshotting after navigation_end (the reducer leaves the
@@ -260,6 +246,29 @@ class LogFold:
                 raise invalid(
                     0, f"{what} {rows.row_id(at)} (seq {rows.seq(at)}) is added by no event"
                 )
+
+
+def _claim(
+    rows: RowIndex,
+    what: str,
+    row_id: str,
+    seq: int,
+    row: Message,
+    revision: int,
+    line: int,
+    where: str,
+) -> None:
+    """Mark the file's row ``row_id`` added by the event at ``revision``, which carries it as
+    ``row``: refused unless the file holds it, at that seq, with that content, not yet added."""
+    at = rows.find(row_id)
+    if at is None:
+        raise invalid(line, f"{where} adds {what} {row_id!r}, which the file does not hold")
+    if rows.seq(at) != revision or seq != revision:
+        raise invalid(line, f"{where} adds {what} {row_id} at another seq than its own")
+    if not rows.same_content(at, row):
+        raise invalid(line, f"{where} adds {what} {row_id} with other content than its record")
+    if not rows.mark_added(at):
+        raise invalid(line, f"{where} adds {what} {row_id} a second time")
 
 
 def _tool_state(operation: snapshot_pb2.SnapshotOperation, tool_call_id: str) -> str | None:
