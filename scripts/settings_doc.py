@@ -43,9 +43,8 @@ def render(settings: Iterable[Setting]) -> str:
     ]
     for setting in settings:
         flag = "none (a secret: the variable only)" if setting.secret else f"`{setting.flag}`"
-        rows.append(
-            f"| `{setting.variable}` | {flag} | {_cell(setting.default)} | {_cell(setting.meaning)} |"
-        )
+        default, meaning = _cell(setting.default), _cell(setting.meaning)
+        rows.append(f"| `{setting.variable}` | {flag} | {default} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 
