@@ -76,3 +76,14 @@ def test_every_relative_link_resolves(page: Path) -> None:
 def test_an_anchor_follows_github_ids() -> None:
     page = ROOT / "docs" / "configuration.md"
     assert {"several-processes---workers", "tls-and-auth"} <= anchors(page)
+
+
+def test_ci_runs_the_readmes_test_command() -> None:
+    # The README's "Two commands": one starts the service, one runs every test, and .ci/run
+    # runs exactly the second, so CI and developers agree.
+    section = (ROOT / "README.md").read_text().split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    commands = [line.split("#")[0].strip() for line in section.splitlines()]
+    commands = [command for command in commands if command.startswith("./dev ")]
+    assert commands == ["./dev serve", "./dev test"]
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
+    assert ci[-1] == f"exec {commands[1]}"
