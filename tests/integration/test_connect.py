@@ -3,7 +3,7 @@
 Against a real server serving both ports on one database, with real clients: curl, and the
 connectrpc client (Connect JSON and binary, gRPC-Web; HTTP/1.1 and HTTP/2):
 
-- the README's curl line answers, JSON in and out, a refusal with its google.rpc.ErrorInfo;
+- docs/http.md's curl line answers, JSON in and out, a refusal with its google.rpc.ErrorInfo;
 - every protocol reaches the same lanes and answers as the gRPC port does, refusals included;
 - WatchLane streams the snapshot and then each commit over HTTP/1.1 and HTTP/2;
 - auth (tokens → namespaces, checked before the request is read), the 4 MiB message limit,
@@ -137,9 +137,9 @@ def curl(*args: str, input: str | None = None) -> subprocess.CompletedProcess[st
     )
 
 
-async def test_the_readme_curl_line(http_server: RunningServer, http_server_stub: Any) -> None:
+async def test_the_documented_curl_line(http_server: RunningServer, http_server_stub: Any) -> None:
     url = f"http://127.0.0.1:{http_server.http_port}/lane.v1.LaneService/GetLaneSnapshot"
-    # The README's line, on a lane that does not exist: not_found and its ErrorInfo.
+    # docs/http.md's line, on a lane that does not exist: not_found and its ErrorInfo.
     answer = await asyncio.to_thread(
         curl, "-i", "-d", '{"laneId":"x"}', "-H", "content-type: application/json", url
     )

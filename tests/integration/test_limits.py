@@ -1,4 +1,4 @@
-"""The published limits (README "Limits"), each at its boundary through gRPC.
+"""The published limits (docs/limits.md), each at its boundary through gRPC.
 
 A request at a limit is accepted; one byte over is refused with the documented code and reason
 (docs/errors.md) and changes nothing: the lane's GetLaneSnapshot is the same before and after,

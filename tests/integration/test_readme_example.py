@@ -1,4 +1,4 @@
-"""The README's "Writing a tool" example runs as written against the real service, importing
+"""The README's "A driver in Python" example runs as written against the real service, importing
 from ``lane.client`` only."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def example() -> str:
-    """The first Python block under "## Writing a tool"."""
-    section = README.read_text().split("## Writing a tool", 1)[1]
+    """The first Python block under "### A driver in Python"."""
+    section = README.read_text().split("### A driver in Python", 1)[1]
     found = re.search(r"```python\n(.*?)```", section, re.S)
     assert found is not None
     return found.group(1)

@@ -1,5 +1,6 @@
 """``lane serve``: a flag per setting (flag beats environment beats default), a help that lists
-every setting with its variable and default, and bad flag values reported as the flag."""
+every setting with its variable and default, docs/configuration.md's table generated from the
+same settings, and bad flag values reported as the flag."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 from lane.server.app.config import SETTINGS, Settings
 from tests.integration.test_app import _free_port
 from tests.support.servers import serving
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def lane_env(**extra: str) -> dict[str, str]:
@@ -75,12 +79,28 @@ async def test_help_lists_every_setting_with_its_variable_and_default() -> None:
         assert has_flag != setting.secret, setting
 
 
-def test_the_readme_lists_every_setting() -> None:
-    # The README's Configuration table: one row per variable (a row may name several).
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    rows = [line for line in readme.splitlines() if line.startswith("| `LANE_")]
-    listed = {name for row in rows for name in re.findall(r"`(LANE_[A-Z_]+)`", row.split("|")[1])}
-    assert {setting.variable for setting in SETTINGS} - listed == set()
+def test_the_configuration_doc_lists_every_setting() -> None:
+    # docs/configuration.md's generated table: one row per variable, with its flag and default.
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    rows = {
+        cells[0].strip("` "): cells
+        for line in doc.splitlines()
+        if line.startswith("| `LANE_")
+        for cells in [line.strip("|").split(" | ")]
+    }
+    assert set(rows) == {setting.variable for setting in SETTINGS}
+    for setting in SETTINGS:
+        flag, default = rows[setting.variable][1:3]
+        assert (setting.flag in flag) != setting.secret and setting.default in default, setting
+
+
+def test_the_configuration_doc_is_generated_from_the_settings_table() -> None:
+    # scripts/settings_doc.py --check renders SETTINGS and compares it with the doc's table.
+    process = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "settings_doc.py"), "--check"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert process.returncode == 0, process.stderr
 
 
 class Recording(dict[str, str]):

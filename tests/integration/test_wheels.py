@@ -5,7 +5,7 @@
 as configured on the machine (its cache makes a re-run quick):
 
 - the client wheel alone: no database package and no server importable, ``lane serve`` says how
-  to install the server, the README's "Writing a tool" driver runs against the real service and
+  to install the server, the README's "A driver in Python" runs against the real service and
   type-checks under ``mypy --strict`` against the installed wheel (its ``py.typed`` markers);
 - the server wheel beside it: ``lane serve`` starts on a fresh database (the migrations ship),
   serves the web view's page (the static files ship) and answers the client-only ``lane``.
@@ -32,6 +32,7 @@ import pytest
 from lane.client.cli_serve import SERVER_NOT_INSTALLED, SERVER_PACKAGE
 
 from lane.server.app.server import RunningServer
+from tests.integration.test_readme_example import example as readme_driver
 from tests.support.servers import serving
 
 pytestmark = [
@@ -107,14 +108,6 @@ def metadata(wheel: Path) -> tuple[list[str], list[str]]:
         meta = archive.read(meta_name)
     requires = HeaderParser().parsestr(meta.decode()).get_all("Requires-Dist") or []
     return names, requires
-
-
-def readme_driver() -> str:
-    """The README's "Writing a tool" example: the first Python block of that section."""
-    section = (ROOT / "README.md").read_text().split("## Writing a tool", 1)[1]
-    found = re.search(r"```python\n(.*?)```", section, re.S)
-    assert found is not None
-    return found.group(1)
 
 
 def free_port() -> int:

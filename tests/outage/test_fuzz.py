@@ -101,7 +101,7 @@ async def test_a_lane_filled_by_accepted_requests_still_captures(lane_stub) -> N
     # lane they fill no longer fits one GetLaneSnapshot answer: capture then fails for good
     # with gRPC's own RESOURCE_EXHAUSTED "Sent message larger than max" (no ErrorInfo), and
     # so does a watcher's snapshot and any event group over the limit. Either the request that
-    # would overflow is refused (the limits in README.md), or the lane still captures.
+    # would overflow is refused (the limits in docs/limits.md), or the lane still captures.
     lane = (await LaneScript.create(lane_stub, prefix="big-lane")).lane_id
     accepted = 0
     for index in range(3):

@@ -1,4 +1,4 @@
-"""The service's layers import only earlier ones (README "Layout"): domain → store → hub →
+"""The service's layers import only earlier ones (docs/development.md): domain → store → hub →
 commands → api → app. The contracts (lane.v1) are everyone's; metrics, logs and traces
 (log_repeats too) everyone's but the domain's; gRPC is the api's and the app's alone."""
 
