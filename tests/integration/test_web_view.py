@@ -37,22 +37,18 @@ from lane.v1 import messages_pb2, snapshot_pb2
 from tests.integration.lanes import assistant, new_lane_id, text, tool_call
 from tests.integration.web_browser import (
     DIM,
-    RED,
     RECORD_STREAM_JS,
-    STREAM_JS,
+    RED,
     TOKEN_A,
     TOKEN_B,
     Browser,
     Rpc,
     RpcStub,
     Service,
-    browser,
     finish,
     new_run,
     open_run,
     progress,
-    service,
-    shots,
     stage,
     start_call,
 )
@@ -83,17 +79,17 @@ ORDER = ("planned", "running", "settled", "placed")
 # --- the tests ----------------------------------------------------------------------------------
 
 
-async def test_a_parallel_batch_live(service: Service, browser: Browser) -> None:
-    rpc = Rpc(service, TOKEN_A)
+async def test_a_parallel_batch_live(web_service: Service, web_page: Browser) -> None:
+    rpc = Rpc(web_service, TOKEN_A)
     lane_id = new_lane_id("web-batch")
     batch = ["a0", "a1", "a2"]
     run = await open_run(rpc, lane_id, batch)
-    await browser.open_lane(service.origin, lane_id)
+    await web_page.open_lane(web_service.origin, lane_id)
 
     for call in batch:
         revision = await start_call(run, call)
     revision = await progress(run, "a0", "a0 half way")
-    state = await browser.at_revision(revision)
+    state = await web_page.at_revision(revision)
     assert where(state, batch) == dict.fromkeys(batch, "running")
     assert state["operation"]["id"] == run.operation_id and state["abortEnabled"]
     assert "a0 half way" in row(state, "a0")["text"]  # the latest progress
@@ -102,23 +98,23 @@ async def test_a_parallel_batch_live(service: Service, browser: Browser) -> None
     # The last call settles first: settled, waiting for placement, while a0 and a1 run.
     staged = await stage(run, "a2", "a2 done")
     assert list(staged.placed_tool_call_ids) == []
-    state = await browser.at_revision(staged.revision)
+    state = await web_page.at_revision(staged.revision)
     assert where(state, batch) == {"a0": "running", "a1": "running", "a2": "settled"}
     assert "waiting for placement" in row(state, "a2")["text"]
     assert "a2 done" in row(state, "a2")["text"]
-    await browser.screenshot("batch-1-a2-waiting-while-a0-runs")
+    await web_page.screenshot("batch-1-a2-waiting-while-a0-runs")
 
     # a0 is placed (its row leaves, its entry appears); a2 still waits behind a1.
     staged = await stage(run, "a0", "a0 done")
     assert list(staged.placed_tool_call_ids) == ["a0"]
-    state = await browser.at_revision(staged.revision)
+    state = await web_page.at_revision(staged.revision)
     assert where(state, batch) == {"a0": "placed", "a1": "running", "a2": "settled"}
-    await browser.screenshot("batch-2-a0-placed-a2-still-waiting")
+    await web_page.screenshot("batch-2-a0-placed-a2-still-waiting")
 
     # a1 fails: a1 and a2 are placed together, in source order; the error is red.
     staged = await stage(run, "a1", "a1 broke", error=True)
     assert list(staged.placed_tool_call_ids) == ["a1", "a2"]
-    state = await browser.at_revision(staged.revision)
+    state = await web_page.at_revision(staged.revision)
     assert where(state, batch) == dict.fromkeys(batch, "placed")
     assert [r["id"] for r in state["results"]] == batch
     colors = {r["id"]: (r["error"], r["color"]) for r in state["results"]}
@@ -126,13 +122,13 @@ async def test_a_parallel_batch_live(service: Service, browser: Browser) -> None
     assert colors["a0"][0] is False and colors["a0"][1] != RED
 
     revision = await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
-    state = await browser.at_revision(revision)
+    state = await web_page.at_revision(revision)
     assert state["operation"] is None and state["lastResult"] == "completed"
-    await browser.screenshot("batch-3-completed")
+    await web_page.screenshot("batch-3-completed")
 
     # Every state the page drew: no call in two places, none lost once started, none going
     # back; so each row left exactly when its own entry was placed.
-    drawn = await browser.recorded()
+    drawn = await web_page.recorded()
     assert [s["revision"] for s in drawn] == sorted({s["revision"] for s in drawn})
     places = [where(s, batch) for s in drawn]
     for call in batch:
@@ -140,38 +136,38 @@ async def test_a_parallel_batch_live(service: Service, browser: Browser) -> None
         assert ranks == sorted(ranks), f"{call} went back: {[p[call] for p in places]}"
 
 
-async def test_abort_from_the_button(service: Service, browser: Browser) -> None:
-    rpc = Rpc(service, TOKEN_A)
+async def test_abort_from_the_button(web_service: Service, web_page: Browser) -> None:
+    rpc = Rpc(web_service, TOKEN_A)
     lane_id = new_lane_id("web-abort")
     run = await open_run(rpc, lane_id, ["b0", "b1"])
     await start_call(run, "b0")
     revision = await progress(run, "b0", "b0 working")
-    await browser.open_lane(service.origin, lane_id)
-    state = await browser.at_revision(revision)
+    await web_page.open_lane(web_service.origin, lane_id)
+    state = await web_page.at_revision(revision)
     assert (
         state["operation"] == {"id": run.operation_id, "status": "open"} and state["abortEnabled"]
     )
 
-    await browser.call("click", selector="button#abort")
-    state = await browser.state_when("s.operation && s.operation.status === 'aborting'")
+    await web_page.call("click", selector="button#abort")
+    state = await web_page.state_when("s.operation && s.operation.status === 'aborting'")
     assert not state["abortEnabled"]
     # The page shows what the service committed: the operation is aborting there.
     snapshot = (await rpc("GetLaneSnapshot", pb.GetLaneSnapshotRequest(lane_id=lane_id))).snapshot
     assert snapshot.operation.status == snapshot_pb2.OPERATION_STATUS_ABORTING
     assert snapshot.revision == state["revision"]
-    await browser.screenshot("abort-1-requested-from-the-button")
+    await web_page.screenshot("abort-1-requested-from-the-button")
 
     # The tool sees the abort and stops; the never-started b1 gets its cancelled result.
     staged = await stage(run, "b0", "b0 stopped")
     assert staged.cancel_requested
     revision = await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
-    state = await browser.at_revision(revision)
+    state = await web_page.at_revision(revision)
     assert state["operation"] is None
     assert (state["lastResult"], state["lastResultColor"]) == ("aborted", RED)
     results = {r["id"]: r for r in state["results"]}
     assert "b0 stopped" in results["b0"]["text"]
     assert (results["b1"]["error"], results["b1"]["color"]) == (True, RED)
-    await browser.screenshot("abort-2-ended-aborted")
+    await web_page.screenshot("abort-2-ended-aborted")
 
 
 def thinking(value: str) -> messages_pb2.ContentBlock:
@@ -183,13 +179,13 @@ def partial(*blocks: messages_pb2.ContentBlock) -> pb.StreamedPartial:
     return pb.StreamedPartial(message=assistant(*blocks, stop=messages_pb2.STOP_REASON_PENDING))
 
 
-async def test_an_assistant_message_streaming_in(service: Service, browser: Browser) -> None:
-    rpc = Rpc(service, TOKEN_A)
+async def test_an_assistant_message_streaming_in(web_service: Service, web_page: Browser) -> None:
+    rpc = Rpc(web_service, TOKEN_A)
     lane_id = new_lane_id("web-stream")
     run = await new_run(rpc, lane_id, "read it")
     turn = replace(run.aim, turn_id=await run.start_turn())
-    await browser.open_lane(service.origin, lane_id)
-    await browser.call("eval", expr=RECORD_STREAM_JS)
+    await web_page.open_lane(web_service.origin, lane_id)
+    await web_page.call("eval", expr=RECORD_STREAM_JS)
 
     async def stream(*blocks: messages_pb2.ContentBlock) -> dict[str, Any]:
         """Commit ``blocks`` as the latest partial; what the page drew for it."""
@@ -197,7 +193,7 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
             "AppendAssistantStream",
             turn.request(pb.AppendAssistantStreamRequest, partials=[partial(*blocks)]),
         )
-        return await browser.stream_at(appended.revision)
+        return await web_page.stream_at(appended.revision)
 
     # A first attempt fails mid-stream: the failed message is placed (red), the partial is gone,
     # and the retry line names the attempt scheduled and the time left until it.
@@ -217,7 +213,7 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
             error_message="529 overloaded",
         ),
     )
-    state = await browser.stream_at(scheduled.revision)
+    state = await web_page.stream_at(scheduled.revision)
     assert state["streaming"] is None
     assert state["transcript"][-1] == {
         "kind": "error",
@@ -235,9 +231,9 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
     )
     assert left is not None, retry["text"]
     assert 0 < float(left[1]) <= 60.0
-    await browser.screenshot("stream-1-retry-scheduled")
+    await web_page.screenshot("stream-1-retry-scheduled")
     started = await rpc("StartRetry", turn.request(pb.StartRetryRequest))
-    state = await browser.stream_at(started.revision)
+    state = await web_page.stream_at(started.revision)
     assert state["retry"] is None and state["streaming"] is None
 
     # The retried attempt streams: thinking first, dimmed and set apart from the text.
@@ -269,7 +265,7 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
         ("text", "assistant I will read it.", False),
         ("call", '→ read_file {"path": "REA …', False),
     ]
-    await browser.screenshot("stream-2-thinking-text-and-a-call-being-written")
+    await web_page.screenshot("stream-2-thinking-text-and-a-call-being-written")
 
     # Settled: the partial is gone and the message is in the transcript, thinking still dimmed,
     # the call with its whole arguments.
@@ -277,7 +273,7 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
     settled = (
         await run.settle(turn.turn_id, message=assistant(think, text("I will read it."), read))
     ).settled
-    state = await browser.stream_at(settled.revision)
+    state = await web_page.stream_at(settled.revision)
     assert state["streaming"] is None and state["retry"] is None
     message = [(e["kind"], e["text"]) for e in state["transcript"][-3:]]
     assert message == [
@@ -289,11 +285,11 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
         DIM,
         "italic",
     )
-    await browser.screenshot("stream-3-settled")
+    await web_page.screenshot("stream-3-settled")
 
     # Every state the page drew of the retried attempt: the partial only grew, and gave way to
     # the settled message in one redraw — never both on the page, never neither.
-    recorded: list[dict[str, Any]] = await browser.call("eval", expr="window.__streams")
+    recorded: list[dict[str, Any]] = await web_page.call("eval", expr="window.__streams")
     drawn = [s for s in recorded if s["revision"] >= first_revision]
     assert [s["revision"] for s in drawn] == sorted({s["revision"] for s in drawn})
     assert drawn[-1]["revision"] == settled.revision
@@ -311,115 +307,114 @@ async def test_an_assistant_message_streaming_in(service: Service, browser: Brow
     await start_call(run, "r1")
     await stage(run, "r1", "# lane")
     revision = await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
-    state = await browser.at_revision(revision)
+    state = await web_page.at_revision(revision)
     assert state["lastResult"] == "completed"
 
 
 async def test_queued_messages_show_until_a_run_takes_them(
-    service: Service, browser: Browser
+    web_service: Service, web_page: Browser
 ) -> None:
-    rpc = Rpc(service, TOKEN_A)
+    rpc = Rpc(web_service, TOKEN_A)
     stub: Any = RpcStub(rpc)
     script = await LaneScript.create(stub, new_lane_id("web-queue"))
     await script.enqueue("Also list the files.", snapshot_pb2.QUEUE_KIND_STEER)
     queued = await script.enqueue("Then tidy up.", snapshot_pb2.QUEUE_KIND_NEXT_RUN)
-    await browser.open_lane(service.origin, script.lane_id)
-    state = await browser.at_revision(queued.revision)
+    await web_page.open_lane(web_service.origin, script.lane_id)
+    state = await web_page.at_revision(queued.revision)
     assert state["queued"] == ["queued steer Also list the files.", "queued next run Then tidy up."]
-    await browser.screenshot("queue-1-before-the-run")
+    await web_page.screenshot("queue-1-before-the-run")
     run = await script.start_run("go")
-    state = await browser.at_revision(run.started.revision)
+    state = await web_page.at_revision(run.started.revision)
     assert state["queued"] == []  # the run took them into its transcript
 
 
-async def test_resume_after_a_service_restart(service: Service, browser: Browser) -> None:
-    rpc = Rpc(service, TOKEN_A)
+async def test_resume_after_a_service_restart(web_service: Service, web_page: Browser) -> None:
+    rpc = Rpc(web_service, TOKEN_A)
     lane_id = new_lane_id("web-restart")
     run = await open_run(rpc, lane_id, ["c0"])
     revision = await start_call(run, "c0")
-    await browser.open_lane(service.origin, lane_id)
-    before = await browser.at_revision(revision)
+    await web_page.open_lane(web_service.origin, lane_id)
+    before = await web_page.at_revision(revision)
     assert where(before, ["c0"]) == {"c0": "running"} and before["snapshots"] == 1
 
-    stopped = asyncio.create_task(service.restart())
+    stopped = asyncio.create_task(web_service.restart())
     try:
-        state = await browser.state_when("s.connection === 'reconnecting'")
+        state = await web_page.state_when("s.connection === 'reconnecting'")
         assert re.match(r"reconnecting · attempt \d+ · ", state["connectionText"])
         # Still the lane as last seen, while the service is away.
         assert state["revision"] == before["revision"] and where(state, ["c0"])["c0"] == "running"
-        await browser.screenshot("restart-1-reconnecting")
+        await web_page.screenshot("restart-1-reconnecting")
     finally:
         await stopped
 
     # Committed after the restart, seen live: the page resumed after its revision (no second
     # snapshot) and shows the result placed.
     staged = await stage(run, "c0", "c0 done after the restart")
-    state = await browser.at_revision(staged.revision)
+    state = await web_page.at_revision(staged.revision)
     assert where(state, ["c0"]) == {"c0": "placed"}
     assert state["snapshots"] == 1, "the page re-snapshotted instead of resuming"
     assert state["connectionText"] == "live"
-    await browser.screenshot("restart-2-resumed")
+    await web_page.screenshot("restart-2-resumed")
     await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
 
 
-async def test_token_entry_and_another_namespace(service: Service, browser: Browser) -> None:
+async def test_token_entry_and_another_namespace(web_service: Service, web_page: Browser) -> None:
     ours, theirs = new_lane_id("web-team-a"), new_lane_id("web-team-b")
-    await Rpc(service, TOKEN_A)("CreateLane", pb.CreateLaneRequest(lane_id=ours))
-    await Rpc(service, TOKEN_B)("CreateLane", pb.CreateLaneRequest(lane_id=theirs))
+    await Rpc(web_service, TOKEN_A)("CreateLane", pb.CreateLaneRequest(lane_id=ours))
+    await Rpc(web_service, TOKEN_B)("CreateLane", pb.CreateLaneRequest(lane_id=theirs))
 
     # Without a token, the service refuses and the page asks for one.
-    await browser.call("goto", url=f"{service.origin}/")
-    await browser.call("eval", expr="sessionStorage.clear()")
-    await browser.call("goto", url=f"{service.origin}/index.html#/")  # a new page load
-    message = await browser.wait(
+    await web_page.call("goto", url=f"{web_service.origin}/")
+    await web_page.call("eval", expr="sessionStorage.clear()")
+    await web_page.call("goto", url=f"{web_service.origin}/index.html#/")  # a new page load
+    message = await web_page.wait(
         "document.body.dataset.page === 'token'"
         " && document.querySelector('#token-form').textContent"
     )
     assert "UNAUTHENTICATED" in message
-    await browser.screenshot("token-1-asked")
+    await web_page.screenshot("token-1-asked")
 
-    await browser.call("fill", selector="#token", value=TOKEN_A)
-    await browser.call("click", selector="#token-form button[type=submit]")
-    lanes = await browser.wait(
+    await web_page.call("fill", selector="#token", value=TOKEN_A)
+    await web_page.call("click", selector="#token-form button[type=submit]")
+    lanes = await web_page.wait(
         f"""(() => {{
           const ids = [...document.querySelectorAll("tr.lane")].map((r) => r.dataset.laneId);
           return ids.includes("{ours}") ? ids : null;
         }})()"""
     )
     assert theirs not in lanes  # team-b's lane is not listed for team-a's token
-    await browser.screenshot("token-2-lanes-of-team-a")
+    await web_page.screenshot("token-2-lanes-of-team-a")
 
     # Asked for by name, it does not exist for this token: the page waits for a lane of that
     # id to be created in team-a's lanes, as `lane watch` does, and says so.
-    await browser.call("goto", url=f"{service.origin}/#/lanes/{theirs}")
-    waiting = await browser.wait(
+    await web_page.call("goto", url=f"{web_service.origin}/#/lanes/{theirs}")
+    waiting = await web_page.wait(
         "document.querySelector('#connection')?.dataset.state === 'waiting'"
         " && !document.querySelector('#waiting').hidden"
         " && document.querySelector('#waiting').textContent"
     )
     assert f"Lane {theirs} does not exist yet" in waiting
     assert "another token's lanes" in waiting
-    assert await browser.call("eval", expr="document.querySelector('#lane-status').textContent") == (
-        "not created yet"
-    )
-    await browser.screenshot("token-3-other-namespace-waits")
+    status = await web_page.call("eval", expr="document.querySelector('#lane-status').textContent")
+    assert status == "not created yet"
+    await web_page.screenshot("token-3-other-namespace-waits")
 
 
-async def test_a_malformed_lane_address_is_said_so(service: Service, browser: Browser) -> None:
+async def test_a_malformed_lane_address_is_said_so(web_service: Service, web_page: Browser) -> None:
     lane_id = new_lane_id("web-address")
-    await Rpc(service, TOKEN_A)("CreateLane", pb.CreateLaneRequest(lane_id=lane_id))
-    await browser.open_lane(service.origin, lane_id)  # live
+    await Rpc(web_service, TOKEN_A)("CreateLane", pb.CreateLaneRequest(lane_id=lane_id))
+    await web_page.open_lane(web_service.origin, lane_id)  # live
     # An address whose escape is malformed: decoding it throws URIError. The page says the
     # address names no lane, and nothing of the lane's page stays up calling itself live.
-    await browser.call("eval", expr="location.hash = '#/lanes/%E0%A4%A'")
-    message = await browser.wait(
+    await web_page.call("eval", expr="location.hash = '#/lanes/%E0%A4%A'")
+    message = await web_page.wait(
         "document.body.dataset.page === 'invalid'"
         " && document.querySelector('#bad-address').textContent"
     )
     assert message.startswith("not a valid lane address: #/lanes/%E0%A4%A")
-    assert await browser.call("eval", expr="document.querySelector('#connection')") is None
-    assert await browser.call("eval", expr="document.querySelector('#lane')") is None
-    await browser.screenshot("address-1-malformed")
+    assert await web_page.call("eval", expr="document.querySelector('#connection')") is None
+    assert await web_page.call("eval", expr="document.querySelector('#lane')") is None
+    await web_page.screenshot("address-1-malformed")
     # Its link leads back to the lanes.
-    await browser.call("click", selector="#bad-address a")
-    await browser.wait("document.body.dataset.page === 'lanes'")
+    await web_page.call("click", selector="#bad-address a")
+    await web_page.wait("document.body.dataset.page === 'lanes'")

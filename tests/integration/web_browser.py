@@ -245,8 +245,8 @@ class RpcStub:
         return functools.partial(self.rpc, method)
 
 
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def service(session_database_url: str) -> AsyncIterator[Service]:
+@pytest_asyncio.fixture(loop_scope="session", scope="session")
+async def web_service(session_database_url: str) -> AsyncIterator[Service]:
     settings = Settings(
         database_url=session_database_url, auth_tokens={TOKEN_A: "team-a", TOKEN_B: "team-b"}
     )
@@ -258,8 +258,8 @@ async def service(session_database_url: str) -> AsyncIterator[Service]:
         await holder.running.stop(grace=0.5)
 
 
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="session")
+def web_shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the screenshots go: $LANE_SCREENSHOTS_DIR, or web-view-screenshots in the pytest
     base temp directory."""
     chosen = os.environ.get("LANE_SCREENSHOTS_DIR")
@@ -268,8 +268,8 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def browser(shots: Path) -> AsyncIterator[Browser]:
+@pytest_asyncio.fixture(loop_scope="session", scope="session")
+async def web_page(web_shots: Path) -> AsyncIterator[Browser]:
     chromium = os.environ.get("LANE_CHROMIUM") or shutil.which("chromium")
     if chromium is None:
         pytest.fail("chromium is not installed: ./dev test installs it (apt-get install chromium)")
@@ -290,7 +290,7 @@ async def browser(shots: Path) -> AsyncIterator[Browser]:
         stderr=asyncio.subprocess.PIPE,
         limit=64 * 1024 * 1024,
     )
-    opened = Browser(process, shots)
+    opened = Browser(process, web_shots)
     try:
         yield opened
     finally:

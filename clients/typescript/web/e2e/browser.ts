@@ -8,7 +8,7 @@
  * One JSON request per line on stdin, `{"id": n, "op": …}`; one answer per line on stdout,
  * `{"id": n, "ok": true, "value": …}` or `{"id": n, "ok": false, "error": "…"}`. Operations:
  * `goto {url}`, `wait {expr, timeoutMs?}` (until the page expression is truthy; its value),
- * `eval {expr}` (the page expression's value), `click {selector}`, `fill {selector, value}`,
+ * `eval {expr}` (the page expression's value), `click {selector}`, `fill {selector, value}`, `select {selector, value}` (an option of a select),
  * `press {key}` (a key on the keyboard, to whatever has the focus), `viewport {width, height}`,
  * `scheme {value}` (`light` or `dark`: the system setting the page sees), `upload {selector,
  * path}` (a file for a file input), `download {selector, path}` (click, save the download
@@ -66,6 +66,9 @@ async function run(request: Request): Promise<unknown> {
       return null;
     case "fill":
       await page.fill(request.selector ?? "", request.value ?? "", { timeout });
+      return null;
+    case "select":
+      await page.selectOption(request.selector ?? "", request.value ?? "", { timeout });
       return null;
     case "press":
       await page.keyboard.press(request.key ?? "", { delay: 10 });

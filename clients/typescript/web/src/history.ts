@@ -91,13 +91,14 @@ export class LaneLog {
     }
   }
 
-  /** The index of the group holding `revision` (or the last one before it). */
+  /** The index of the newest group committed by `revision` (the first group when none is): a
+   *  revision inside a commit shows the lane before that commit, never half of one. */
   groupAt(revision: bigint): number {
     let low = 0;
     let high = this.groups.length - 1;
     while (low < high) {
       const mid = Math.ceil((low + high) / 2);
-      if (this.groups[mid]!.first <= revision) {
+      if (this.groups[mid]!.last <= revision) {
         low = mid;
       } else {
         high = mid - 1;

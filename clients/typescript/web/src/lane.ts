@@ -404,7 +404,7 @@ export class LanePage {
       return h("p", { class: "dim" }, "The log holds no event.");
     }
     const wanted = this.revision ?? live.revision;
-    const index = log.groupAt(wanted < groups[0]!.first ? groups[0]!.last : wanted);
+    const index = log.groupAt(wanted);
     const group = groups[index]!;
     const travelling = this.revision !== undefined && group.last < live.revision;
     const start = origin(live, log);

@@ -1,0 +1,329 @@
+"""The web console in a real browser (headless Chromium driven by Playwright, the service with
+auth on; the toolkit and the one shared service and browser are in web_browser.py):
+
+- the lane list: status, last result, tokens and running tools per row; filters by id prefix,
+  status and last result; pages of 50 turned from the keyboard; a row changing live as its lane
+  starts a run; keyboard-only navigation from the filter to a lane's page;
+- the failed lane, from the browser alone: its failed tool call in red, its 20 KB output cut,
+  then whole in place; the timeline and the usage chart; the lane as it was before the failure
+  (the history), equal to the service's snapshot at that revision; a message for the next run;
+- act: export (a download), delete after a confirmation naming the lane (the page then waits
+  for the id), import of the download as a new lane, and a refusal said in words;
+- the waiting page for a lane created afterwards;
+- 390 px wide: nothing scrolls sideways on the list, a lane page with a long result expanded,
+  its timeline and history; and dark mode following the system setting.
+
+Screenshots of each state go where web_browser.py says (the test output directory).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+from lane.client.testing import LaneScript
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import messages_pb2, snapshot_pb2
+
+from tests.integration.lanes import new_lane_id
+from tests.integration.web_browser import (
+    RED,
+    TOKEN_A,
+    Browser,
+    Rpc,
+    RpcStub,
+    Service,
+    finish,
+    new_run,
+    stage,
+    start_call,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+#: The rows of the lane list as drawn.
+ROWS_JS = """[...document.querySelectorAll("tr.lane")].map((r) => ({
+  id: r.dataset.laneId, status: r.dataset.status,
+  cells: Object.fromEntries([...r.querySelectorAll("[data-label]")].map(
+    (c) => [c.dataset.label, c.textContent.trim()])) }))"""
+
+#: Whether the page scrolls sideways: its width against the window's.
+OVERFLOW_JS = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+
+#: Why the failed runs failed.
+FAILURE = snapshot_pb2.OperationError(code="tool_failed", message="read_file failed")
+
+
+async def sign_in(page: Browser, service: Service) -> None:
+    await page.call("goto", url=f"{service.origin}/")
+    await page.call("eval", expr=f"sessionStorage.setItem('lane-token', '{TOKEN_A}')")
+
+
+async def open_list(page: Browser, service: Service, query: str) -> None:
+    """The lane list at ``#/?query``, once the stream listed the lanes."""
+    await sign_in(page, service)
+    await page.call("goto", url=f"{service.origin}/#/?{query}")
+    await page.wait("document.querySelector('#lanes')?.dataset.loaded === 'true'")
+
+
+async def rows_when(page: Browser, condition: str) -> list[dict[str, Any]]:
+    """The list's rows once ``condition`` (JavaScript over ``rows``) holds."""
+    rows: list[dict[str, Any]] = await page.wait(
+        f"(() => {{ const rows = {ROWS_JS}; return ({condition}) ? rows : null; }})()"
+    )
+    return rows
+
+
+async def snapshot_of(rpc: Rpc, lane_id: str) -> snapshot_pb2.LaneSnapshot:
+    answer = await rpc("GetLaneSnapshot", pb.GetLaneSnapshotRequest(lane_id=lane_id))
+    snapshot: snapshot_pb2.LaneSnapshot = answer.snapshot
+    return snapshot
+
+
+async def test_the_list_filters_pages_and_live_rows(
+    web_service: Service, web_page: Browser
+) -> None:
+    rpc = Rpc(web_service, TOKEN_A)
+    base = new_lane_id("wl")
+    failed, live = f"{base}-failed", f"{base}-live"
+    for i in range(51):  # with the two below: two pages of 50
+        await rpc("CreateLane", pb.CreateLaneRequest(lane_id=f"{base}-idle-{i:02}"))
+    run = await new_run(rpc, failed)
+    await run.turn("trying", usage=messages_pb2.Usage(input=1500, output=40))
+    await run.end(snapshot_pb2.OPERATION_RESULT_STATUS_FAILED, FAILURE)
+    script = await LaneScript.create(RpcStub(rpc), live)  # type: ignore[arg-type]
+
+    await open_list(web_page, web_service, f"prefix={base}")
+    rows = await rows_when(web_page, "rows.length === 50")
+    # By last activity: the live lane (created last) first, then the failed one.
+    assert [r["id"] for r in rows[:2]] == [live, failed]
+    assert rows[1]["cells"]["Last run"] == "failed" and rows[1]["status"] == "idle"
+    assert rows[1]["cells"]["Tokens"] == "1.50k in · 40 out"
+    summary = await web_page.call(
+        "eval", expr="document.querySelector('#list-summary').textContent"
+    )
+    assert summary == "1\u201350 of 53 lanes"
+    await web_page.screenshot("list-1-page-one")
+
+    # The second page, from the keyboard.
+    await web_page.call("eval", expr="document.activeElement.blur()")
+    await web_page.call("press", key="]")
+    rows = await rows_when(web_page, "rows.length === 3")
+    assert [r["id"] for r in rows] == [f"{base}-idle-{i:02}" for i in (2, 1, 0)]
+    assert "page=2" in await web_page.call("eval", expr="location.hash")
+
+    # The last run's filter: the failed lane alone.
+    await web_page.call("select", selector="#filter-result", value="failed")
+    rows = await rows_when(web_page, "rows.length === 1")
+    assert rows[0]["id"] == failed
+    await web_page.call("select", selector="#filter-result", value="")
+
+    # Live: the lane starting a run and a tool call changes its row, without a reload.
+    await web_page.call("click", selector='#filter-status [data-status="running"]')
+    await rows_when(web_page, "rows.length === 0")
+    live_run = await script.start_run("go")
+    await live_run.turn("calling", tool_calls=[("t0", "shell", {"n": 0})])
+    await start_call(live_run, "t0")
+    rows = await rows_when(web_page, "rows.length === 1 && rows[0].cells.Tools === '1 running'")
+    assert rows[0]["id"] == live and rows[0]["status"] == "running"
+    assert rows[0]["cells"]["Open run"].startswith("run · started")
+    count = await web_page.call(
+        "eval", expr="document.querySelector('[data-status=\"running\"] .count').textContent"
+    )
+    assert count == "1"
+    await web_page.screenshot("list-2-running-filter-live-row")
+    await stage(live_run, "t0", "done")
+    await finish(live_run, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
+    await rows_when(web_page, "rows.length === 0")  # no longer running: it leaves the filter
+
+    # Keyboard only: `/` to the filter, type, arrow down to the rows, Enter opens the lane.
+    await web_page.call("click", selector='#filter-status [data-status="running"]')
+    await web_page.call("eval", expr="document.activeElement.blur()")
+    await web_page.call("press", key="/")
+    assert await web_page.call("eval", expr="document.activeElement.id") == "filter-prefix"
+    await web_page.call("press", key="Control+a")
+    for key in f"{base}-f":
+        await web_page.call("press", key=key)
+    rows = await rows_when(web_page, "rows.length === 1")
+    assert rows[0]["id"] == failed
+    await web_page.call("press", key="ArrowDown")
+    focused = await web_page.call(
+        "eval", expr="document.activeElement.closest('tr')?.dataset.laneId ?? null"
+    )
+    assert focused == failed
+    await web_page.call("press", key="Enter")
+    await web_page.wait(
+        f"document.querySelector('#lane')?.dataset.laneId === {json.dumps(failed)}"
+        " && Number(document.querySelector('#lane').dataset.revision) > 0"
+    )
+
+
+#: 20 KB of a tool's output, many lines, ending in the line that says what went wrong.
+BIG_OUTPUT = "".join(f"line {i:04}: {'x' * 60}\n" for i in range(320)) + "ENOENT: no such file"
+
+
+async def test_the_failed_lane_from_the_browser_alone(
+    web_service: Service, web_page: Browser
+) -> None:
+    rpc = Rpc(web_service, TOKEN_A)
+    lane_id = new_lane_id("web-failed")
+    run = await new_run(rpc, lane_id, "read the config")
+    await run.turn(
+        "reading both",
+        tool_calls=[("bad1", "read_file", {"path": "cfg"}), ("ok1", "shell", {"cmd": "ls"})],
+        usage=messages_pb2.Usage(input=900, output=30),
+    )
+    await start_call(run, "bad1")
+    before = await start_call(run, "ok1")
+    at_before = await snapshot_of(rpc, lane_id)
+    assert at_before.revision == before
+    waiting = await stage(run, "ok1", "a.txt b.txt")
+    placed = await stage(run, "bad1", BIG_OUTPUT, error=True)
+    assert list(placed.placed_tool_call_ids) == ["bad1", "ok1"]
+    await run.turn("it failed", usage=messages_pb2.Usage(input=2400, output=60))
+    ended = await run.end(snapshot_pb2.OPERATION_RESULT_STATUS_FAILED, FAILURE)
+
+    # Found among the lanes: the failed ones of the last hour.
+    await open_list(web_page, web_service, f"result=failed&since=1h&prefix={lane_id}")
+    rows = await rows_when(web_page, "rows.length === 1")
+    assert rows[0]["id"] == lane_id and rows[0]["cells"]["Last run"] == "failed"
+    await web_page.call("click", selector="tr.lane a.lane-link")
+
+    # Which call failed, in red, its output cut; then whole, in place.
+    result = "li.tool-result.error[data-call-id='bad1']"
+    cut: dict[str, Any] = await web_page.wait(
+        f"""(() => {{ const r = document.querySelector("{result}");
+          const lane = document.querySelector("#lane");
+          if (!r || Number(lane.dataset.revision) < {ended.revision}) return null;
+          const box = r.querySelector(".block-text");
+          return {{ color: getComputedStyle(r).color, expanded: box.dataset.expanded,
+                    shown: box.querySelector("pre").textContent,
+                    button: box.querySelector("button.expand").textContent }}; }})()"""
+    )
+    assert cut["color"] == RED and cut["expanded"] == "false"
+    assert len(cut["shown"]) < len(BIG_OUTPUT) and "ENOENT" not in cut["shown"]
+    assert cut["button"].startswith("Show all · ") and cut["button"].endswith(" more")
+    last = await web_page.call("eval", expr="document.querySelector('#last-result').textContent")
+    assert "read_file failed" in last
+    await web_page.screenshot("failed-1-result-cut")
+    await web_page.call("click", selector=f"{result} button.expand")
+    shown = await web_page.wait(
+        f"""(() => {{ const box = document.querySelector("{result} .block-text");
+          return box.dataset.expanded === "true" && box.querySelector("pre").textContent; }})()"""
+    )
+    assert shown == BIG_OUTPUT
+    await web_page.screenshot("failed-2-result-expanded")
+    # Its link to the lane as it was before it: the history, travelling, no result placed yet.
+    await web_page.call("click", selector=f"{result} a.before")
+    await web_page.wait(
+        """(() => { const h = document.querySelector("#history");
+          return h?.dataset.travelling === "true"
+            && document.querySelectorAll("#travel li.tool-result").length === 0
+            && document.querySelector("#travel .tool.settled.error")?.dataset.callId === "bad1";
+        })()"""
+    )
+
+    # The timeline: both calls as bars, the failed one red; ok1 waited for bad1's placement.
+    await web_page.call("click", selector="#tab-timeline")
+    calls = await web_page.wait(
+        """(() => { const rows = [...document.querySelectorAll("#timeline li.row.call")];
+          return rows.length === 2 && rows.map((r) => ({ id: r.dataset.callId,
+            state: r.dataset.state, error: r.classList.contains("error"),
+            heldBy: r.dataset.heldBy ?? null, holder: r.classList.contains("holder"),
+            bars: [...r.querySelectorAll(".bar")].map((b) => b.className) })); })()"""
+    )
+    by_id = {c["id"]: c for c in calls}
+    assert by_id["bad1"]["error"] and "bar run fail" in by_id["bad1"]["bars"]
+    assert not by_id["ok1"]["error"] and by_id["ok1"]["heldBy"] == "bad1"
+    assert by_id["bad1"]["holder"]
+    assert {c["state"] for c in calls} == {"placed"}
+    await web_page.screenshot("failed-3-timeline")
+
+    # Usage: a bar in and a bar out per turn, heights as the tokens.
+    await web_page.call("click", selector="#tab-usage")
+    bars = await web_page.wait(
+        """(() => { const r = [...document.querySelectorAll("#usage svg.chart rect")];
+          return r.length === 4 && r.map((b) => [b.getAttribute("class"),
+            Number(b.getAttribute("height"))]); })()"""
+    )
+    heights = {(kind, i): h for i, (kind, h) in enumerate(bars)}
+    ins = [h for (kind, _), h in heights.items() if kind == "in"]
+    assert len(ins) == 2 and ins[1] > ins[0]  # 2,400 in after 900
+    totals = await web_page.call("eval", expr="document.querySelector('#usage').textContent")
+    assert "3.30k" in totals  # 900 + 2,400 tokens in
+    await web_page.screenshot("failed-4-usage")
+
+    # The history: the lane as it was before the failed result, as the service's snapshot had
+    # it at that revision (the browser folds the log with the reducer).
+    await web_page.call("eval", expr=f"location.hash = '#/lanes/{lane_id}/history?rev={before}'")
+    travel = await web_page.wait(
+        f"""(() => {{ const h = document.querySelector("#history");
+          return h && h.dataset.revision === "{before}" && h.dataset.travelling === "true"
+            && window.__laneTravel?.revision === "{before}" && window.__laneTravel; }})()"""
+    )
+    folded = json.loads(travel["snapshot"])
+    assert folded == json_format.MessageToDict(at_before)
+    drawn = await web_page.call(
+        "eval",
+        expr="""[...document.querySelectorAll("#travel .travel-state li.tool-result")].length""",
+    )
+    assert drawn == 0  # no result placed yet at that revision
+    bar = await web_page.call("eval", expr="document.querySelector('#travel-bar').textContent")
+    assert bar.startswith(f"Viewing revision {before} of {ended.revision}")
+    # Its events, each as JSON on demand.
+    await web_page.call("click", selector="#group-events details summary")
+    event = await web_page.wait(
+        "document.querySelector('#group-events details[open] pre.json')?.textContent"
+    )
+    assert json.loads(event)["revision"] == str(before)
+    await web_page.screenshot("failed-5-history-before-the-failure")
+
+    # The next commit: ok1 settled, waiting for bad1 (nothing placed); then, at the revision
+    # its staging answered, both placed.
+    await web_page.call("click", selector="#revision-next")
+    await web_page.wait(
+        f"""(() => {{ const h = document.querySelector("#history");
+          return h?.dataset.revision === "{waiting.revision}"
+            && document.querySelectorAll("#travel li.tool-result").length === 0
+            && document.querySelector("#travel .tool.settled")?.dataset.callId === "ok1"; }})()"""
+    )
+    await web_page.call(
+        "eval", expr=f"location.hash = '#/lanes/{lane_id}/history?rev={placed.revision}'"
+    )
+    await web_page.wait(
+        f"""(() => {{ const h = document.querySelector("#history");
+          const ids = [...document.querySelectorAll("#travel li.tool-result")]
+            .map((r) => r.dataset.callId).join(",");
+          return h?.dataset.revision === "{placed.revision}" && ids === "bad1,ok1"; }})()"""
+    )
+    # Back to live, then start it again with a message for the next run.
+    await web_page.call("click", selector="#back-to-live")
+    await web_page.wait("document.body.dataset.tab === 'transcript'")
+    await web_page.call("fill", selector="#send-text", value="Try again with cfg.toml")
+    await web_page.call(
+        "select", selector="#send-kind", value=str(snapshot_pb2.QUEUE_KIND_NEXT_RUN)
+    )
+    await web_page.call("click", selector="#send")
+    status = await web_page.wait(
+        "(() => { const s = document.querySelector('#send-status').textContent;"
+        " return s.startsWith('queued at revision') && s; })()"
+    )
+    queued_at = int(status.rsplit(" ", 1)[1])
+    state = await snapshot_of(rpc, lane_id)
+    assert state.revision == queued_at
+    assert [(q.kind, q.message.user.content[0].text.text) for q in state.queues] == [
+        (snapshot_pb2.QUEUE_KIND_NEXT_RUN, "Try again with cfg.toml")
+    ]
+    queue = await web_page.wait(
+        "[...document.querySelectorAll('#queue li.queued')].map((q) => q.textContent)"
+        ".filter((t) => t.includes('cfg.toml')).length === 1"
+    )
+    assert queue
+    await web_page.screenshot("failed-6-message-for-the-next-run")
+    rerun = await LaneScript(RpcStub(rpc), lane_id).start_run()  # type: ignore[arg-type]
+    taken = await snapshot_of(rpc, lane_id)
+    assert len(taken.queues) == 0 and taken.operation.id == rerun.operation_id
+    await finish(rerun, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
