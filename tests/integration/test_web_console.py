@@ -19,8 +19,10 @@ Screenshots of each state go where web_browser.py says (the test output director
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from google.protobuf import json_format
 from lane.client.testing import LaneScript
@@ -37,6 +39,7 @@ from tests.integration.web_browser import (
     Service,
     finish,
     new_run,
+    open_run,
     stage,
     start_call,
 )
@@ -49,8 +52,21 @@ ROWS_JS = """[...document.querySelectorAll("tr.lane")].map((r) => ({
   cells: Object.fromEntries([...r.querySelectorAll("[data-label]")].map(
     (c) => [c.dataset.label, c.textContent.trim()])) }))"""
 
-#: Whether the page scrolls sideways: its width against the window's.
-OVERFLOW_JS = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+#: How far the page scrolls sideways (its width beyond the window's), and the elements that
+#: reach past the window's right edge, for the message when it does.
+OVERFLOW_JS = """(() => {
+  const root = document.documentElement;
+  const past = [...document.querySelectorAll("body *")]
+    .filter((e) => e.getBoundingClientRect().right > root.clientWidth + 0.5)
+    .slice(0, 5).map((e) => `${e.tagName.toLowerCase()}#${e.id}.${e.className}`);
+  return { overflow: root.scrollWidth - root.clientWidth, past };
+})()"""
+
+
+async def sideways(page: Browser) -> dict[str, Any]:
+    """How far the page scrolls sideways (0: not at all), and what reaches past its edge."""
+    found: dict[str, Any] = await page.call("eval", expr=OVERFLOW_JS)
+    return found
 
 
 #: Why the failed runs failed.
@@ -327,3 +343,175 @@ async def test_the_failed_lane_from_the_browser_alone(
     taken = await snapshot_of(rpc, lane_id)
     assert len(taken.queues) == 0 and taken.operation.id == rerun.operation_id
     await finish(rerun, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
+
+
+async def test_send_abort_export_delete_import(
+    web_service: Service, web_page: Browser, tmp_path: Path
+) -> None:
+    rpc = Rpc(web_service, TOKEN_A)
+    lane_id = new_lane_id("web-act")
+    run = await open_run(rpc, lane_id, ["s0"])
+    revision = await start_call(run, "s0")
+    await sign_in(web_page, web_service)
+    await web_page.open_lane(web_service.origin, lane_id)
+    await web_page.at_revision(revision)
+
+    # Send a steer to the open run: queued in the lane's inbox, shown on the page.
+    await web_page.call("fill", selector="#send-text", value="Use the staging database.")
+    await web_page.call("click", selector="#send")  # steer is the default kind
+    await web_page.wait("document.querySelector('#send-status').textContent.startsWith('queued')")
+    queued = await web_page.wait(
+        "(() => { const q = [...document.querySelectorAll('#queue li.queued')]"
+        ".map((e) => e.textContent); return q.length === 1 && q; })()"
+    )
+    assert queued == ["queued steer Use the staging database."]
+    snapshot = await snapshot_of(rpc, lane_id)
+    assert [q.kind for q in snapshot.queues] == [snapshot_pb2.QUEUE_KIND_STEER]
+
+    # Abort from the page; the run ends aborted.
+    await web_page.call("click", selector="button#abort")
+    await web_page.state_when("s.operation && s.operation.status === 'aborting'")
+    assert (await snapshot_of(rpc, lane_id)).operation.status == (
+        snapshot_pb2.OPERATION_STATUS_ABORTING
+    )
+    await stage(run, "s0", "stopped")
+    ended = await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
+    await web_page.at_revision(ended)
+    original = await snapshot_of(rpc, lane_id)
+
+    # Export: the file downloads; its header names the lane.
+    exported = tmp_path / "export.jsonl"
+    name = await web_page.call("download", selector="#export", path=str(exported))
+    assert name == f"{lane_id}.jsonl"
+    lines = exported.read_text().splitlines()
+    assert json.loads(lines[0])["laneId"] == lane_id and len(lines) > 5
+    await web_page.wait("document.querySelector('#notice').textContent.startsWith('Exported')")
+
+    # Delete: the confirmation names the lane; confirmed, the lane is gone and the page waits
+    # for a lane of its id.
+    await web_page.call("click", selector="#delete")
+    asked = await web_page.wait("document.querySelector('dialog#delete-dialog[open]')?.innerText")
+    assert f"Delete lane {lane_id}?" in asked
+    await web_page.screenshot("act-1-delete-confirmation")
+    await web_page.call("click", selector="#delete-dialog-confirm")
+    waiting = await web_page.wait(
+        "document.querySelector('#connection').dataset.state === 'waiting'"
+        " && document.querySelector('#waiting').dataset.reason === 'deleted'"
+        " && document.querySelector('#waiting').textContent"
+    )
+    assert f"Lane {lane_id} was deleted." in waiting
+    with pytest.raises(grpc.aio.AioRpcError) as gone:
+        await snapshot_of(rpc, lane_id)
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+    # Import the download under the same id, from the list's dialog: the lane's page shows it.
+    await web_page.call("goto", url=f"{web_service.origin}/#/")
+    await web_page.call("click", selector="#import-open")
+    await web_page.call("upload", selector="#import-file", path=str(exported))
+    await web_page.wait(f"document.querySelector('#import-lane-id').value === '{lane_id}-copy'")
+    await web_page.call("fill", selector="#import-lane-id", value=lane_id)
+    await web_page.call("click", selector="#import-dialog-confirm")
+    await web_page.wait(
+        f"document.querySelector('#lane')?.dataset.laneId === '{lane_id}'"
+        " && document.querySelector('#connection').dataset.state === 'live'"
+    )
+    imported = await snapshot_of(rpc, lane_id)
+    assert [e.id for e in imported.transcript] == [e.id for e in original.transcript]
+    assert [e.seq for e in imported.transcript] == [e.seq for e in original.transcript]
+    await web_page.screenshot("act-2-imported")
+
+    # Again under the same id: refused, and said so in words.
+    await web_page.call("goto", url=f"{web_service.origin}/#/")
+    await web_page.call("click", selector="#import-open")
+    await web_page.call("upload", selector="#import-file", path=str(exported))
+    await web_page.call("fill", selector="#import-lane-id", value=lane_id)
+    await web_page.call("click", selector="#import-dialog-confirm")
+    refusal = await web_page.wait(
+        "(() => { const s = document.querySelector('#import-status');"
+        " return s.classList.contains('error') && s.textContent; })()"
+    )
+    assert refusal == (
+        f"A lane named {lane_id} exists already: choose another id. ALREADY_EXISTS LANE_EXISTS"
+    )
+    await web_page.screenshot("act-3-import-refused-in-words")
+    await web_page.call("click", selector="#import-dialog-cancel")
+
+
+async def test_a_page_waits_for_a_lane_created_afterwards(
+    web_service: Service, web_page: Browser
+) -> None:
+    lane_id = new_lane_id("web-later")
+    await sign_in(web_page, web_service)
+    await web_page.call("goto", url=f"{web_service.origin}/#/lanes/{lane_id}")
+    waiting = await web_page.wait(
+        "document.querySelector('#connection')?.dataset.state === 'waiting'"
+        " && !document.querySelector('#waiting').hidden"
+        " && document.querySelector('#waiting').textContent"
+    )
+    assert f"Lane {lane_id} does not exist yet. This page waits for it" in waiting
+    await web_page.screenshot("waiting-1-for-a-lane-not-created-yet")
+
+    created = await Rpc(web_service, TOKEN_A)("CreateLane", pb.CreateLaneRequest(lane_id=lane_id))
+    state = await web_page.at_revision(created.revision)
+    assert state["revision"] == created.revision
+    assert await web_page.call("eval", expr="document.querySelector('#waiting').hidden")
+    await web_page.screenshot("waiting-2-the-lane-created")
+
+
+async def test_a_phone_wide_screen_and_dark_mode(web_service: Service, web_page: Browser) -> None:
+    rpc = Rpc(web_service, TOKEN_A)
+    lane_id = new_lane_id("web-narrow-screen-with-a-rather-long-lane-id-to-wrap")
+    run = await new_run(rpc, lane_id)
+    long_args = {"path": "/" + "very-long-directory-name/" * 30, "flags": ["-" * 300]}
+    await run.turn("reading", tool_calls=[("w1", "read_file", long_args)])
+    await start_call(run, "w1")
+    await stage(run, "w1", "{" + ",".join(f'"k{i}":"{"v" * 80}"' for i in range(60)) + "}")
+    await run.turn("done", usage=messages_pb2.Usage(input=10, output=5))
+    ended = await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED)
+
+    await web_page.call("viewport", width=390, height=844)
+    try:
+        await open_list(web_page, web_service, f"prefix={lane_id}")
+        await rows_when(web_page, "rows.length === 1")
+        assert (found := await sideways(web_page))["overflow"] <= 0, found
+        await web_page.screenshot("narrow-1-list")
+
+        await web_page.call("goto", url=f"{web_service.origin}/#/lanes/{lane_id}")
+        await web_page.at_revision(ended)
+        for expand in await web_page.call(
+            "eval", expr="document.querySelectorAll('button.expand').length"
+        ) * [None]:
+            del expand
+            await web_page.call("click", selector="button.expand[aria-expanded=false]")
+        assert (found := await sideways(web_page))["overflow"] <= 0, found
+        await web_page.screenshot("narrow-2-lane-expanded")
+        for tab in ("timeline", "usage", "history"):
+            await web_page.call("click", selector=f"#tab-{tab}")
+            await web_page.wait(f"document.querySelector('#panel-{tab}').childElementCount > 0")
+            if tab == "history":
+                await web_page.call("click", selector="#group-events details summary")
+                await web_page.wait("document.querySelector('#group-events details[open] pre')")
+            assert (found := await sideways(web_page))["overflow"] <= 0, (tab, found)
+            await web_page.screenshot(f"narrow-3-{tab}")
+
+        # Dark mode, as the system says: a dark background, light text.
+        await web_page.call("scheme", value="dark")
+        colors = await web_page.call(
+            "eval",
+            expr="[getComputedStyle(document.body).backgroundColor,"
+            " getComputedStyle(document.body).color]",
+        )
+        background, text = (luminance(c) for c in colors)
+        assert background < 0.1 and text > 0.6, colors
+        await web_page.call("click", selector="#tab-transcript")
+        await web_page.screenshot("narrow-4-dark")
+    finally:
+        await web_page.call("scheme", value="light")
+        await web_page.call("viewport", width=1100, height=760)
+
+
+def luminance(css: str) -> float:
+    """The relative luminance (0 black, 1 white) of an ``rgb(r, g, b)`` color."""
+    channels = [int(part) / 255 for part in css[css.index("(") + 1 : css.index(")")].split(",")[:3]]
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
