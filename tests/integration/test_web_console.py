@@ -287,6 +287,11 @@ async def test_the_failed_lane_from_the_browser_alone(
         expr="""[...document.querySelectorAll("#travel .travel-state li.tool-result")].length""",
     )
     assert drawn == 0  # no result placed yet at that revision
+    tools = await web_page.call(
+        "eval", expr="[...document.querySelectorAll('#travel li.tool')].map((t) => t.textContent)"
+    )
+    # Both calls running then; no elapsed time (it would be now's, not that revision's).
+    assert [t.split(" · ")[:2] for t in tools] == [[" read_file", "running"], [" shell", "running"]]
     bar = await web_page.call("eval", expr="document.querySelector('#travel-bar').textContent")
     assert bar.startswith(f"Viewing revision {before} of {ended.revision}")
     # Its events, each as JSON on demand.

@@ -383,8 +383,9 @@ function toolRows(operation: SnapshotOperation, clock: ToolClock | undefined, lo
     return h(
       "li",
       { class: "tool running", "data-call-id": id, "data-state": "running" },
-      h("div", {}, h("span", { class: "spinner", "aria-hidden": "true" }), ` ${running?.toolName ?? "?"} · running `,
-        h("span", { class: "elapsed", "data-call-id": id }, seconds(clock?.elapsed(id) ?? 0)),
+      // Without a clock (the lane as it was, in the history) no elapsed time: it would be now's.
+      h("div", {}, h("span", { class: "spinner", "aria-hidden": "true" }), ` ${running?.toolName ?? "?"} · running${clock === undefined ? "" : " "}`,
+        clock === undefined ? null : h("span", { class: "elapsed", "data-call-id": id }, seconds(clock.elapsed(id))),
         ` · ${compactJson(running?.argumentsJson ?? "", 50)}`),
       progress ? h("pre", { class: "progress" }, progress) : null,
     );
