@@ -371,8 +371,22 @@ async def test_token_entry_and_another_namespace(web_service: Service, web_page:
         "document.body.dataset.page === 'token'"
         " && document.querySelector('#token-form').textContent"
     )
-    assert "UNAUTHENTICATED" in message
+    assert "UNAUTHENTICATED TOKEN_MISSING" in message
+    assert "This service asks for a token before it shows anything." in message
+    assert "LANE_AUTH_TOKENS" in message  # where tokens come from
     await web_page.screenshot("token-1-asked")
+
+    # A token the service does not know: said so, in words, with what to do.
+    await web_page.call("fill", selector="#token", value="not-a-token-of-this-service")
+    await web_page.call("click", selector="#token-form button[type=submit]")
+    wrong = await web_page.wait(
+        "(() => { const f = document.querySelector('#token-form');"
+        " return f && f.querySelector('h1').textContent === 'That token is not accepted'"
+        " && f.querySelector('#token-problem').textContent; })()"
+    )
+    assert wrong.startswith("The service does not accept this token. Check it for a typo")
+    assert wrong.endswith("UNAUTHENTICATED TOKEN_UNKNOWN")
+    await web_page.screenshot("token-2-not-accepted")
 
     await web_page.call("fill", selector="#token", value=TOKEN_A)
     await web_page.call("click", selector="#token-form button[type=submit]")
@@ -383,7 +397,7 @@ async def test_token_entry_and_another_namespace(web_service: Service, web_page:
         }})()"""
     )
     assert theirs not in lanes  # team-b's lane is not listed for team-a's token
-    await web_page.screenshot("token-2-lanes-of-team-a")
+    await web_page.screenshot("token-3-lanes-of-team-a")
 
     # Asked for by name, it does not exist for this token: the page waits for a lane of that
     # id to be created in team-a's lanes, as `lane watch` does, and says so.
@@ -397,7 +411,7 @@ async def test_token_entry_and_another_namespace(web_service: Service, web_page:
     assert "another token's lanes" in waiting
     status = await web_page.call("eval", expr="document.querySelector('#lane-status').textContent")
     assert status == "not created yet"
-    await web_page.screenshot("token-3-other-namespace-waits")
+    await web_page.screenshot("token-4-other-namespace-waits")
 
 
 async def test_a_malformed_lane_address_is_said_so(web_service: Service, web_page: Browser) -> None:
