@@ -483,11 +483,19 @@ async def test_a_phone_wide_screen_and_dark_mode(web_service: Service, web_page:
 
         await web_page.call("goto", url=f"{web_service.origin}/#/lanes/{lane_id}")
         await web_page.at_revision(ended)
-        for expand in await web_page.call(
-            "eval", expr="document.querySelectorAll('button.expand').length"
-        ) * [None]:
-            del expand
-            await web_page.call("click", selector="button.expand[aria-expanded=false]")
+        # Expand everything cut: the call's arguments, then their box, and the result.
+        closed = "button.expand[aria-expanded=false]"
+        for _ in range(6):
+            if not await web_page.call("eval", expr=f"!!document.querySelector('{closed}')"):
+                break
+            await web_page.call("click", selector=closed)
+        args = await web_page.call(
+            "eval",
+            expr="document.querySelector('li.entry.call[data-call-id=w1] .block-text pre')"
+            ".textContent",
+        )
+        assert json.loads(args) == long_args
+        assert not await web_page.call("eval", expr=f"!!document.querySelector('{closed}')")
         assert (found := await sideways(web_page))["overflow"] <= 0, found
         await web_page.screenshot("narrow-2-lane-expanded")
         for tab in ("timeline", "usage", "history"):
