@@ -7,8 +7,9 @@ auth on; the toolkit and the one shared service and browser are in web_browser.p
 - the failed lane, from the browser alone: its failed tool call in red, its 20 KB output cut,
   then whole in place; the timeline and the usage chart; the lane as it was before the failure
   (the history), equal to the service's snapshot at that revision; a message for the next run;
-- act: export (a download), delete after a confirmation naming the lane (the page then waits
-  for the id), import of the download as a new lane, and a refusal said in words;
+- act: send a steer, abort, export and delete refused while the run is open (said in words),
+  then export (a download), delete after a confirmation naming the lane (the page then waits
+  for the id), import of the download, and importing it again refused in words;
 - the waiting page for a lane created afterwards;
 - 390 px wide: nothing scrolls sideways on the list, a lane page with a long result expanded,
   its timeline and history; and dark mode following the system setting.
@@ -379,6 +380,28 @@ async def test_send_abort_export_delete_import(
     assert (await snapshot_of(rpc, lane_id)).operation.status == (
         snapshot_pb2.OPERATION_STATUS_ABORTING
     )
+    # Export and delete refuse a lane with an open run: said in words. The delete dialog offers
+    # to delete the run too; left unticked, the service refuses and nothing changes.
+    await web_page.call("click", selector="#export")
+    busy = await web_page.wait(
+        "(() => { const n = document.querySelector('#notice');"
+        " return n.classList.contains('error') && n.textContent; })()"
+    )
+    assert busy == (
+        f"Export failed: Lane {lane_id} has a run open: abort it first, or wait for it to end."
+        " FAILED_PRECONDITION LANE_BUSY"
+    )
+    await web_page.call("click", selector="#delete")
+    await web_page.wait("document.querySelector('dialog#delete-dialog[open] #delete-force')")
+    await web_page.call("click", selector="#delete-dialog-confirm")
+    refused = await web_page.wait(
+        "(() => { const s = document.querySelector('#delete-status');"
+        " return s?.classList.contains('error') && s.textContent; })()"
+    )
+    assert refused.startswith(f"Lane {lane_id} has a run open") and "LANE_BUSY" in refused
+    await web_page.call("click", selector="#delete-dialog-cancel")
+    assert (await snapshot_of(rpc, lane_id)).operation.id == run.operation_id
+
     await stage(run, "s0", "stopped")
     ended = await finish(run, snapshot_pb2.OPERATION_RESULT_STATUS_ABORTED)
     await web_page.at_revision(ended)
