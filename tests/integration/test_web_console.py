@@ -3,7 +3,7 @@ auth on; the toolkit and the one shared service and browser are in web_browser.p
 
 - the lane list: status, last result, tokens and running tools per row; filters by id prefix,
   status and last result; pages of 50 turned from the keyboard; a row changing live as its lane
-  starts a run; keyboard-only navigation from the filter to a lane's page;
+  starts a run; keyboard-only navigation from the filter to a lane's page and its tabs;
 - the failed lane, from the browser alone: its failed tool call in red, its 20 KB output cut,
   then whole in place; the timeline and the usage chart; the lane as it was before the failure
   (the history), equal to the service's snapshot at that revision; a message for the next run;
@@ -175,6 +175,21 @@ async def test_the_list_filters_pages_and_live_rows(
     await web_page.wait(
         f"document.querySelector('#lane')?.dataset.laneId === {json.dumps(failed)}"
         " && Number(document.querySelector('#lane').dataset.revision) > 0"
+    )
+    # On the lane's page, Tab reaches the tabs in one stop; the arrows move between them.
+    for _ in range(12):
+        await web_page.call("press", key="Tab")
+        if await web_page.call("eval", expr="document.activeElement.id") == "tab-transcript":
+            break
+    await web_page.call("press", key="ArrowRight")
+    await web_page.wait(
+        "document.body.dataset.tab === 'timeline'"
+        " && document.activeElement.id === 'tab-timeline'"
+        " && !!document.querySelector('#timeline')"
+    )
+    await web_page.call("press", key="End")
+    await web_page.wait(
+        "document.body.dataset.tab === 'history' && document.activeElement.id === 'tab-history'"
     )
 
 

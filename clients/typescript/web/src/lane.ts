@@ -134,6 +134,7 @@ export class LanePage {
     );
     this.panels.transcript.append(this.body, this.composer());
     root.replaceChildren(this.page);
+    this.tabs.addEventListener("keydown", (event) => this.onTabKey(event));
     this.ticker = setInterval(() => this.tick(), TICK_MS);
     signal.addEventListener("abort", () => clearInterval(this.ticker));
     this.show(tab, revision);
@@ -145,6 +146,7 @@ export class LanePage {
     this.tab = tab;
     this.revision = revision;
     document.body.dataset.tab = tab;
+    const focused = this.tabs.contains(document.activeElement);
     this.tabs.replaceChildren(
       ...TABS.map((name) =>
         h(
@@ -155,15 +157,33 @@ export class LanePage {
             id: `tab-${name}`,
             "aria-selected": String(name === tab),
             "aria-controls": `panel-${name}`,
+            // One stop for Tab; the arrows move between the tabs (onTabKey).
+            tabindex: name === tab ? "0" : "-1",
           },
           TAB_LABELS[name],
         ),
       ),
     );
+    if (focused) {
+      this.tabs.querySelector<HTMLElement>(`#tab-${tab}`)?.focus();
+    }
     for (const name of TABS) {
       this.panels[name].hidden = name !== tab;
     }
     this.drawTab();
+  }
+
+  /** The tab list's keys (the ARIA tabs pattern): the arrows, Home and End pick a tab. */
+  private onTabKey(event: KeyboardEvent): void {
+    const at = TABS.indexOf(this.tab);
+    const next: Readonly<Record<string, number>> = { ArrowRight: at + 1, ArrowLeft: at - 1, Home: 0, End: TABS.length - 1 };
+    const index = next[event.key];
+    if (index === undefined || event.altKey || event.ctrlKey || event.metaKey) {
+      return;
+    }
+    event.preventDefault();
+    const tab = TABS[(index + TABS.length) % TABS.length]!;
+    location.hash = laneHref(this.laneId, tab); // show() keeps the focus on the tabs
   }
 
   // -- the live watch --------------------------------------------------------------------
