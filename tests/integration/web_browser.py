@@ -2,7 +2,8 @@
 a headless Chromium driven by Playwright (``playwright-core``, through
 clients/typescript/web/e2e/browser.ts), LaneService over gRPC with a token, and the lane
 scripts the tests drive lanes with, one command at a time. Used by test_web_view.py and
-test_web_console.py.
+test_web_console.py; loaded as a plugin (tests/conftest.py), so ``web_service`` and ``web_page``
+are one service and one browser for the whole session, whichever files run.
 
 Screenshots go under the pytest base temp directory, in ``web-view-screenshots`` (or in
 ``$LANE_SCREENSHOTS_DIR``). Needs ``chromium`` (``./dev test`` installs it) and
