@@ -67,6 +67,13 @@ describe("the web console's list model", () => {
     assert.deepEqual(byId.rows.map((l) => l.laneId), ["idle", "new-failed", "old-failed", "running"]);
   });
 
+  it("orders lanes active within the same millisecond by their microseconds", () => {
+    const at = (laneId: string, nanos: number): LaneSummary =>
+      create(LaneSummarySchema, { laneId, lastActivityTime: { seconds: 1_700_000_000n, nanos } });
+    const lanes = [at("a-first", 5_000_100), at("b-second", 5_000_900), at("c-third", 5_000_500)];
+    assert.deepEqual(viewOf(lanes, filterOf({}), NOW).rows.map((l) => l.laneId), ["b-second", "c-third", "a-first"]);
+  });
+
   it("pages by PAGE_ROWS and keeps the page within the pages there are", () => {
     const lanes = Array.from({ length: PAGE_ROWS + 3 }, (_, i) => lane(`l${String(i).padStart(3, "0")}`, NOW - i));
     const second = viewOf(lanes, filterOf({ page: "2" }), NOW);

@@ -4,7 +4,6 @@
  * only those lanes); status, last result and activity window are applied here, so the status
  * counts stay in view and a filter changes the rows at once, without a new stream.
  */
-import { timestampMs } from "@bufbuild/protobuf/wkt";
 import type { LaneSummary } from "@lane/client";
 import { RESULT_NAMES, STATUS_NAMES } from "./names.js";
 
@@ -62,9 +61,11 @@ export function queryOf(filter: ListFilter): Record<string, string> {
   };
 }
 
-/** When the lane was last active (ms; 0 when unknown). */
+/** When the lane was last active (ms, with the microseconds as a fraction, so lanes active
+ *  within the same millisecond keep their order; 0 when unknown). */
 export function activityMs(lane: LaneSummary): number {
-  return lane.lastActivityTime === undefined ? 0 : timestampMs(lane.lastActivityTime);
+  const time = lane.lastActivityTime;
+  return time === undefined ? 0 : Number(time.seconds) * 1000 + time.nanos / 1e6;
 }
 
 /** Whether `lane` passes every filter but the status one. */
