@@ -8,7 +8,9 @@
 - ``tests.support.servers``: more service instances (``extra_server``, ``serve``), the HTTP
   port (``http_server``, ``http_server_stub``), ``lane serve`` as a process (``serving``);
 - ``tests.support.clock``: a clock tests move forward instead of sleeping;
-- ``tests.support.driver_tools``: recording tools and polling for the driver SDK's tests.
+- ``tests.support.driver_tools``: recording tools and polling for the driver SDK's tests;
+- ``tests.integration.web_browser``: the web console's browser tests' service and headless
+  Chromium (``web_service``, ``web_page``), one of each for the whole session.
 
 ``tests.support.refusal_matrix`` is data, imported rather than loaded: which command is
 refused in which lane state, checked by the domain's and the service's refusal tests.
@@ -23,4 +25,5 @@ pytest_plugins = [
     "tests.support.servers",
     "tests.support.clock",
     "tests.support.driver_tools",
+    "tests.integration.web_browser",
 ]

@@ -344,6 +344,11 @@ CASES: list[tuple[str, Callable[[Ctx], Message]]] = [
     ("delete the second lane", lambda c: pb.DeleteLaneRequest(lane_id=f"{c.lane}-x")),
     ("delete it again", lambda c: pb.DeleteLaneRequest(lane_id=f"{c.lane}-x")),
     ("snapshot at the end", lambda c: pb.GetLaneSnapshotRequest(lane_id=c.lane)),
+    ("read the log", lambda c: pb.ReadLaneEventsRequest(lane_id=c.lane, page_size=5)),
+    (
+        "read past the head",
+        lambda c: pb.ReadLaneEventsRequest(lane_id=c.lane, after_revision=10_000),
+    ),
 ]
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

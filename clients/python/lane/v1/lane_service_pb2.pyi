@@ -959,6 +959,84 @@ class WatchLanesResponse(_message.Message):
 Global___WatchLanesResponse: _TypeAlias = WatchLanesResponse  # noqa: Y015
 
 @_typing.final
+class ReadLaneEventsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_ID_FIELD_NUMBER: _builtins.int
+    AFTER_REVISION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    lane_id: _builtins.str
+    after_revision: _builtins.int
+    """The groups after this revision: at or above the lane's retention floor, at most its head,
+    and the end of a group (0 is the start of a lane whose log was never trimmed; a lane's
+    floor is in every answer). Else OUT_OF_RANGE REVISION_OUT_OF_RANGE (metadata `floor`,
+    `head`) or REVISION_INSIDE_GROUP.
+    """
+    incarnation: _builtins.str
+    """Optional: the incarnation `after_revision` belongs to (LaneSnapshot.incarnation). When the
+    lane is now another incarnation: FAILED_PRECONDITION LANE_INCARNATION_CHANGED.
+    """
+    page_size: _builtins.int
+    """About how many events to return: whole groups while they fit, and always at least one
+    group (which may hold more). At most 10,000; 0 means 1,000.
+    """
+    def __init__(
+        self,
+        *,
+        lane_id: _builtins.str = ...,
+        after_revision: _builtins.int = ...,
+        incarnation: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_revision", b"after_revision", "incarnation", b"incarnation", "lane_id", b"lane_id", "page_size", b"page_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadLaneEventsRequest: _TypeAlias = ReadLaneEventsRequest  # noqa: Y015
+
+@_typing.final
+class ReadLaneEventsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUPS_FIELD_NUMBER: _builtins.int
+    HEAD_REVISION_FIELD_NUMBER: _builtins.int
+    RETENTION_FLOOR_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    head_revision: _builtins.int
+    """The lane's head when the page was read (groups committed since may follow in the next
+    page): read on, after the last event returned, while it is below the head.
+    """
+    retention_floor: _builtins.int
+    """Events at or below it were removed by retention (docs/deploying.md); 0 when none were."""
+    incarnation: _builtins.str
+    """The lane's incarnation (LaneSnapshot.incarnation)."""
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___EventGroup]:
+        """Whole event groups after `after_revision`, in revision order; the first starts at
+        `after_revision + 1`. Empty when `after_revision` is the head. The groups of one answer
+        hold at most about 1 MiB of events (at least one group, whatever its size).
+        """
+
+    def __init__(
+        self,
+        *,
+        groups: _abc.Iterable[Global___EventGroup] | None = ...,
+        head_revision: _builtins.int = ...,
+        retention_floor: _builtins.int = ...,
+        incarnation: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "head_revision", b"head_revision", "incarnation", b"incarnation", "retention_floor", b"retention_floor"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadLaneEventsResponse: _TypeAlias = ReadLaneEventsResponse  # noqa: Y015
+
+@_typing.final
 class ToolNames(_message.Message):
     """A replacement list of tool names; its presence means "replace"."""
 
@@ -2860,6 +2938,7 @@ class DriveLaneRequest(_message.Message):
     REPORT_HANDLER_ERROR_FIELD_NUMBER: _builtins.int
     SET_LANE_VALUE_FIELD_NUMBER: _builtins.int
     DELETE_LANE_FIELD_NUMBER: _builtins.int
+    READ_LANE_EVENTS_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Chosen by the client and echoed in the command's answer. The service neither checks nor
@@ -2930,6 +3009,8 @@ class DriveLaneRequest(_message.Message):
     @_builtins.property
     def delete_lane(self) -> Global___DeleteLaneRequest: ...
     @_builtins.property
+    def read_lane_events(self) -> Global___ReadLaneEventsRequest: ...
+    @_builtins.property
     def batch(self) -> _containers.RepeatedCompositeFieldContainer[Global___DriveLaneRequest]:
         """Several commands in one message (send only after the stream's `lane-drive-batch` header),
         each a request with its own `sequence` and command, served exactly as if each had come in
@@ -2978,13 +3059,14 @@ class DriveLaneRequest(_message.Message):
         report_handler_error: Global___ReportHandlerErrorRequest | None = ...,
         set_lane_value: Global___SetLaneValueRequest | None = ...,
         delete_lane: Global___DeleteLaneRequest | None = ...,
+        read_lane_events: Global___ReadLaneEventsRequest | None = ...,
         batch: _abc.Iterable[Global___DriveLaneRequest] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "read_lane_events", b"read_lane_events", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "batch", b"batch", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "append_assistant_stream", b"append_assistant_stream", "batch", b"batch", "command", b"command", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "read_lane_events", b"read_lane_events", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value", "delete_lane"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value", "delete_lane", "read_lane_events"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -3030,6 +3112,7 @@ class DriveLaneResponse(_message.Message):
     REPORT_HANDLER_ERROR_FIELD_NUMBER: _builtins.int
     SET_LANE_VALUE_FIELD_NUMBER: _builtins.int
     DELETE_LANE_FIELD_NUMBER: _builtins.int
+    READ_LANE_EVENTS_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """The sequence of the command answered."""
@@ -3106,6 +3189,8 @@ class DriveLaneResponse(_message.Message):
     @_builtins.property
     def delete_lane(self) -> Global___DeleteLaneResponse: ...
     @_builtins.property
+    def read_lane_events(self) -> Global___ReadLaneEventsResponse: ...
+    @_builtins.property
     def batch(self) -> _containers.RepeatedCompositeFieldContainer[Global___DriveLaneResponse]:
         """Several answers in one message: each a DriveLaneResponse with its own sequence and answer,
         never a batch itself. The service batches answers ready at the same moment, only on a
@@ -3152,13 +3237,14 @@ class DriveLaneResponse(_message.Message):
         report_handler_error: Global___ReportHandlerErrorResponse | None = ...,
         set_lane_value: Global___SetLaneValueResponse | None = ...,
         delete_lane: Global___DeleteLaneResponse | None = ...,
+        read_lane_events: Global___ReadLaneEventsResponse | None = ...,
         batch: _abc.Iterable[Global___DriveLaneResponse] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "read_lane_events", b"read_lane_events", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "batch", b"batch", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "batch", b"batch", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "read_lane_events", b"read_lane_events", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["error", "create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value", "delete_lane"]  # noqa: Y015
+    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["error", "create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value", "delete_lane", "read_lane_events"]  # noqa: Y015
     _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_answer) -> _WhichOneofReturnType_answer | None: ...
 

@@ -135,6 +135,11 @@ class LaneServiceStub:
                 request_serializer=lane_dot_v1_dot_lane__service__pb2.WatchLanesRequest.SerializeToString,
                 response_deserializer=lane_dot_v1_dot_lane__service__pb2.WatchLanesResponse.FromString,
                 _registered_method=True)
+        self.ReadLaneEvents = channel.unary_unary(
+                '/lane.v1.LaneService/ReadLaneEvents',
+                request_serializer=lane_dot_v1_dot_lane__service__pb2.ReadLaneEventsRequest.SerializeToString,
+                response_deserializer=lane_dot_v1_dot_lane__service__pb2.ReadLaneEventsResponse.FromString,
+                _registered_method=True)
         self.AcquireOperation = channel.unary_unary(
                 '/lane.v1.LaneService/AcquireOperation',
                 request_serializer=lane_dot_v1_dot_lane__service__pb2.AcquireOperationRequest.SerializeToString,
@@ -386,6 +391,16 @@ class LaneServiceServicer:
         heartbeat at least every 10 s while idle. No resume: after a disconnect, call again (a new
         listing). Counts as one watcher (TOO_MANY_WATCHERS); a client that takes nothing for the
         write deadline is ended RESOURCE_EXHAUSTED (WATCHER_TOO_SLOW).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadLaneEvents(self, request, context):
+        """A page of the lane's event log, read without following it (a history, a view of the lane
+        as it was at a revision): the whole event groups after `after_revision`, oldest first, as
+        WatchLane would stream them. `after_revision` has WatchLane's rules (REVISION_OUT_OF_RANGE,
+        REVISION_INSIDE_GROUP, LANE_INCARNATION_CHANGED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -649,6 +664,11 @@ def add_LaneServiceServicer_to_server(servicer, server):
                     servicer.WatchLanes,
                     request_deserializer=lane_dot_v1_dot_lane__service__pb2.WatchLanesRequest.FromString,
                     response_serializer=lane_dot_v1_dot_lane__service__pb2.WatchLanesResponse.SerializeToString,
+            ),
+            'ReadLaneEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadLaneEvents,
+                    request_deserializer=lane_dot_v1_dot_lane__service__pb2.ReadLaneEventsRequest.FromString,
+                    response_serializer=lane_dot_v1_dot_lane__service__pb2.ReadLaneEventsResponse.SerializeToString,
             ),
             'AcquireOperation': grpc.unary_unary_rpc_method_handler(
                     servicer.AcquireOperation,
@@ -1260,6 +1280,33 @@ class LaneService:
             '/lane.v1.LaneService/WatchLanes',
             lane_dot_v1_dot_lane__service__pb2.WatchLanesRequest.SerializeToString,
             lane_dot_v1_dot_lane__service__pb2.WatchLanesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadLaneEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lane.v1.LaneService/ReadLaneEvents',
+            lane_dot_v1_dot_lane__service__pb2.ReadLaneEventsRequest.SerializeToString,
+            lane_dot_v1_dot_lane__service__pb2.ReadLaneEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -108,6 +108,12 @@ class LaneServiceStub:
     listing). Counts as one watcher (TOO_MANY_WATCHERS); a client that takes nothing for the
     write deadline is ended RESOURCE_EXHAUSTED (WATCHER_TOO_SLOW).
     """
+    ReadLaneEvents: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.ReadLaneEventsRequest, _lane_service_pb2.ReadLaneEventsResponse]
+    """A page of the lane's event log, read without following it (a history, a view of the lane
+    as it was at a revision): the whole event groups after `after_revision`, oldest first, as
+    WatchLane would stream them. `after_revision` has WatchLane's rules (REVISION_OUT_OF_RANGE,
+    REVISION_INSIDE_GROUP, LANE_INCARNATION_CHANGED).
+    """
     AcquireOperation: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.AcquireOperationRequest, _lane_service_pb2.AcquireOperationResponse]
     """Take over the open run: a new lease with a higher fencing token, and the run's durable
     state. Allowed when the run has no live lease (never leased, released or expired) or the
@@ -265,6 +271,12 @@ class LaneServiceAsyncStub(LaneServiceStub):
     heartbeat at least every 10 s while idle. No resume: after a disconnect, call again (a new
     listing). Counts as one watcher (TOO_MANY_WATCHERS); a client that takes nothing for the
     write deadline is ended RESOURCE_EXHAUSTED (WATCHER_TOO_SLOW).
+    """
+    ReadLaneEvents: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.ReadLaneEventsRequest, _lane_service_pb2.ReadLaneEventsResponse]  # type: ignore[assignment]
+    """A page of the lane's event log, read without following it (a history, a view of the lane
+    as it was at a revision): the whole event groups after `after_revision`, oldest first, as
+    WatchLane would stream them. `after_revision` has WatchLane's rules (REVISION_OUT_OF_RANGE,
+    REVISION_INSIDE_GROUP, LANE_INCARNATION_CHANGED).
     """
     AcquireOperation: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.AcquireOperationRequest, _lane_service_pb2.AcquireOperationResponse]  # type: ignore[assignment]
     """Take over the open run: a new lease with a higher fencing token, and the run's durable
@@ -534,6 +546,18 @@ class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
         heartbeat at least every 10 s while idle. No resume: after a disconnect, call again (a new
         listing). Counts as one watcher (TOO_MANY_WATCHERS); a client that takes nothing for the
         write deadline is ended RESOURCE_EXHAUSTED (WATCHER_TOO_SLOW).
+        """
+
+    @_abc_1.abstractmethod
+    def ReadLaneEvents(
+        self,
+        request: _lane_service_pb2.ReadLaneEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lane_service_pb2.ReadLaneEventsResponse, _abc.Awaitable[_lane_service_pb2.ReadLaneEventsResponse]]:
+        """A page of the lane's event log, read without following it (a history, a view of the lane
+        as it was at a revision): the whole event groups after `after_revision`, oldest first, as
+        WatchLane would stream them. `after_revision` has WatchLane's rules (REVISION_OUT_OF_RANGE,
+        REVISION_INSIDE_GROUP, LANE_INCARNATION_CHANGED).
         """
 
     @_abc_1.abstractmethod

@@ -8,8 +8,12 @@
  * One JSON request per line on stdin, `{"id": n, "op": …}`; one answer per line on stdout,
  * `{"id": n, "ok": true, "value": …}` or `{"id": n, "ok": false, "error": "…"}`. Operations:
  * `goto {url}`, `wait {expr, timeoutMs?}` (until the page expression is truthy; its value),
- * `eval {expr}` (the page expression's value), `click {selector}`, `fill {selector, value}`,
- * `screenshot {path}`. The page's console and errors go to stderr. Playwright (playwright-core)
+ * `eval {expr}` (the page expression's value), `click {selector}`, `fill {selector, value}`, `select {selector, value}` (an option of a select),
+ * `press {key}` (a key on the keyboard, to whatever has the focus), `viewport {width, height}`,
+ * `scheme {value}` (`light` or `dark`: the system setting the page sees), `upload {selector,
+ * path}` (a file for a file input), `download {selector, path}` (click, save the download
+ * there; its suggested name), `screenshot {path, full?}`. The page's console and errors go to
+ * stderr. Playwright (playwright-core)
  * drives the Chromium it is given; it downloads no browser of its own.
  */
 import { createInterface } from "node:readline";
@@ -23,6 +27,10 @@ interface Request {
   selector?: string;
   value?: string;
   path?: string;
+  key?: string;
+  width?: number;
+  height?: number;
+  full?: boolean;
   timeoutMs?: number;
 }
 
@@ -37,7 +45,7 @@ if (!executablePath) {
 const browser = await chromium.launch({ executablePath, headless: true, args: ["--no-sandbox"] });
 // bypassCSP: Playwright evaluates the tests' expressions as strings, which the page's
 // Content-Security-Policy (no eval) would refuse; the page itself runs under it unchanged.
-const page = await browser.newPage({ viewport: { width: 1100, height: 760 }, bypassCSP: true });
+const page = await browser.newPage({ viewport: { width: 1100, height: 760 }, bypassCSP: true, acceptDownloads: true });
 page.on("console", (message) => console.error(`page ${message.type()}: ${message.text()}`));
 page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
 
@@ -59,8 +67,31 @@ async function run(request: Request): Promise<unknown> {
     case "fill":
       await page.fill(request.selector ?? "", request.value ?? "", { timeout });
       return null;
+    case "select":
+      await page.selectOption(request.selector ?? "", request.value ?? "", { timeout });
+      return null;
+    case "press":
+      await page.keyboard.press(request.key ?? "", { delay: 10 });
+      return null;
+    case "viewport":
+      await page.setViewportSize({ width: request.width ?? 1100, height: request.height ?? 760 });
+      return null;
+    case "scheme":
+      await page.emulateMedia({ colorScheme: request.value === "dark" ? "dark" : "light" });
+      return null;
+    case "upload":
+      await page.setInputFiles(request.selector ?? "", request.path ?? "", { timeout });
+      return null;
+    case "download": {
+      const [download] = await Promise.all([
+        page.waitForEvent("download", { timeout }),
+        page.click(request.selector ?? "", { timeout }),
+      ]);
+      await download.saveAs(request.path ?? "download");
+      return download.suggestedFilename();
+    }
     case "screenshot":
-      await page.screenshot({ path: request.path ?? "page.png", fullPage: true });
+      await page.screenshot({ path: request.path ?? "page.png", fullPage: request.full ?? true });
       return null;
     default:
       throw new Error(`unknown op ${request.op}`);

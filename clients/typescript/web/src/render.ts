@@ -7,6 +7,12 @@
  * result. Error results are drawn with the `error` class (red). Rows and entries carry
  * `data-call-id`, so a reader (and the browser tests) can tell where each call is.
  *
+ * Long text (a result, a message, a call's arguments) is cut to a screenful with a button that
+ * shows all of it in place — the snapshot holds every entry whole, so nothing is fetched — and
+ * every block has a copy button. What the user expanded stays expanded across redraws
+ * (`Look.expanded`, keyed by entry and part). Each entry links to the history at the revision
+ * before it (`Look.historyHref`).
+ *
  * The streaming message is the open operation's `streamingMessage`, as the reducer folds it:
  * the latest partial committed by AppendAssistantStream (`message_start`/`message_update`),
  * gone at its `message_end` — the group that settles the message (SettleAssistantMessage)
@@ -19,10 +25,7 @@
  */
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 import {
-  OperationKind,
-  OperationResultStatus,
   OperationStatus,
-  QueueKind,
   StopReason,
   type AgentMessage,
   type AssistantMessage,
@@ -36,11 +39,23 @@ import {
   type ThinkingContent,
 } from "@lane/client";
 import type { ToolClock } from "./clock.js";
-import { h } from "./dom.js";
+import { button, copyButton, h } from "./dom.js";
+import { byteSize, utf8Bytes } from "./format.js";
+import { badResult, KIND_NAMES, QUEUE_NAMES, RESULT_NAMES } from "./names.js";
 
 export const WAITING_MARK = "waiting for placement";
 /** Ends the text of an assistant message still streaming. */
 export const CURSOR = "▍";
+/** Text longer than this (characters, or lines) is cut until expanded. */
+export const CUT_CHARS = 1500;
+export const CUT_LINES = 30;
+
+/** How the page draws what it holds: what the user expanded, and where "before this" leads. */
+export interface Look {
+  readonly expanded: Set<string>;
+  /** The history at a revision; undefined: entries get no history link. */
+  readonly historyHref?: (revision: bigint) => string;
+}
 
 /** The text of `blocks`: text and thinking blocks joined by newlines, images as `[image]`. */
 export function contentText(blocks: readonly ContentBlock[]): string {
@@ -64,14 +79,73 @@ export function contentText(blocks: readonly ContentBlock[]): string {
 }
 
 /** JSON text on one line, cut to `limit` characters. */
-function compactJson(text: string, limit = 80): string {
-  let shown = text;
-  try {
-    shown = JSON.stringify(JSON.parse(text));
-  } catch {
-    // not JSON: shown as it is
-  }
+export function compactJson(text: string, limit = 80): string {
+  const shown = oneLine(text);
   return shown.length <= limit ? shown : `${shown.slice(0, limit - 1)}…`;
+}
+
+function oneLine(text: string): string {
+  try {
+    return JSON.stringify(JSON.parse(text));
+  } catch {
+    return text; // not JSON: shown as it is
+  }
+}
+
+/** JSON text indented, for reading (as it is when it is not JSON). */
+export function prettyJson(text: string): string {
+  try {
+    return JSON.stringify(JSON.parse(text), null, 2);
+  } catch {
+    return text;
+  }
+}
+
+/** Where `text` is cut while collapsed (its length when it is short enough). */
+export function cutAt(text: string): number {
+  let at = Math.min(text.length, CUT_CHARS);
+  let lines = 0;
+  for (let i = 0; i < at; i++) {
+    if (text.charCodeAt(i) === 10 && ++lines === CUT_LINES) {
+      at = i;
+      break;
+    }
+  }
+  return at;
+}
+
+/**
+ * `text` in a box of its own (long lines wrap, a long block is cut with a "show all" button),
+ * with a copy button. `key` names it in `look.expanded`.
+ */
+export function textBlock(key: string, text: string, look: Look, what: string, className = "text"): HTMLElement {
+  const box = h("div", { class: `block-text ${className}`, "data-key": key });
+  const draw = (): void => {
+    const at = cutAt(text);
+    const open = look.expanded.has(key) || at >= text.length;
+    const shown = open ? text : `${text.slice(0, at)}…`;
+    box.dataset.expanded = String(open && at < text.length);
+    box.dataset.bytes = String(utf8Bytes(text));
+    const toggle =
+      at >= text.length
+        ? null
+        : button(
+            { class: "expand", "aria-expanded": String(open) },
+            open ? "Show less" : `Show all · ${byteSize(utf8Bytes(text.slice(at)))} more`,
+            () => {
+              if (look.expanded.has(key)) {
+                look.expanded.delete(key);
+              } else {
+                look.expanded.add(key);
+              }
+              draw();
+              box.querySelector<HTMLElement>("button.expand")?.focus();
+            },
+          );
+    box.replaceChildren(h("pre", {}, shown), h("div", { class: "block-tools" }, toggle, copyButton(() => text, what)));
+  };
+  draw();
+  return box;
 }
 
 /** A thinking block's label and text (or that it was redacted). */
@@ -135,13 +209,6 @@ function retryLine(retry: RetryState): HTMLElement {
   );
 }
 
-const QUEUE_NAMES: Partial<Record<QueueKind, string>> = {
-  [QueueKind.STEER]: "steer",
-  [QueueKind.FOLLOW_UP]: "follow-up",
-  [QueueKind.NEXT_RUN]: "next run",
-  [QueueKind.WRITE]: "entry",
-};
-
 /** The lane's inbox: the messages queued (`lane send`, EnqueueMessage), waiting for a run to
  *  take them, each with how it will be delivered; nothing when the inbox is empty. */
 export function renderQueue(snapshot: LaneSnapshot): HTMLElement | null {
@@ -171,98 +238,130 @@ function messageText(message: AgentMessage): string {
   }
 }
 
-function messageItems(message: AgentMessage | undefined): HTMLElement[] {
+/** An entry's text, inline while short, in a box of its own (cut, expandable) when long. */
+function inlineOrBlock(key: string, text: string, look: Look, what: string): (HTMLElement | string)[] {
+  return text.length <= 200 && !text.includes("\n") ? [text] : [textBlock(key, text, look, what)];
+}
+
+/** The link to the history at the revision before `entry` was placed (the page before it). */
+function beforeLink(entry: Entry, look: Look): HTMLElement | null {
+  if (look.historyHref === undefined || entry.seq <= 1n) {
+    return null;
+  }
+  return h("a", {
+    class: "before",
+    href: look.historyHref(entry.seq - 1n),
+    title: "The lane as it was before this (history)",
+    "aria-label": "The lane as it was before this",
+  });
+}
+
+function messageItems(entry: Entry, message: AgentMessage | undefined, look: Look): HTMLElement[] {
   const value = message?.message;
+  const id = entry.id;
   switch (value?.case) {
     case "user":
-      return [h("li", { class: "entry user" }, h("b", {}, "you "), contentText(value.value.content))];
+      return [h("li", { class: "entry user", "data-entry-id": id }, beforeLink(entry, look), h("b", {}, "you "),
+        ...inlineOrBlock(`${id}:text`, contentText(value.value.content), look, "message"))];
     case "assistant": {
       const assistant = value.value;
       const items: HTMLElement[] = [];
       for (const block of assistant.content) {
         if (block.block.case === "thinking") {
-          items.push(h("li", { class: "entry thinking" }, ...thinkingParts(block.block.value)));
+          const thinking = block.block.value;
+          items.push(h("li", { class: "entry thinking", "data-entry-id": id }, h("b", {}, "thinking "),
+            ...(thinking.redacted ? ["(redacted)"] : inlineOrBlock(`${id}:thinking`, thinking.thinking, look, "thinking"))));
         }
       }
       const text = contentText(assistant.content.filter((b) => b.block.case === "text"));
-      items.push(h("li", { class: "entry assistant" }, h("b", {}, "assistant "), text || "(no text)"));
+      items.push(h("li", { class: "entry assistant", "data-entry-id": id }, beforeLink(entry, look), h("b", {}, "assistant "),
+        ...(text === "" ? ["(no text)"] : inlineOrBlock(`${id}:text`, text, look, "message"))));
       for (const block of assistant.content) {
         if (block.block.case === "toolCall") {
-          const call = block.block.value;
-          items.push(
-            h(
-              "li",
-              { class: "entry call", "data-call-id": call.id },
-              `→ ${call.name} ${compactJson(call.argumentsJson)}`,
-            ),
-          );
+          items.push(callItem(id, block.block.value.id, block.block.value.name, block.block.value.argumentsJson, look));
         }
       }
       if (assistant.stopReason === StopReason.ERROR) {
-        items.push(h("li", { class: "entry error" }, `assistant error: ${assistant.errorMessage ?? ""}`));
+        items.push(h("li", { class: "entry error", "data-entry-id": id }, `assistant error: ${assistant.errorMessage ?? ""}`));
       }
       return items;
     }
     case "toolResult": {
       const result = value.value;
+      const text = contentText(result.content);
       return [
         h(
           "li",
           {
             class: result.isError ? "entry tool-result error" : "entry tool-result",
             "data-call-id": result.toolCallId,
+            "data-entry-id": id,
           },
-          `${result.isError ? "✗" : "✓"} ${result.toolName}: `,
-          h("pre", {}, contentText(result.content)),
+          h("div", { class: "line" }, beforeLink(entry, look), `${result.isError ? "✗" : "✓"} ${result.toolName}: `),
+          textBlock(`${id}:result`, text, look, "result", "output"),
         ),
       ];
     }
     case "custom":
-      return [h("li", { class: "entry dim" }, `[${value.value.role}]`)];
+      return [h("li", { class: "entry dim", "data-entry-id": id }, `[${value.value.role}]`)];
     default:
       return [];
   }
 }
 
-function entryItems(entry: Entry): HTMLElement[] {
+/** A tool call the assistant asked for: `→ name {arguments}`, the arguments cut to a line, and
+ *  (when cut) a button that shows them whole, indented. */
+function callItem(entryId: string, callId: string, name: string, argumentsJson: string, look: Look): HTMLElement {
+  const key = `${entryId}:args:${callId}`;
+  const line = compactJson(argumentsJson);
+  const cut = line !== oneLine(argumentsJson);
+  const item = h("li", { class: "entry call", "data-call-id": callId }, `→ ${name} ${line}`);
+  if (cut || look.expanded.has(key)) {
+    const open = look.expanded.has(key);
+    item.append(
+      button({ class: "expand args", "aria-expanded": String(open) }, open ? " hide arguments" : " all arguments", () => {
+        if (open) {
+          look.expanded.delete(key);
+        } else {
+          look.expanded.add(key);
+        }
+        item.replaceWith(callItem(entryId, callId, name, argumentsJson, look));
+      }),
+    );
+    if (open) {
+      item.append(textBlock(`${key}:whole`, prettyJson(argumentsJson), look, "arguments", "json"));
+    }
+  }
+  return item;
+}
+
+function entryItems(entry: Entry, look: Look): HTMLElement[] {
   switch (entry.payload.case) {
     case "message":
-      return messageItems(entry.payload.value.message);
+      return messageItems(entry, entry.payload.value.message, look);
     case "compaction":
-      return [h("li", { class: "entry dim" }, `[compaction] ${entry.payload.value.summary.split("\n")[0] ?? ""}`)];
+      return [h("li", { class: "entry dim", "data-entry-id": entry.id }, `[compaction] ${entry.payload.value.summary.split("\n")[0] ?? ""}`)];
     case "branchSummary":
-      return [h("li", { class: "entry dim" }, "[branch summary]")];
+      return [h("li", { class: "entry dim", "data-entry-id": entry.id }, "[branch summary]")];
     case "custom":
-      return [h("li", { class: "entry dim" }, `[${entry.payload.value.customType}]`)];
+      return [h("li", { class: "entry dim", "data-entry-id": entry.id }, `[${entry.payload.value.customType}]`)];
     default:
       return [];
   }
 }
 
 /** The transcript, oldest first. */
-export function renderTranscript(snapshot: LaneSnapshot): HTMLElement {
-  return h("ol", { id: "transcript" }, ...snapshot.transcript.flatMap(entryItems));
+export function renderTranscript(snapshot: LaneSnapshot, look: Look): HTMLElement {
+  const items = snapshot.transcript.flatMap((entry) => entryItems(entry, look));
+  return h("ol", { id: "transcript" }, ...(items.length === 0 ? [h("li", { class: "entry dim empty" }, "no entries yet")] : items));
 }
-
-const KIND_NAMES: Record<number, string> = {
-  [OperationKind.RUN]: "run",
-  [OperationKind.COMPACTION]: "compaction",
-  [OperationKind.NAVIGATION]: "navigation",
-};
-
-const RESULT_NAMES: Record<number, string> = {
-  [OperationResultStatus.COMPLETED]: "completed",
-  [OperationResultStatus.DECLINED]: "declined",
-  [OperationResultStatus.ABORTED]: "aborted",
-  [OperationResultStatus.FAILED]: "failed",
-};
 
 /** "0.0s": the elapsed time of a running row, as the ticker rewrites it. */
 export function seconds(value: number): string {
   return `${value.toFixed(1)}s`;
 }
 
-function toolRows(operation: SnapshotOperation, clock: ToolClock): HTMLElement {
+function toolRows(operation: SnapshotOperation, clock: ToolClock | undefined, look: Look): HTMLElement {
   const rows = operation.runningTools.map((row) => {
     if (row.state.case === "settled") {
       const settled = row.state.value;
@@ -275,7 +374,7 @@ function toolRows(operation: SnapshotOperation, clock: ToolClock): HTMLElement {
         },
         h("div", {}, `${settled.isError ? "✗" : "✓"} ${settled.toolName} · ${settled.isError ? "error" : "done"} · `,
           h("span", { class: "waiting" }, WAITING_MARK), ` · ${compactJson(settled.argumentsJson, 50)}`),
-        h("pre", {}, contentText(settled.result?.content ?? [])),
+        textBlock(`tool:${settled.toolCallId}:result`, contentText(settled.result?.content ?? []), look, "result", "output"),
       );
     }
     const running = row.state.value;
@@ -284,8 +383,9 @@ function toolRows(operation: SnapshotOperation, clock: ToolClock): HTMLElement {
     return h(
       "li",
       { class: "tool running", "data-call-id": id, "data-state": "running" },
-      h("div", {}, h("span", { class: "spinner" }), ` ${running?.toolName ?? "?"} · running `,
-        h("span", { class: "elapsed", "data-call-id": id }, seconds(clock.elapsed(id))),
+      // Without a clock (the lane as it was, in the history) no elapsed time: it would be now's.
+      h("div", {}, h("span", { class: "spinner", "aria-hidden": "true" }), ` ${running?.toolName ?? "?"} · running${clock === undefined ? "" : " "}`,
+        clock === undefined ? null : h("span", { class: "elapsed", "data-call-id": id }, seconds(clock.elapsed(id))),
         ` · ${compactJson(running?.argumentsJson ?? "", 50)}`),
       progress ? h("pre", { class: "progress" }, progress) : null,
     );
@@ -293,20 +393,25 @@ function toolRows(operation: SnapshotOperation, clock: ToolClock): HTMLElement {
   return h("ul", { id: "tools" }, ...rows);
 }
 
-/** The open operation with its tools and the Abort button, or the last result. */
+/** The open operation with its tools and the Abort button (none without `onAbort`: the
+ *  lane as it was), or the last result. */
 export function renderOperation(
   snapshot: LaneSnapshot,
-  clock: ToolClock,
-  onAbort: (operationId: string) => void,
+  clock: ToolClock | undefined,
+  look: Look,
+  onAbort?: (operationId: string) => void,
 ): HTMLElement {
   const operation = snapshot.operation;
   if (operation === undefined) {
     return lastResult(snapshot.lastResult);
   }
   const aborting = operation.status === OperationStatus.ABORTING;
-  const abort = h("button", { id: "abort", type: "button" }, aborting ? "Aborting…" : "Abort");
-  abort.disabled = aborting;
-  abort.addEventListener("click", () => onAbort(operation.id));
+  let abort: HTMLButtonElement | null = null;
+  if (onAbort !== undefined) {
+    abort = h("button", { id: "abort", type: "button", class: "danger" }, aborting ? "Aborting…" : "Abort");
+    abort.disabled = aborting;
+    abort.addEventListener("click", () => onAbort(operation.id));
+  }
   return h(
     "section",
     {
@@ -320,7 +425,7 @@ export function renderOperation(
       " ", abort),
     operation.streamingMessage ? renderStreaming(operation.streamingMessage) : null,
     operation.retry ? retryLine(operation.retry) : null,
-    toolRows(operation, clock),
+    toolRows(operation, clock, look),
   );
 }
 
@@ -329,10 +434,9 @@ function lastResult(result: OperationResult | undefined): HTMLElement {
     return h("section", { id: "last-result" }, "no operation yet");
   }
   const name = RESULT_NAMES[result.status] ?? "ended";
-  const bad = result.status === OperationResultStatus.FAILED || result.status === OperationResultStatus.ABORTED;
   return h(
     "section",
-    { id: "last-result", "data-status": name, class: bad ? "error" : undefined },
+    { id: "last-result", "data-status": name, class: badResult(result.status) ? "error" : undefined },
     `last ${KIND_NAMES[result.kind] ?? "operation"}: ${name}`,
     result.error ? ` · ${result.error.code}: ${result.error.message}` : "",
   );

@@ -23,7 +23,8 @@ and statuses between the two:
   (``response_writes.py``).
 
 Client-streaming methods (DriveLane, ImportLane) are not served here: browsers cannot stream a
-request body, and the gRPC port serves them.
+request body, and the gRPC port serves them. ImportLane takes a plain upload on this port
+instead (``http_import.py``).
 """
 
 from __future__ import annotations

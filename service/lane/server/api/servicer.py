@@ -18,6 +18,7 @@ from lane.server.api.errors import lane_error_status, unary
 from lane.server.api.fair_shares import ShareSettings
 from lane.server.api.framing import serialize
 from lane.server.api.harness_rpcs import HarnessRpcs
+from lane.server.api.history_rpcs import HistoryRpcs
 from lane.server.api.instrument import binding_ids, observed
 from lane.server.api.lane_lists import lane_filter
 from lane.server.api.lane_rpcs import LaneRpcs
@@ -34,7 +35,14 @@ from lane.server.store import Store
 
 
 class LaneServicer(
-    LaneRpcs, RunRpcs, ToolRpcs, OwnershipRpcs, HarnessRpcs, TransferRpcs, DriveRpcs
+    LaneRpcs,
+    HistoryRpcs,
+    RunRpcs,
+    ToolRpcs,
+    OwnershipRpcs,
+    HarnessRpcs,
+    TransferRpcs,
+    DriveRpcs,
 ):
     """Implements lane.v1.LaneService on a :class:`Store` and a :class:`Hub`."""
 

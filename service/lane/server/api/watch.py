@@ -39,10 +39,11 @@ from lane.server.api.errors import status_of
 from lane.server.api.fair_shares import FairShares, Share
 from lane.server.api.framing import event_group_frame
 from lane.server.api.instrument import error_reason, status_code_name
+from lane.server.api.log_positions import check_start, out_of_range
 from lane.server.api.snapshot_stream import snapshot_frames
 from lane.server.api.watcher_reads import WatcherReads
 from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cut_off
-from lane.server.domain.errors import FailedPrecondition, LaneError, OutOfRange, ResourceExhausted
+from lane.server.domain.errors import LaneError, ResourceExhausted
 from lane.server.hub import Hub, Subscription
 from lane.server.store import IncarnationGone, LaneRef, read_was_full
 from lane.server.store.pool import DatabaseBusy
@@ -264,34 +265,10 @@ async def _serve(
     lane_id = lane.lane_id
     if request.HasField("after_revision"):
         revision = request.after_revision
-        head, floor, inside_group, incarnation = await store.resume_point(lane, revision)
-        if request.incarnation and request.incarnation != str(incarnation):
-            # The revision counts events of a lane deleted since: this one's start over.
-            raise FailedPrecondition(
-                "LANE_INCARNATION_CHANGED",
-                f"lane {lane_id} was deleted and created again since incarnation "
-                f"{request.incarnation}: its revisions start over; take a new snapshot",
-                laneId=lane_id,
-                incarnation=incarnation,
-                resumedIncarnation=request.incarnation,
-            )
-        if not floor <= revision <= head:
-            raise _out_of_range(lane_id, revision, floor, head)
-        if inside_group is not None:
-            # Sending the rest of the group would hand the client part of a commit, which no
-            # fold can apply: a client only ever holds whole groups, so this revision was not
-            # one it reached by folding the stream. Refuse; it resumes at a boundary instead.
-            first, last = inside_group
-            raise OutOfRange(
-                "REVISION_INSIDE_GROUP",
-                f"cannot resume lane {lane_id} after revision {revision}: it is inside the "
-                f"event group of revisions {first}-{last}, which is sent whole; resume after "
-                f"revision {first - 1} or {last}",
-                laneId=lane_id,
-                afterRevision=revision,
-                groupFirst=first,
-                groupLast=last,
-            )
+        point = await store.resume_point(lane, revision)
+        check_start(lane_id, revision, request.incarnation, point)
+        incarnation = point.incarnation
+        head = point.head
         subscription.attached(incarnation)
         subscription.delivered(revision)
         if not subscription.deleted:
@@ -331,7 +308,7 @@ async def _serve(
                 if first != revision + 1:
                     # Retention removed events this watcher had not read yet.
                     head, floor = await store.lane_head(lane)
-                    raise _out_of_range(lane_id, revision, floor, head)
+                    raise out_of_range(lane_id, revision, floor, head)
                 last = first + len(bodies) - 1
                 frame = event_group_frame(bodies)
                 del bodies  # the frame holds them now
@@ -418,16 +395,4 @@ def shutting_down(advice: str, metadata: dict[str, str]) -> grpc.Status:
         "SERVER_SHUTTING_DOWN",
         f"the server is shutting down; {advice}",
         metadata,
-    )
-
-
-def _out_of_range(lane_id: str, revision: int, floor: int, head: int) -> OutOfRange:
-    return OutOfRange(
-        "REVISION_OUT_OF_RANGE",
-        f"cannot resume lane {lane_id} after revision {revision}: events are kept after "
-        f"revision {floor} up to the head {head}",
-        laneId=lane_id,
-        afterRevision=revision,
-        floor=floor,
-        head=head,
     )

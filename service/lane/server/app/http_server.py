@@ -1,5 +1,6 @@
-"""The HTTP port (``LANE_HTTP_LISTEN``): LaneService over Connect and gRPC-Web on hypercorn, and
-the web view (``service/lane/server/web``) at ``/``.
+"""The HTTP port (``LANE_HTTP_LISTEN``): LaneService over Connect and gRPC-Web on hypercorn,
+ImportLane as an upload (``service/lane/server/api/http_import.py``), and the web view
+(``service/lane/server/web``) at ``/``.
 
 Hypercorn serves HTTP/1.1 and HTTP/2 (cleartext with prior knowledge or an upgrade, and over
 TLS by ALPN), which Connect's server streams need on both, plus the ASGI trailers that gRPC-Web
@@ -42,6 +43,7 @@ from lane.server.api.connect import LaneServiceApp
 from lane.server.api.connect_errors import refusal_error, status_message
 from lane.server.api.errors import rich_status
 from lane.server.api.host_check import HostCheck
+from lane.server.api.http_import import UPLOAD_PATH, ImportUpload
 from lane.server.api.response_writes import ResponseWrites, current_response
 from lane.server.app.config import Settings
 from lane.server.app.http_connections import HttpConnections
@@ -78,8 +80,9 @@ class HttpEndpoint:
 
 
 class _HttpApp:
-    """The service's methods under ``/lane.v1.LaneService/``, the probe paths
-    (``probe_paths.py``), the web view everywhere else."""
+    """The service's methods under ``/lane.v1.LaneService/``, ImportLane's upload
+    (``http_import.py``), the probe paths (``probe_paths.py``), the web view everywhere
+    else."""
 
     def __init__(
         self,
@@ -90,6 +93,7 @@ class _HttpApp:
         readiness: Readiness | None,
     ) -> None:
         self.connect = LaneServiceApp(servicer, hosts)
+        self._upload = ImportUpload(servicer, hosts)
         self._prefix = f"{self.connect.path}/"
         self._web = WebViewApp()
         self._probes = None if readiness is None else ProbeApp(readiness)
@@ -110,7 +114,9 @@ class _HttpApp:
             return
         peer = scope.get("client")
         response = ResponseWrites(send, lambda: self._connections.abort(peer), self._stall_seconds)
-        if not scope["path"].startswith(self._prefix):
+        path = scope["path"]
+        upload = path == UPLOAD_PATH
+        if not upload and not path.startswith(self._prefix):
             headers = dict(scope["headers"])
             refusal = self._hosts.refusal(
                 _text(headers.get(b"host")), _text(headers.get(b"origin"))
@@ -123,7 +129,8 @@ class _HttpApp:
         body = _RequestBody(receive, asyncio.get_running_loop().time() + self._body_seconds)
         token = current_response.set(response)
         try:
-            await self.connect(scope, body, body.draining_before(response))
+            app = self._upload if upload else self.connect
+            await app(scope, body, body.draining_before(response))
         finally:
             current_response.reset(token)
 
