@@ -1,6 +1,8 @@
 """The service's layers import only earlier ones (docs/development.md): domain → store → hub →
 commands → api → app. The contracts (lane.v1) are everyone's; metrics, logs and traces
-(log_repeats too) everyone's but the domain's; gRPC is the api's and the app's alone."""
+(log_repeats too) everyone's but the domain's; gRPC is the api's and the app's alone. The
+store is closed: outside ``store/`` nothing reaches its pool, cache or group committer, only
+its methods."""
 
 from __future__ import annotations
 
@@ -66,4 +68,55 @@ def test_the_check_catches_a_layer_reaching_up(tmp_path: Path) -> None:
         "commands/bad.py imports grpc",
         "commands/bad.py imports lane.server.api",
         "commands/bad.py imports lane.server.api.base",
+    ]
+
+
+#: What a Store keeps to itself: the rest of the service calls its methods instead.
+STORE_INSIDES = ("pool", "cache", "_cache", "committer")
+
+
+def _last_name(node: ast.expr) -> str:
+    """The name an expression ends in (``self.store``: ``store``), '' when none."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return ""
+
+
+def store_insides_used(root: Path = SERVICE) -> list[str]:
+    """Every use of a store's insides (``store.pool``, ``self.store.cache``, ...) outside
+    ``store/``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        where = path.relative_to(root)
+        if where.parts[0] == "store":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in STORE_INSIDES
+                and "store" in _last_name(node.value).lower()
+            ):
+                found.append(f"{where}:{node.lineno} uses {_last_name(node.value)}.{node.attr}")
+    return found
+
+
+def test_nothing_outside_the_store_reaches_its_pool_or_cache() -> None:
+    assert store_insides_used() == []
+
+
+def test_the_check_catches_a_reach_into_the_store(tmp_path: Path) -> None:
+    (tmp_path / "app").mkdir()
+    (tmp_path / "store").mkdir()
+    (tmp_path / "app" / "bad.py").write_text(
+        "async def f(store, hub):\n"
+        "    async with store.pool.connection() as conn:\n"
+        "        await conn.execute('SELECT 1')\n"
+        "    return hub.store.cache.get(1), store.clock(), hub.cache\n"
+    )
+    (tmp_path / "store" / "fine.py").write_text("def g(self):\n    return self.store.pool\n")
+    assert store_insides_used(tmp_path) == [
+        "app/bad.py:2 uses store.pool",
+        "app/bad.py:4 uses store.cache",
     ]

@@ -21,7 +21,7 @@ from lane.server.api.base import ServicerBase
 from lane.server.api.call import Call
 from lane.server.api.errors import unary
 from lane.server.api.framing import length_delimited, varint
-from lane.server.api.log_positions import check_start, out_of_range
+from lane.server.hub.log_positions import check_start, out_of_range
 from lane.server.store import EventGroup, IncarnationGone
 from lane.server.store.store_reads import lane_not_found
 

@@ -6,10 +6,11 @@ unseen. It then sends the groups after its revision from its lane's feed in the 
 wrote, framed once for all the lane's watchers (framing.py) — no read per watcher. A watcher the
 feed cannot serve (it resumed, or fell behind the feed's start) reads the log itself, a batch at a
 time — whole groups within half its byte budget — until it has caught up, then takes from the
-feed again. It takes the next group only after its previous write went out, so commits never
-wait for it, and one message in flight is all it holds. A watcher whose client takes nothing
-for the write deadline is cut off with RESOURCE_EXHAUSTED naming its last delivered revision,
-its slot freed at once (:func:`_let_go`). Its database reads go through
+feed again: the hub decides which and reads (``service/lane/server/hub/catch_up.py``); this
+module writes what it is given. It takes the next group only after its previous write went out,
+so commits never wait for it, and one message in flight is all it holds. A watcher whose client
+takes nothing for the write deadline is cut off with RESOURCE_EXHAUSTED naming its last delivered
+revision, its slot freed at once (:func:`_let_go`). Its database reads go through
 :class:`~lane.server.api.watcher_reads.WatcherReads`, a few at a time per process, so a reconnect
 storm queues instead of taking the pool from commands.
 """
@@ -39,13 +40,13 @@ from lane.server.api.errors import status_of
 from lane.server.api.fair_shares import FairShares, Share
 from lane.server.api.framing import event_group_frame
 from lane.server.api.instrument import error_reason, status_code_name
-from lane.server.api.log_positions import check_start, out_of_range
 from lane.server.api.snapshot_stream import snapshot_frames
 from lane.server.api.watcher_reads import WatcherReads
 from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cut_off
 from lane.server.domain.errors import LaneError, ResourceExhausted
 from lane.server.hub import Hub, Subscription
-from lane.server.store import IncarnationGone, LaneRef, read_was_full
+from lane.server.hub.catch_up import next_groups, resume
+from lane.server.store import LaneRef
 from lane.server.store.pool import DatabaseBusy
 
 DEFAULT_WRITE_DEADLINE_SECONDS = 30.0
@@ -261,20 +262,12 @@ async def _serve(
     settings: WatchSettings,
     deadline: WriteDeadline,
 ) -> None:
-    lane = subscription.lane
-    lane_id = lane.lane_id
+    lane_id = subscription.lane.lane_id
     if request.HasField("after_revision"):
         revision = request.after_revision
-        point = await store.resume_point(lane, revision)
-        check_start(lane_id, revision, request.incarnation, point)
-        incarnation = point.incarnation
-        head = point.head
-        subscription.attached(incarnation)
-        subscription.delivered(revision)
+        await resume(subscription, store, revision, request.incarnation)
         if not subscription.deleted:
             await send_headers(context, deadline, revision)
-            if revision == head:
-                subscription.caught_up()
     else:
         with traces.span("lane.watch.snapshot"):
             revision = await _send_snapshot(
@@ -288,52 +281,16 @@ async def _serve(
     assert following is not None  # set by the first read (attached)
     task = asyncio.current_task()
     while not subscription.closed and not subscription.deleted:
-        shared = subscription.take()
-        if shared is None:
-            # Behind the lane's feed (just resumed, or slow), or the feed has no position yet:
-            # read the log from this watcher's revision, a batch at a time.
-            try:
-                groups = await store.read_events(
-                    lane, revision, settings.read_batch, settings.read_bytes, following
-                )
-            except IncarnationGone:
-                subscription.gone()  # deleted: this watcher ends, with the lane's others
-                continue
-            full = read_was_full(groups, settings.read_batch, settings.read_bytes)
-            got_any = bool(groups)
-            groups.reverse()
-            while groups:
-                # Popped, so each group's bodies are freed once framed and written.
-                first, bodies, commit_time = groups.pop()
-                if first != revision + 1:
-                    # Retention removed events this watcher had not read yet.
-                    head, floor = await store.lane_head(lane)
-                    raise out_of_range(lane_id, revision, floor, head)
-                last = first + len(bodies) - 1
-                frame = event_group_frame(bodies)
-                del bodies  # the frame holds them now
-                with traces.delivery(first, last, "log"):
-                    await write_within(context, frame, deadline, revision)
-                metrics.current.delivery_seconds.observe(
-                    max(0.0, time.time() - commit_time.timestamp())
-                )
-                revision = last
-                subscription.delivered(revision)
-            if full:
-                continue  # more may be waiting
-            # A short batch: this watcher read to the head. The feed serves it from here on.
-            subscription.caught_up()
-            if got_any:
-                continue
-        elif shared:
+        groups = await next_groups(subscription, store, settings.read_batch, settings.read_bytes)
+        if groups:
             # The common path, once per watcher and commit: kept lean (no span while traces
             # are off, the task known, no timer per wait: hub/idle.py).
-            for group in shared:
+            for group in groups:
                 frame = group.frame(event_group_frame)
                 if traces.tracer is None:
                     await write_within(context, frame, deadline, revision, task)
                 else:
-                    with traces.delivery(group.first, group.last, "feed"):
+                    with traces.delivery(group.first, group.last, group.source):
                         await write_within(context, frame, deadline, revision, task)
                 metrics.current.delivery_seconds.observe(max(0.0, time.time() - group.committed_at))
                 revision = group.last

@@ -14,7 +14,7 @@ import psycopg
 from lane.server import metrics
 from lane.server.commands.pending_placement import QUIET_BEFORE_PLACING, place_quiet_pending
 from lane.server.store import Store
-from lane.server.store.retention import KEEP_ANSWERS, enforce_retention, prune_answers
+from lane.server.store.retention import KEEP_ANSWERS
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +36,13 @@ async def retention_pass(store: Store, keep_answers: timedelta = KEEP_ANSWERS) -
     """One pass: event-log retention, then answers older than ``keep_answers`` (each step
     logged and survived when it fails)."""
     try:
-        floors = await enforce_retention(store.pool)
+        floors = await store.enforce_retention()
         if floors:
             log.info("retention advanced the floor of %d lanes", len(floors))
     except (psycopg.Error, OSError) as exc:
         log.warning("retention failed: %s", exc)
     try:
-        pruned = await prune_answers(store.pool, keep_answers)
+        pruned = await store.prune_answers(keep_answers)
         if pruned:
             log.info("retention deleted %d stored answers", pruned)
     except (psycopg.Error, OSError) as exc:
@@ -98,11 +98,9 @@ async def notification_queue_forever(
     is the cluster's: every process reads the same figure)."""
     while True:
         try:
-            async with store.pool.connection() as conn:
-                cur = await conn.execute("SELECT pg_notification_queue_usage()")
-                row = await cur.fetchone()
-            if row is not None:
-                metrics.current.notification_queue_usage.set(row[0])
+            usage = await store.notification_queue_usage()
+            if usage is not None:
+                metrics.current.notification_queue_usage.set(usage)
         except (psycopg.Error, OSError) as exc:
             log.warning("reading the NOTIFY queue usage failed: %s", exc)
         await asyncio.sleep(interval)

@@ -27,7 +27,7 @@ from typing import Any
 
 from grpc_health.v1 import health_pb2
 
-from lane.server.store.pool import LanePool, unready_reason
+from lane.server.store import Store
 
 _log = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class Readiness:
     """This process's readiness, kept in the gRPC health service (see the module docstring)."""
 
-    def __init__(self, pool: LanePool, health_servicer: Any, services: tuple[str, ...]) -> None:
-        self._pool = pool
+    def __init__(self, store: Store, health_servicer: Any, services: tuple[str, ...]) -> None:
+        self._store = store
         self._health = health_servicer
         #: The health services that report readiness.
         self._services = services
@@ -62,13 +62,13 @@ class Readiness:
     async def watch_forever(self) -> None:
         """Check the database and report what it finds, until cancelled."""
         while True:
-            await self._report(await unready_reason(self._pool, within=READY_CHECK_SECONDS))
-            if not (self.ready and self._pool.reachable):
+            await self._report(await self._store.unready_reason(READY_CHECK_SECONDS))
+            if not (self.ready and self._store.reachable()):
                 await asyncio.sleep(UNREADY_CHECK_SECONDS)
                 continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(READY_CHECK_SECONDS):
-                    await self._pool.wait_unreachable()
+                    await self._store.wait_unreachable()
 
     def shutting_down(self) -> None:
         """Shutdown has begun: not ready from now on (the health service says so itself)."""

@@ -56,7 +56,7 @@ from lane.server.hub import Hub
 from lane.server.metrics import MetricsEndpoint, serve_metrics
 from lane.server.metrics import install as install_metrics
 from lane.server.store import DEFAULT_NAMESPACE, Clock, Store, system_clock
-from lane.server.store.pool import MIN_IDLE_CONNECTIONS, LanePool
+from lane.server.store.pool import MIN_IDLE_CONNECTIONS
 
 _log = logging.getLogger(__name__)
 
@@ -295,10 +295,7 @@ async def start_server(
         health_servicer, lane_servicer = await _add_services(
             server, store, hub, watch, Authenticator(settings.auth_tokens), _shares(settings)
         )
-        assert isinstance(store.pool, LanePool)
-        readiness = Readiness(
-            store.pool, health_servicer, (health.OVERALL_HEALTH, LANE_SERVICE_NAME)
-        )
+        readiness = Readiness(store, health_servicer, (health.OVERALL_HEALTH, LANE_SERVICE_NAME))
         await readiness.start()
         try:
             credentials = server_credentials(settings)

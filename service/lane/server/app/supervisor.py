@@ -208,22 +208,17 @@ class Supervisor:
     async def _warn_about_connections(self, store: Store) -> None:
         needed = self.settings.workers * (self.settings.db_pool_size + HUB_CONNECTIONS)
         try:
-            async with store.pool.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT current_setting('max_connections')::int"
-                    " - current_setting('superuser_reserved_connections')::int"
-                )
-                row = await cur.fetchone()
+            allowed = await store.connections_allowed()
         except psycopg.Error:
             return  # only a warning: never a reason not to start
-        if row is not None and needed > row[0]:
+        if allowed is not None and needed > allowed:
             _log.warning(
                 "%d workers may open up to %d database connections, more than the %d the "
                 "database allows: lower LANE_WORKERS or LANE_DB_POOL_SIZE, or raise "
                 "max_connections",
                 self.settings.workers,
                 needed,
-                row[0],
+                allowed,
             )
 
     def _base_worker_env(self, dsn: str, address: str) -> dict[str, str]:

@@ -25,7 +25,6 @@ from lane.server.domain.ids import new_id
 from lane.server.domain.state import LaneState
 from lane.server.domain.transition import Transition
 from lane.server.store import LaneRef, Store
-from lane.server.store.pending_placements import quiet_pending_placements
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +36,8 @@ QUIET_BEFORE_PLACING = timedelta(seconds=5)
 def known_pending(store: Store, lane: LaneRef) -> bool:
     """Whether the lane as this process last saw it (its cached state) has a pending
     placement: no query (the store keeps the state a refusal was decided on)."""
-    cached = store.cache.get(lane)
-    return cached is not None and placement.placement_pending(cached.state)
+    known = store.known_state(lane)
+    return known is not None and placement.placement_pending(known)
 
 
 async def finish_placement(store: Store, lane: LaneRef) -> tuple[str, ...]:
@@ -58,7 +57,7 @@ async def place_quiet_pending(
     """The reconciler's pass: finish the pending placements of lanes quiet for ``quiet_for``;
     each lane placed and the calls placed there."""
     placed: list[tuple[LaneRef, tuple[str, ...]]] = []
-    for lane in await quiet_pending_placements(store.pool, quiet_for, store.clock()):
+    for lane in await store.lanes_awaiting_placement(quiet_for):
         try:
             ids = await finish_placement(store, lane)
         except LaneError as exc:

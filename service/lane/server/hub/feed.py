@@ -48,6 +48,8 @@ class SharedGroup:
     """One event group in a feed, framed once for all the watchers that send it."""
 
     __slots__ = ("_bodies", "_frame", "committed_at", "first", "last", "size")
+    #: Where the watcher got it (the ``lane.watch.delivery`` span's ``lane.source``).
+    source = "feed"
 
     def __init__(self, group: EventGroup) -> None:
         self.first = group.first_revision

@@ -27,7 +27,7 @@ and their own reads tell what they follow. Such watchers stay, on a feed of thei
 
 Correctness never depends on NOTIFY, nor on the feed: the log is the source of truth, a feed
 holds only whole groups that continue each other, and a watcher the feed cannot serve reads the
-log itself (``Subscription.take``).
+log itself (``catch_up.py``).
 
 Doorbells are sent after commit, outside the writer's transaction (NOTIFY takes a cluster-wide
 lock through commit), coalesced per lane, from one task: once per group commit (the store
@@ -137,17 +137,19 @@ class Subscription(Bell):
         """The watcher has delivered every event through ``revision``."""
         self.revision = revision
 
-    def caught_up(self) -> None:
-        """The watcher's revision was the lane's head when it read it (a snapshot, a resume at
-        the head, or a short read of the log). Positions the lane's feed there if it has no
-        position yet, and brings the feed up to date if it lags behind the watcher."""
-        self._hub._caught_up(self._feed, self.revision)
+    def caught_up(self, revision: int | None = None) -> None:
+        """The watcher's revision, or the ``revision`` it is about to deliver, was the lane's
+        head when it read it (a snapshot, a resume at the head, or a short read of the log).
+        Positions the lane's feed there if it has no position yet, and brings the feed up to
+        date if it lags behind the watcher."""
+        self._hub._caught_up(self._feed, self.revision if revision is None else revision)
 
     def take(self) -> list[SharedGroup] | None:
         """The groups after this watcher's revision from the lane's feed ([] when there is
         none yet: wait), or None when the feed cannot serve it — the watcher is behind the
         feed's start (slow, or just resumed), inside a group, or the feed has no position yet:
-        then it reads the log itself, and calls :meth:`caught_up` after a short read."""
+        then it reads the log itself, and calls :meth:`caught_up` after a short read
+        (``catch_up.next_groups`` decides which, for the watcher)."""
         feed = self._feed.feed
         end = feed.end
         if end is not None and self.revision > end:

@@ -297,19 +297,19 @@ class LaneChanges:
         board = self._boards.get(lane.namespace)
         if board is None or not board.admits(lane.lane_id):
             return
-        cached = self.store.cache.get(lane)
-        if cached is not None:
-            state = cached.state
-            if state.incarnation == incarnation and state.revision == group.last_revision:
-                previous = board.latest.get(lane.lane_id)
-                status = known_result_status(state, None if previous is None else previous.summary)
-                if status is not None:
-                    self.computed += 1
-                    line = summary_of(
-                        state, last_activity=group.commit_time, last_result_status=status
-                    )
-                    board.publish(LaneChange.of(line))
-                    return
+        state = self.store.known_state(lane)
+        if (
+            state is not None
+            and state.incarnation == incarnation
+            and state.revision == group.last_revision
+        ):
+            previous = board.latest.get(lane.lane_id)
+            status = known_result_status(state, None if previous is None else previous.summary)
+            if status is not None:
+                self.computed += 1
+                line = summary_of(state, last_activity=group.commit_time, last_result_status=status)
+                board.publish(LaneChange.of(line))
+                return
         board.want((lane.lane_id,))
 
     def deleted(self, lane: LaneRef, incarnation: int | None) -> None:

@@ -1,6 +1,7 @@
 """The PostgreSQL store: each command all-or-nothing, decided on the lane kept in memory and
 committed with the other lanes' commands ready at the same moment (group_commit.py), or under
-the lane row lock in a transaction of its own (its lock-free reads are store_reads.py)."""
+the lane row lock in a transaction of its own. Its lock-free reads (store_reads.py) and its
+upkeep (upkeep.py) are parts it holds."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from lane.server import metrics, traces
 from lane.server.domain.errors import AlreadyExists, LaneError
@@ -51,9 +51,10 @@ from lane.server.store.lane_writes import (
     insert_lane,
     run_commit,
 )
-from lane.server.store.pool import DEFAULT_RECONNECT_SECONDS, migrate_pool, open_pool
+from lane.server.store.pool import DEFAULT_RECONNECT_SECONDS, LanePool, migrate_pool, open_pool
 from lane.server.store.requests import Recording, replayed_answer
 from lane.server.store.store_reads import StoreReads, lane_not_found
+from lane.server.store.upkeep import Upkeep
 
 A = TypeVar("A")
 
@@ -131,20 +132,58 @@ def _read_outcome(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-class Store(StoreReads):
-    """Durable lanes in PostgreSQL. Create with :meth:`open`."""
+class Store:
+    """Durable lanes in PostgreSQL. Create with :meth:`open`.
 
-    def __init__(self, pool: AsyncConnectionPool, *, clock: Clock = system_clock) -> None:
+    The one way into the database for the rest of the service: its commands are this class's,
+    its lock-free reads are :class:`StoreReads`'s and its upkeep :class:`Upkeep`'s, both parts
+    it holds and offers as its own methods. Nothing outside ``store/`` reaches its pool or the
+    lanes it keeps in memory (tests/unit/test_layers.py)."""
+
+    def __init__(self, pool: LanePool, *, clock: Clock = system_clock) -> None:
+        #: The connections; for the store's parts, and for tests' hand edits of rows.
         self.pool = pool
         #: The time every command decides with (service/lane/server/store/clock.py).
         self.clock = clock
         self._commit_listeners: list[CommitListener] = []
         self._delete_listeners: list[DeleteListener] = []
         #: The lanes this process commanded lately (see lane_cache.py).
-        self.cache = LaneCache()
+        self._cache = LaneCache()
         #: Commits the optimistic path's statements together (group_commit.py).
         self.committer = GroupCommitter(pool)
-        self.event_log_reads = 0
+        reads = self._reads = StoreReads(pool)
+        self.snapshot_outline = reads.snapshot_outline
+        self.entry_bodies = reads.entry_bodies
+        self.snapshot = reads.snapshot
+        self.complete_snapshot = reads.complete_snapshot
+        self.lane_summaries = reads.lane_summaries
+        self.namespace_heads = reads.namespace_heads
+        self.lane_head = reads.lane_head
+        self.resume_point = reads.resume_point
+        self.lane_heads = reads.lane_heads
+        self.read_events = reads.read_events
+        self.open_operation = reads.open_operation
+        self.entry_exists = reads.entry_exists
+        upkeep = Upkeep(pool, clock)
+        self.enforce_retention = upkeep.enforce_retention
+        self.prune_answers = upkeep.prune_answers
+        self.lanes_awaiting_placement = upkeep.lanes_awaiting_placement
+        self.notification_queue_usage = upkeep.notification_queue_usage
+        self.connections_allowed = upkeep.connections_allowed
+        self.unready_reason = upkeep.unready_reason
+        self.reachable = upkeep.reachable
+        self.wait_unreachable = upkeep.wait_unreachable
+
+    @property
+    def event_log_reads(self) -> int:
+        """Reads of the event log by this store (:meth:`StoreReads.read_events`)."""
+        return self._reads.event_log_reads
+
+    def known_state(self, lane: LaneRef) -> LaneState | None:
+        """The lane as this process last committed or loaded it, None when it has not lately:
+        no query, so it may be behind a commit made elsewhere since."""
+        cached = self._cache.get(lane)
+        return None if cached is None else cached.state
 
     @classmethod
     async def open(
@@ -247,13 +286,13 @@ class Store(StoreReads):
 
     async def _command(self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None) -> A:
         with traces.transaction("command", lane.namespace, lane.lane_id):
-            async with self.cache.turn(lane):
-                cached = self.cache.get(lane)
+            async with self._cache.turn(lane):
+                cached = self._cache.get(lane)
                 if cached is not None:
                     done = await self._optimistic(lane, cached, decide, request)
                     if done is not None:
                         return done[0]
-                    self.cache.forget(lane)
+                    self._cache.forget(lane)
                 # Under the row lock: a retry, a refusal, or the lane moved on elsewhere.
                 traces.annotate("lane.transaction.locked", True)
                 return await self._locked(lane, decide, request)
@@ -289,7 +328,7 @@ class Store(StoreReads):
         if not written:
             return None
         metrics.current.optimistic_commits.inc()
-        self.cache.put(lane, VersionedLane(transition.state, cached.version + 1))
+        self._cache.put(lane, VersionedLane(transition.state, cached.version + 1))
         self._committed(lane, transition.state, statement)
         return (answer,)
 
@@ -302,7 +341,7 @@ class Store(StoreReads):
                 if loaded is None:
                     raise lane_not_found(lane)
                 metrics.current.locked_commits.inc()
-                self.cache.put(lane, loaded)
+                self._cache.put(lane, loaded)
                 if request is not None:
                     replay = await replayed_answer(conn, lane, request.key, request.form)
                     if replay is not None:
@@ -316,7 +355,7 @@ class Store(StoreReads):
         except psycopg.errors.UniqueViolation as exc:
             raise _reused_id(exc, transition) from exc
         if statement is not None:
-            self.cache.put(lane, VersionedLane(transition.state, loaded.version + 1))
+            self._cache.put(lane, VersionedLane(transition.state, loaded.version + 1))
             self._committed(lane, transition.state, statement)
         return answer
 
@@ -342,7 +381,7 @@ class Store(StoreReads):
         answer: Callable[[bool, LaneState], A],
         request: Recording[A] | None,
     ) -> A:
-        async with self.cache.turn(lane):
+        async with self._cache.turn(lane):
             async with self.pool.connection() as conn, conn.transaction():
                 inserted = await insert_lane(conn, lane, transition.state)
                 loaded = await load_versioned(conn, lane, lock=True)
@@ -368,7 +407,7 @@ class Store(StoreReads):
                 if statement is not None:
                     await run_commit(conn, statement)
             version = loaded.version + (statement is not None)
-            self.cache.put(lane, VersionedLane(transition.state, version))
+            self._cache.put(lane, VersionedLane(transition.state, version))
             self._committed(lane, transition.state, statement)
         return result
 
@@ -403,7 +442,7 @@ class Store(StoreReads):
         answer: Callable[[LaneState], A],
         request: Recording[A] | None,
     ) -> A:
-        async with self.cache.turn(lane):
+        async with self._cache.turn(lane):
             async with self.pool.connection() as conn, conn.transaction():
                 if request is not None:
                     replay = await replayed_answer(conn, lane, request.key, request.form)
@@ -418,7 +457,7 @@ class Store(StoreReads):
                 await delete_lane_rows(conn, lane)
                 for kept in recorded(request, result):
                     await record_answer(conn, lane, kept)
-            self.cache.forget(lane)
+            self._cache.forget(lane)
         for listener in self._delete_listeners:
             listener(lane, loaded.state.incarnation)
         return result
@@ -451,10 +490,10 @@ class Store(StoreReads):
         """Create ``lane`` from a checked export's head and rows, in one transaction
         (ALREADY_EXISTS ``LANE_EXISTS`` when the id is in use)."""
         with traces.transaction("import", lane.namespace, lane.lane_id):
-            async with self.cache.turn(lane):
+            async with self._cache.turn(lane):
                 async with self.pool.connection() as conn, conn.transaction():
                     await write_import(conn, lane, head, batches)
-                self.cache.forget(lane)
+                self._cache.forget(lane)
 
     async def reconcile_orphans(self, orphan_after: timedelta, limit: int = 100) -> list[str]:
         """End the leased runs no driver holds any more (aborted, or orphaned for

@@ -1,7 +1,7 @@
 """The store's reads of a lane: snapshots (whole, or outlined then read a page at a time), the
 head and retention floor, where a resumed watch stands, the event log, lane summaries. None
-takes the lane's row lock or writes; :class:`~lane.server.store.lane_store.Store` is these and
-its commands."""
+takes the lane's row lock or writes; :class:`~lane.server.store.lane_store.Store` holds them as
+one of its parts and offers them as its own methods."""
 
 from __future__ import annotations
 
@@ -94,10 +94,11 @@ def lane_not_found(lane: LaneRef) -> NotFound:
 class StoreReads:
     """The lane reads of :class:`~lane.server.store.lane_store.Store` (module docstring)."""
 
-    pool: AsyncConnectionPool
-    #: Reads of the event log by this store (:meth:`read_events`); also counted, for all
-    #: stores of the process, by ``lane_event_log_reads_total``.
-    event_log_reads: int
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+        #: Reads of the event log by this store (:meth:`read_events`); also counted, for all
+        #: stores of the process, by ``lane_event_log_reads_total``.
+        self.event_log_reads = 0
 
     async def snapshot_outline(self, lane: LaneRef) -> SnapshotOutline:
         """Capture the lane without its transcript's bodies, in one REPEATABLE READ
