@@ -166,6 +166,17 @@ def _watch_lanes(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
     return request
 
 
+def _read_lane_events(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
+    # Mostly the start of the log or a few events in (a group boundary or not), sometimes
+    # beyond any head or below zero; the incarnation mostly unnamed.
+    return aim.request(
+        pb.ReadLaneEventsRequest,
+        after_revision=draw(st.sampled_from((0, 0, 1, 2, 3, 7, 1 << 40, -1))),
+        incarnation=draw(st.sampled_from(("", "", "1", "0", "x"))),
+        page_size=draw(st.sampled_from((0, 1, 3, 10_000, 10_001, -1))),
+    )
+
+
 def _update_lane_config(draw: Draw, ctx: Ctx, aim: Aim) -> Message:
     request = aim.request(pb.UpdateLaneConfigRequest)
     if draw(st.booleans()):
@@ -420,6 +431,7 @@ TEMPLATES: dict[str, Template] = {
     "SetLaneValue": _set_lane_value,
     "DeleteLane": _delete_lane,
     "ExportLane": _ids_only(pb.ExportLaneRequest),
+    "ReadLaneEvents": _read_lane_events,
     "ImportLane": _import_lane,
 }
 assert set(TEMPLATES) == set(METHODS), set(METHODS) ^ set(TEMPLATES)
