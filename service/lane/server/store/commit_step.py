@@ -15,7 +15,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Generic, NamedTuple, TypeVar
 
-from lane.server.domain.limits import check_commit
 from lane.server.domain.state import LaneState
 from lane.server.domain.transition import Transition
 from lane.server.store.lane_ref import LaneRef
@@ -56,10 +55,9 @@ def work_out(
     now: datetime,
     request: Recording[A] | None,
 ) -> CommitStep[A]:
-    """Run the step on ``state`` (read at ``version``) and build its statement; a refusal,
-    or a commit that could never be delivered (the commit rule), raises."""
+    """Run the step on ``state`` (read at ``version``) and build its statement; a refusal
+    raises."""
     transition, answer = decide(state, now)
-    check_commit(state, transition)
     statement = commit_statement(lane, state, transition, version, recorded(request, answer))
     return CommitStep(transition, answer, statement)
 
