@@ -11,9 +11,9 @@ events (read back through WatchLane) into the previous capture and compares with
   the call limit runs to its end, call by call or ended at once;
 - payloads: 512 KiB per message, argument text or result, 64 KiB per operation error
   (INVALID_ARGUMENT ``PAYLOAD_TOO_LARGE``), a one-call run with every payload at its limit;
-- commits: a batch whose results add up past what ending the run could carry is refused
-  (RESOURCE_EXHAUSTED ``COMMIT_TOO_LARGE``) and the run goes on (the byte-exact boundaries of
-  the commit rule are in tests/unit/domain/test_domain_limits.py: they need a fixed clock);
+- commits: results adding up past one message are placed in one commit, which watchers get in
+  parts (nothing is refused for a commit's size; the parts' byte-exact edges are in
+  tests/unit/test_message_parts.py);
 - GetLaneSnapshot: exactly 4 MiB answered, one byte more refused (``SNAPSHOT_TOO_LARGE``), and
   WatchLane still delivers that lane in transcript chunks of at most about 1 MiB;
 - watchers: per lane and per process (``TOO_MANY_WATCHERS``), a leaving watcher frees its
