@@ -1,4 +1,4 @@
-"""A command's commit worked out: its domain step, the commit rule and the statement that
+"""A command's commit worked out: its domain step and the statement that
 writes it — on the event loop as a rule, in a worker thread for a lane with a large batch.
 
 The step is pure and its cost grows with the batch: ending a run of 256 calls settles and

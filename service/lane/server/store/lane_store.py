@@ -306,7 +306,6 @@ class Store(StoreReads):
                     replay = await replayed_answer(conn, lane, request.key, request.form)
                     if replay is not None:
                         return request.decode(replay)
-                # The commit rule refuses what could never be delivered.
                 transition, answer, statement = await worked_out(
                     lane, loaded.state, loaded.version, decide, self.clock(), request
                 )
