@@ -19,6 +19,7 @@ import contextlib
 import json
 from typing import Any
 
+import grpc
 import pytest
 from google.protobuf import json_format
 from lane.client.message_parts import PartJoiner
@@ -33,7 +34,7 @@ from lane.v1 import lane_service_pb2 as pb
 from lane.server.app.server import RunningServer
 from lane.server.domain.export_format import EVENT_GROUP
 from lane.server.domain.limits import MAX_TOOL_CALLS
-from tests.integration.lanes import assistant, text, tool_call
+from tests.integration.lanes import assistant, error_info, text, tool_call
 from tests.integration.test_typescript_watcher import NodeFollower
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
@@ -208,3 +209,53 @@ async def test_a_run_captures_an_inbox_of_20_mib(lane_stub: Any) -> None:
     groups, parts = await resumed_from_zero(stub, lane.lane_id, after.revision, queued.revision)
     assert len(groups) == 1 and parts > 1
     assert folded(queued, groups) == after
+
+
+async def test_a_run_state_over_one_message_is_read_over_drive_lane(lane_stub: Any) -> None:
+    """A run whose calls' checkpoints add up past 4 MiB: its durable state is refused on the
+    unary RPCs (ANSWER_TOO_LARGE; AcquireOperation's commit happened) and answered whole over
+    DriveLane, in parts; AcquireOperation sent again there with its request id gets the answer
+    recorded when it ran."""
+    stub = lane_stub
+    lane = await LaneScript.create(stub, prefix="large-state")
+    run = await lane.start_run("go")
+    turn_id = await run.start_turn()
+    ids = [f"c{i}" for i in range(MAX_TOOL_CALLS)]
+    await run.settle(
+        turn_id, message=assistant(text("many"), *(tool_call(c, "t", {}) for c in ids))
+    )
+    for call_id in ids:
+        await run.call(call_id).start().progress(call_id[-1] * 20_000, checkpoint=True)
+    get = pb.GetOperationRequest(lane_id=lane.lane_id, operation_id=run.operation_id)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.GetOperation(get)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    info = error_info(refused.value)
+    assert info.reason == "ANSWER_TOO_LARGE"
+    assert info.metadata["method"] == "GetOperation"
+    assert int(info.metadata["bytes"]) > MAX_MESSAGE_BYTES
+    assert "DriveLane" in (refused.value.details() or "")
+
+    acquire = pb.AcquireOperationRequest(
+        lane_id=lane.lane_id, operation_id=run.operation_id, driver_id="d-1", request_id="take-1"
+    )
+    before = (await first_view(stub, lane.lane_id)).revision
+    with pytest.raises(grpc.aio.AioRpcError) as too_large:
+        await stub.AcquireOperation(acquire)
+    assert error_info(too_large.value).reason == "ANSWER_TOO_LARGE"
+    taken = (await first_view(stub, lane.lane_id)).revision
+    assert taken > before  # the takeover committed
+
+    async with LaneSession(stub) as session:
+        state = (await session.call(get)).state
+        answer = await session.call(acquire)
+    assert [c.tool_call_id for c in state.tool_calls] == ids
+    assert all(
+        c.checkpoint.content[0].text.text[-1] == c.tool_call_id[-1] for c in state.tool_calls
+    )
+    assert pb.GetOperationResponse(state=state).ByteSize() > MAX_MESSAGE_BYTES
+    # The recorded answer: the same lease, and nothing committed again.
+    assert answer.lease.driver_id == "d-1"
+    assert answer.revision == taken
+    assert answer.state.tool_calls == state.tool_calls
+    assert (await first_view(stub, lane.lane_id)).revision == taken
