@@ -22,7 +22,9 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import json_format
+from lane.client.driver import Driver
 from lane.client.message_parts import PartJoiner
+from lane.client.model import ScriptedModel
 from lane.client.reducer import fold
 from lane.client.session import LaneSession
 from lane.client.testing import LaneScript
@@ -36,6 +38,7 @@ from lane.server.domain.export_format import EVENT_GROUP
 from lane.server.domain.limits import MAX_TOOL_CALLS
 from tests.integration.lanes import assistant, error_info, text, tool_call
 from tests.integration.test_typescript_watcher import NodeFollower
+from tests.support.driver_tools import step, tool
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
@@ -259,3 +262,19 @@ async def test_a_run_state_over_one_message_is_read_over_drive_lane(lane_stub: A
     assert answer.revision == taken
     assert answer.state.tool_calls == state.tool_calls
     assert (await first_view(stub, lane.lane_id)).revision == taken
+
+    # A driver sending unary RPCs reads that state over DriveLane too: it takes the run over
+    # (its calls interrupted and placed, in a commit over one message) and ends it.
+    async def unused(args: dict[str, Any], ctx: Any) -> str:
+        raise AssertionError("the calls were interrupted, not run again")
+
+    driver = Driver(stub, lane.lane_id, [tool("t", unused)], driver_id="d-1", session=False)
+    ended = await driver.recover(run.operation_id, ScriptedModel([step("done")]))
+    assert ended.status == snapshot_pb2.OPERATION_RESULT_STATUS_COMPLETED
+    results = [
+        e.message.message.tool_result
+        for e in (await first_view(stub, lane.lane_id)).transcript
+        if e.message.message.WhichOneof("message") == "tool_result"
+    ]
+    assert [r.tool_call_id for r in results] == ids
+    assert all(r.is_error for r in results)
