@@ -17,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from google.protobuf import json_format
 from lane.client.driver import Driver
+from lane.client.errors import LaneError
 from lane.client.message_parts import PartJoiner
 from lane.client.model import ScriptedModel
 from lane.client.reducer import fold
@@ -37,6 +39,7 @@ from lane.server.app.server import RunningServer
 from lane.server.domain.export_format import EVENT_GROUP
 from lane.server.domain.limits import MAX_TOOL_CALLS
 from tests.integration.lanes import assistant, error_info, text, tool_call
+from tests.integration.test_typescript_session import node_session
 from tests.integration.test_typescript_watcher import NodeFollower
 from tests.support.driver_tools import step, tool
 
@@ -214,7 +217,9 @@ async def test_a_run_captures_an_inbox_of_20_mib(lane_stub: Any) -> None:
     assert folded(queued, groups) == after
 
 
-async def test_a_run_state_over_one_message_is_read_over_drive_lane(lane_stub: Any) -> None:
+async def test_a_run_state_over_one_message_is_read_over_drive_lane(
+    lane_stub: Any, lane_server: RunningServer, tmp_path: Path
+) -> None:
     """A run whose calls' checkpoints add up past 4 MiB: its durable state is refused on the
     unary RPCs (ANSWER_TOO_LARGE; AcquireOperation's commit happened) and answered whole over
     DriveLane, in parts; AcquireOperation sent again there with its request id gets the answer
@@ -257,6 +262,13 @@ async def test_a_run_state_over_one_message_is_read_over_drive_lane(lane_stub: A
         c.checkpoint.content[0].text.text[-1] == c.tool_call_id[-1] for c in state.tool_calls
     )
     assert pb.GetOperationResponse(state=state).ByteSize() > MAX_MESSAGE_BYTES
+    # The TypeScript LaneClient sending unary RPCs reads it over DriveLane too.
+    async with node_session(f"127.0.0.1:{lane_server.port}", tmp_path) as node:
+        with pytest.raises(LaneError) as refused_in_node:
+            await node.call(get, via="unary")
+        assert refused_in_node.value.reason == "ANSWER_TOO_LARGE"
+        assert (await node.call(get, via="unary-client")).state == state
+        await node.close()
     # The recorded answer: the same lease, and nothing committed again.
     assert answer.lease.driver_id == "d-1"
     assert answer.revision == taken
