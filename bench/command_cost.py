@@ -1,5 +1,5 @@
 """The Python work of one command between its request and PostgreSQL, with no I/O: the domain
-step, the commit rule (``limits.check_commit``), the commit statement
+step, the commit statement
 (``lane_writes.commit_statement``) and psycopg's conversion and dumping of its parameters, each
 timed per commit over the drivers' lifecycle (:mod:`bench.replay`'s run: 114 commits of 5 turns
 x 4 tool calls). The best of several passes, so a busy machine inflates the figures less; it
@@ -25,13 +25,12 @@ from psycopg.adapt import Transformer
 from bench import replay
 from bench.entry import add_run_shape
 from lane.server.domain import lanes
-from lane.server.domain.limits import check_commit
 from lane.server.domain.state import LaneState
 from lane.server.domain.transition import Transition
 from lane.server.store.lane_ref import LaneRef
 from lane.server.store.lane_writes import commit_statement
 
-STAGES = ("domain step", "check_commit", "commit_statement", "psycopg dump")
+STAGES = ("domain step", "commit_statement", "psycopg dump")
 
 
 class _TimedLane(replay._Lane):
@@ -49,15 +48,13 @@ class _TimedLane(replay._Lane):
         t0 = clock()
         transition = step(self.state, now)
         t1 = clock()
-        check_commit(self.state, transition)
-        t2 = clock()
         statement = commit_statement(self.ref, self.state, transition, self.version)
-        t3 = clock()
+        t2 = clock()
         assert statement is not None
         query = PostgresQuery(Transformer.from_context(self.context))
         query.convert(statement.sql, statement.params)  # which dumps the parameters too
-        t4 = clock()
-        for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+        t3 = clock()
+        for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2), strict=True):
             self.seconds[stage] += seconds
         self.commits += 1
         self.state, self.version = transition.state, self.version + 1

@@ -38,6 +38,7 @@ from lane.v1 import messages_pb2, snapshot_pb2
 
 from lane.server.domain import lanes, placement, runs, tools
 from lane.server.domain.ids import new_id
+from lane.server.domain.run_inputs import Executed, RunSettings
 from lane.server.domain.state import LaneState
 from lane.server.domain.transition import Transition
 from lane.server.store.lane_ref import LaneRef
@@ -170,7 +171,7 @@ def _record_run(lane: _Lane, run_no: int, calls: int, turns: int) -> None:
     lane.commit(
         "StartRun",
         lambda s, now: runs.start_run(
-            s, operation_id, [prompt_message(run_no)], pb.RunSettings(), now, new_id, None
+            s, operation_id, [prompt_message(run_no)], RunSettings(), now, new_id, None
         ),
     )
 
@@ -192,7 +193,7 @@ def _record_run(lane: _Lane, run_no: int, calls: int, turns: int) -> None:
 
         for n, checkpoint in ((1, False), (2, True)):
             update(n, checkpoint)
-        outcome = pb.ExecutedOutcome(result=outcome_result(call))
+        outcome = Executed(result=outcome_result(call))
         lane.commit(
             "StageToolOutcome",
             lambda s, now: tools.stage_tool_outcome(s, operation_id, call, outcome, now, 0),

@@ -38,13 +38,14 @@ import h11
 import pytest
 from google.protobuf import json_format
 from google.rpc import error_details_pb2, status_pb2
+from lane.limits import MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
 
 from lane.server.api import json_parses
 from lane.server.api.json_parses import PARSES_PER_NAMESPACE, WAITING_PER_NAMESPACE
 from lane.server.app.config import Settings
 from lane.server.app.server import RunningServer
-from lane.server.domain.limits import MAX_CONTENT_BLOCKS, MAX_MESSAGE_BYTES
+from lane.server.domain.limits import MAX_CONTENT_BLOCKS
 from tests.support.driver_tools import until
 from tests.support.lanes import (
     Stub,

@@ -162,27 +162,6 @@ BAD: dict[str, tuple[Callable[[Lines], None], str, str]] = {
         "INVALID_EXPORT",
         "message count must be from 0",
     ),
-    "an inbox over the enqueue limit": (
-        lane_record(
-            lambda lane: lane.update(
-                queues=[
-                    {
-                        "entryId": f"q{n}",
-                        "kind": "QUEUE_KIND_NEXT_RUN",
-                        "message": {"user": {"content": [{"text": {"text": "x" * 300_000}}]}},
-                    }
-                    for n in range(4)
-                ]
-            )
-        ),
-        "INVALID_EXPORT",
-        "the inbox holds",
-    ),
-    "an event group over one message": (
-        with_group(*[{"fault": {"code": "c", "message": "x" * 500_000}} for _ in range(9)]),
-        "INVALID_EXPORT",
-        "over one message",
-    ),
     # R8: versions are JSON integers, and the log must fold to the lane record.
     "version true": (header(version=True), "INVALID_EXPORT", "version must be a JSON integer"),
     "version 1.0": (header(version=1.0), "INVALID_EXPORT", "version must be a JSON integer"),

@@ -11,9 +11,9 @@ events (read back through WatchLane) into the previous capture and compares with
   the call limit runs to its end, call by call or ended at once;
 - payloads: 512 KiB per message, argument text or result, 64 KiB per operation error
   (INVALID_ARGUMENT ``PAYLOAD_TOO_LARGE``), a one-call run with every payload at its limit;
-- commits: a batch whose results add up past what ending the run could carry is refused
-  (RESOURCE_EXHAUSTED ``COMMIT_TOO_LARGE``) and the run goes on (the byte-exact boundaries of
-  the commit rule are in tests/unit/domain/test_domain_limits.py: they need a fixed clock);
+- commits: results adding up past one message are placed in one commit, which watchers get in
+  parts (nothing is refused for a commit's size; the parts' byte-exact edges are in
+  tests/unit/test_message_parts.py);
 - GetLaneSnapshot: exactly 4 MiB answered, one byte more refused (``SNAPSHOT_TOO_LARGE``), and
   WatchLane still delivers that lane in transcript chunks of at most about 1 MiB;
 - watchers: per lane and per process (``TOO_MANY_WATCHERS``), a leaving watcher frees its
@@ -33,6 +33,7 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 from lane.client.testing import LaneScript, RunScript
+from lane.limits import MAX_MESSAGE_BYTES
 from lane.v1 import entries_pb2, lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
 
@@ -42,8 +43,6 @@ from lane.server.app.server import MAX_RECEIVE_MESSAGE_BYTES, MAX_SEND_MESSAGE_B
 from lane.server.domain.limits import (
     MAX_CONTENT_BLOCKS,
     MAX_ERROR_BYTES,
-    MAX_LIVE_STATE_BYTES,
-    MAX_MESSAGE_BYTES,
     MAX_PAYLOAD_BYTES,
     MAX_REQUEST_MESSAGES,
     MAX_TOOL_CALLS,
@@ -144,11 +143,7 @@ async def new_lane(stub: Any, prefix: str = "limits") -> str:
 
 async def test_the_published_message_limits_agree() -> None:
     assert MAX_RECEIVE_MESSAGE_BYTES == MAX_SEND_MESSAGE_BYTES == MAX_MESSAGE_BYTES == 4 << 20
-    assert (MAX_PAYLOAD_BYTES, MAX_ERROR_BYTES, MAX_LIVE_STATE_BYTES) == (
-        512 << 10,
-        64 << 10,
-        (7 << 20) // 2,
-    )
+    assert (MAX_PAYLOAD_BYTES, MAX_ERROR_BYTES) == (512 << 10, 64 << 10)
     assert WatchSettings().chunk_bytes == 1 << 20
 
 
@@ -424,9 +419,12 @@ async def test_every_other_payload_kind_is_limited(lane_stub) -> None:
 # -- commits ---------------------------------------------------------------------------------
 
 
-async def test_results_adding_up_past_the_run_end_are_refused_and_the_run_goes_on(
+async def test_results_adding_up_past_one_message_are_placed_and_delivered_in_parts(
     lane_stub,
 ) -> None:
+    """Once refused COMMIT_TOO_LARGE: three results at the payload limit placed in one commit
+    (each in message_start, message_end and entry_added) are more than one message; the
+    group is committed and watchers get it in parts."""
     stub = lane_stub
     run, turn_id, lane_id = await open_turn(stub)
     await run.settle(turn_id, tool_calls=["a", "b", "c"])
@@ -438,27 +436,16 @@ async def test_results_adding_up_past_the_run_end_are_refused_and_the_run_goes_o
     def stage(name: str, size: int) -> Any:
         return run.call(name).stage(sized_result_text(size))
 
-    # b and c wait for a. Ending the run would place both, each result in four events of one
-    # group (message_start, message_end, entry_added, turn_end): 8 x 512 KiB > 4 MiB.
+    # b and c wait for a: staging a places all three in one group of more than 4 MiB.
     await stage("b", MAX_PAYLOAD_BYTES)
+    await stage("c", MAX_PAYLOAD_BYTES)
     await probe.check(["a", "b", "c"])
-    error = await refused(
-        stub,
-        lane_id,
-        stage("c", MAX_PAYLOAD_BYTES),
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        "COMMIT_TOO_LARGE",
-        part="runEnd",
-        limit=MAX_MESSAGE_BYTES - 4096,
-    )
-    assert int(error_info(error).metadata["bytes"]) > MAX_MESSAGE_BYTES - 4096
-    # A smaller result fits; the batch completes and everything is delivered.
-    await stage("c", MAX_PAYLOAD_BYTES // 2)
-    await probe.check(["a", "b", "c"])
-    placed = (await stage("a", 1000)).staged
+    placed = (await stage("a", MAX_PAYLOAD_BYTES)).staged
     assert placed.batch_complete
     assert list(placed.placed_tool_call_ids) == ["a", "b", "c"]
-    await probe.check(["a", "b", "c"])
+    group = await probe.check(["a", "b", "c"])
+    sizes = sum(event.ByteSize() for event in group)
+    assert sizes > MAX_MESSAGE_BYTES
 
 
 # -- GetLaneSnapshot and the transcript chunks ---------------------------------------------

@@ -115,8 +115,9 @@ async def test_a_bad_token_fails_at_once_saying_how_to_pass_one(auth_target: str
     for entry in ("command", "watch", "driver"):
         result = results[entry]
         assert (result["code"], result["reason"]) == ("UNAUTHENTICATED", "TOKEN_UNKNOWN"), result
-        assert f"The service at {auth_target} needs a bearer token: pass {{ token }}" in (
-            result["message"]
+        assert (
+            f"The service at {auth_target} needs a bearer token: pass {{ token }}"
+            in (result["message"])
         )
     assert results["bare watch"]["code"] == "UNAUTHENTICATED"
 

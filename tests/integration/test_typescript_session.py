@@ -13,8 +13,8 @@ in a Node process of its own (clients/typescript/test/session-process.ts, fed JS
 - a stream cut mid-flight (a proxy drops the connection) loses and doubles nothing: the
   session resends with request ids, and RenewLease, which has none, fails UNAVAILABLE;
 - a service restart: the session reconnects and its command is answered once;
-- an answer too large for a stream message (ANSWER_TOO_LARGE) is read with the unary RPC, and
-  a request too large for one goes unary; the stream goes on.
+- an answer over the message limit comes in parts (MessagePart) the session joins, and a
+  request too large for one message goes unary; the stream goes on.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.message import Message
-from lane.client.errors import LaneError, lane_error, status_error
+from lane.client.errors import LaneError, lane_error
 from lane.client.testing import LaneScript
 from lane.limits import MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
@@ -433,25 +433,32 @@ async def grown_to_the_limit(stub: Any, lane: str) -> pb.GetLaneSnapshotResponse
     raise AssertionError("the snapshot's size did not settle")
 
 
-async def test_an_answer_too_large_for_the_stream_is_read_unary(
+async def test_an_answer_over_the_message_limit_comes_in_parts(
     lane_stub: Any, lane_channel: Any, lane_server: RunningServer, tmp_path: Path
 ) -> None:
     lane = new_lane_id("ts-too-large")
     expected = await grown_to_the_limit(lane_stub, lane)
-    # On the stream alone it is refused ANSWER_TOO_LARGE ...
+    # On the stream its answer is over the limit (the sequence and the field's header add 7):
+    # it comes in two parts, each within the limit, that join into the answer ...
     call = raw_drive(lane_channel)
+    frames: list[pb.DriveLaneResponse] = []
     try:
         request = pb.DriveLaneRequest(
             sequence=1, get_lane_snapshot=pb.GetLaneSnapshotRequest(lane_id=lane)
         )
         await call.write(request.SerializeToString())
-        refused = await asyncio.wait_for(call.read(), 20)
+        while not frames or frames[-1].part.continues:
+            frames.append(await asyncio.wait_for(call.read(), 20))
     finally:
         call.cancel()
-    assert refused.WhichOneof("answer") == "error"
-    assert status_error(refused.error).reason == "ANSWER_TOO_LARGE"
+    assert len(frames) == 2
+    assert all(frame.ByteSize() <= MAX_MESSAGE_BYTES for frame in frames)
+    assert all(frame.WhichOneof("answer") is None and frame.sequence == 0 for frame in frames)
+    joined = pb.DriveLaneResponse.FromString(b"".join(frame.part.data for frame in frames))
+    assert joined.sequence == 1
+    assert joined.get_lane_snapshot == expected
     async with node_session(target_of(lane_server), tmp_path) as node:
-        # ... and the session reads it with the unary RPC instead.
+        # ... and the session joins them: the whole answer, on its one stream.
         assert await node.call(pb.GetLaneSnapshotRequest(lane_id=lane)) == expected
         # A request too large for a stream message goes unary too: gRPC's own refusal.
         huge = pb.EnqueueMessageRequest(

@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import psycopg
 from lane.client import testing
+from lane.client.message_parts import PartJoiner
 from lane.client.reducer import fold
 from lane.client.testing import LaneScript, RunScript, new_lane_id, result, text, tool_call, user
 from lane.v1 import events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
@@ -57,8 +58,12 @@ async def events_between(
     if until <= after:
         return found
     call = stub.WatchLane(lane_service_pb2.WatchLaneRequest(lane_id=lane_id, after_revision=after))
+    parts: PartJoiner[lane_service_pb2.WatchLaneResponse] = PartJoiner()
     try:
-        async for response in call:
+        async for received in call:
+            response = parts.take(received)
+            if response is None:
+                continue  # a part of a group over one message
             kind = response.WhichOneof("item")
             assert kind in ("event_group", "heartbeat"), f"resume sent {kind}"
             if kind == "event_group":

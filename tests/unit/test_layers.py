@@ -21,6 +21,10 @@ FORBIDDEN = {
     "psycopg": ("domain", "commands"),
     "psycopg_pool": ("domain", "commands"),
 }
+#: Contract modules a layer must not use: the domain knows no service messages (requests,
+#: responses, frames); it works on the lane's own values (lane.v1's snapshot, event, entry and
+#: message types) and its own (domain/run_inputs.py).
+FORBIDDEN_CONTRACTS = {"lane.v1.lane_service_pb2": ("domain",)}
 
 
 def imported(path: Path) -> set[str]:
@@ -48,7 +52,10 @@ def violations(layer: str, root: Path = SERVICE) -> list[str]:
             layered = bool(inner) and inner[0] in (*LAYERS, *SHARED)
             if layered and inner[0] not in allowed:
                 found.append(f"{path.relative_to(root)} imports {module}")
-            if layer in FORBIDDEN.get(parts[0], ()):
+            if layer in FORBIDDEN.get(parts[0], ()) or any(
+                layer in layers and (module == name or module.startswith(f"{name}."))
+                for name, layers in FORBIDDEN_CONTRACTS.items()
+            ):
                 found.append(f"{path.relative_to(root)} imports {module}")
     return found
 
@@ -119,4 +126,17 @@ def test_the_check_catches_a_reach_into_the_store(tmp_path: Path) -> None:
     assert store_insides_used(tmp_path) == [
         "app/bad.py:2 uses store.pool",
         "app/bad.py:4 uses store.cache",
+    ]
+
+
+def test_the_domain_imports_no_service_messages(tmp_path: Path) -> None:
+    assert not any("lane_service_pb2" in found for found in violations("domain"))
+    (tmp_path / "domain").mkdir()
+    (tmp_path / "domain" / "bad.py").write_text(
+        "from lane.v1 import lane_service_pb2, snapshot_pb2\n"
+        "from lane.v1.lane_service_pb2 import RunSettings\n"
+    )
+    assert violations("domain", tmp_path) == [
+        "domain/bad.py imports lane.v1.lane_service_pb2",
+        "domain/bad.py imports lane.v1.lane_service_pb2.RunSettings",
     ]

@@ -4,7 +4,7 @@ Defined once, here, beside the generated contract (``lane.v1``) and like it impo
 sides: the service (``service/lane/server/domain/limits.py``,
 ``service/lane/server/api/validation.py``, ``service/lane/server/app``) and the clients
 (``lane.client``), which must not depend on the server. Plain constants, no imports: importing this
-module costs nothing. README "Limits" says what each one refuses and why it is what it is.
+module costs nothing. docs/limits.md says what each one refuses and why it is what it is.
 """
 
 from __future__ import annotations
@@ -12,12 +12,17 @@ from __future__ import annotations
 from typing import Final
 
 #: The largest gRPC message either side sends or receives: gRPC's default receive limit, so
-#: any client with default settings receives everything.
+#: any client with default settings receives everything. Larger answers and stream messages
+#: are sent in parts (lane.v1.MessagePart).
 MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
 #: One payload of a request (a message, a tool result, arguments, an entry), encoded.
 MAX_PAYLOAD_BYTES: Final = 512 * 1024
 #: An operation error (EndRun, EndCompaction), encoded.
 MAX_ERROR_BYTES: Final = 64 * 1024
+#: A lane's inbox, its queued messages together, encoded (RESOURCE_EXHAUSTED ``QUEUE_FULL``): a
+#: budget that protects the database, as every enqueue writes the whole queue again (its
+#: queue_update event carries it).
+MAX_INBOX_BYTES: Final = 32 * 1024 * 1024
 
 #: A lease's length when a request asks for 0.
 DEFAULT_LEASE_SECONDS: Final = 30

@@ -37,6 +37,7 @@ export {
   type WatchOptions,
   type WatchUpdate,
 } from "./watch.js";
+export { PartJoiner, PartsError } from "./message-parts.js";
 export {
   watchLanes,
   type LanesUpdate,

@@ -280,10 +280,26 @@ export class LaneClient {
               options.signal,
             );
     } catch (error) {
-      if (key !== undefined && (error as { reasonCode?: Reason }).reasonCode === Reason.STALE_LEASE) {
+      const reason = (error as { reasonCode?: Reason }).reasonCode;
+      if (key !== undefined && reason === Reason.STALE_LEASE) {
         this.leases.delete(key);
       }
-      throw this.explained(error);
+      if (session !== undefined || reason !== Reason.ANSWER_TOO_LARGE) {
+        throw this.explained(error);
+      }
+      // A unary answer over one message (a large run state): DriveLane sends it in parts. A
+      // command ran already; its request id brings back the answer recorded then.
+      const once = this.openSession();
+      try {
+        response = await once.call(method, request as RequestOf<K>, {
+          retry: options.retry ?? this.retry,
+          signal: options.signal,
+        });
+      } catch (retried) {
+        throw this.explained(retried);
+      } finally {
+        await once.close();
+      }
     }
     this.learn(method, request, response as Record<string, unknown>, key);
     return response;

@@ -46,8 +46,9 @@
  * Answers come one per message or several in one; each reaches its caller by its sequence.
  * `messagesSent` and `commandsSent` count what the session wrote.
  *
- * A request too large for a DriveLane message, and a command answered RESOURCE_EXHAUSTED
- * `ANSWER_TOO_LARGE` (it ran; its answer does not fit a stream message), go through the unary
+ * An answer over the 4 MiB message limit comes in parts (lane.v1.MessagePart); the session joins
+ * them and hands the caller the whole answer. A request too large for a DriveLane message, and a
+ * command an older service answered RESOURCE_EXHAUSTED `ANSWER_TOO_LARGE`, go through the unary
  * RPC instead, the latter with its request id, so the recorded answer comes back. So do the
  * commands of a stream the server refuses RESOURCE_EXHAUSTED `TOO_MANY_SESSIONS` (nothing on it
  * ran): the session sends its commands unary for the next two seconds (the refusal's retry
@@ -60,10 +61,12 @@ import { LaneError, Reason, laneErrorFrom } from "./errors.js";
 import type { Status } from "./gen/google/rpc/status_pb.js";
 import {
   DriveLaneRequestSchema,
+  DriveLaneResponseSchema,
   LaneService,
   type DriveLaneRequest,
   type DriveLaneResponse,
 } from "./gen/lane/v1/lane_service_pb.js";
+import { PartJoiner } from "./message-parts.js";
 import type { LaneServiceClient, RequestOf, ResponseOf, UnaryMethod } from "./lane-client.js";
 
 /** The service's bound on a stream's commands in flight (read, not yet answered). */
@@ -484,8 +487,14 @@ export class LaneSession {
 
   private async read(answers: AsyncIterable<DriveLaneResponse>, generation: number): Promise<void> {
     try {
-      for await (const message of answers) {
+      // An answer over the message limit comes in parts: only whole ones are read.
+      const parts = new PartJoiner(DriveLaneResponseSchema);
+      for await (const received of answers) {
         this.failures = 0;
+        const message = parts.take(received, received.part);
+        if (message === undefined) {
+          continue;
+        }
         if (message.batch.length > 0) {
           for (const answer of message.batch) {
             this.deliver(answer);

@@ -39,7 +39,7 @@ import { ToolContext, resultBytes, textBlock, toResultProto, type Tool, type Too
 // The driver only hands a tool arguments that passed its own schema.
 export type AnyTool = Tool<any>;
 
-/** The largest tool result the service accepts (README, Limits: one payload, encoded). */
+/** The largest tool result the service accepts (docs/limits.md: one payload, encoded). */
 export const MAX_RESULT_BYTES = 512 * 1024;
 
 /** Another driver took the run over (the service refused this driver's fencing token). */

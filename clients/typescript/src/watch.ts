@@ -30,9 +30,10 @@ import { Code, type CallOptions, type Client } from "@connectrpc/connect";
 import { sleep } from "./commands.js";
 import { LANE_ERROR_DOMAIN, LaneError, Reason, laneErrorFrom, reasonName } from "./errors.js";
 import type { HarnessEvent } from "./gen/lane/v1/events_pb.js";
-import type { LaneService, WatchLaneResponse } from "./gen/lane/v1/lane_service_pb.js";
+import { WatchLaneResponseSchema, type LaneService, type WatchLaneResponse } from "./gen/lane/v1/lane_service_pb.js";
 import { LaneSnapshotSchema, type LaneSnapshot } from "./gen/lane/v1/snapshot_pb.js";
 import { CONNECT_TIMEOUT_MS, FirstContact, endpointOf } from "./reach.js";
+import { PartJoiner, PartsError } from "./message-parts.js";
 import { fold } from "./reducer.js";
 
 /** What `watchLane` needs of a client: `createClient(LaneService, transport)` fits. */
@@ -161,6 +162,8 @@ export async function* watchLane(
       // The snapshot being assembled from its head and transcript chunks.
       let assembling: { snapshot: LaneSnapshot; remaining: number } | undefined;
       let ready = resumeAfter !== undefined;
+      // A message over the service's message limit comes in parts: only whole ones are read.
+      const parts = new PartJoiner(WatchLaneResponseSchema);
       read: for (;;) {
         const next = await nextWithin(iterator, idleTimeoutMs, () => {
           idleTimedOut = true;
@@ -172,7 +175,17 @@ export async function* watchLane(
         }
         failures = 0; // any message is progress: the backoff starts over
         firstContact.made();
-        const item = next.value.item;
+        let whole: WatchLaneResponse | undefined;
+        try {
+          const received = next.value;
+          whole = parts.take(received, received.item.case === "part" ? received.item.value : undefined);
+        } catch (thrown) {
+          throw thrown instanceof PartsError ? new WatchProtocolError(thrown.message) : thrown;
+        }
+        if (whole === undefined) {
+          continue; // a part: the message is not whole yet
+        }
+        const item = whole.item;
         let completed: LaneSnapshot | undefined;
         switch (item.case) {
           case "snapshot": {

@@ -11,7 +11,8 @@
  * - `{"id", "op": "call", "method": "recordUsage", "request": base64, "via": "session" |
  *   "unary" | "client"}`: the request (the method's request message, encoded) through the
  *   session, as the unary RPC (`LaneServiceClient`, errors through `laneErrorFrom`), or through
- *   `LaneClient.call` of a `connectLane(target, { session: true })` client; the answer is
+ *   `LaneClient.call` of a `connectLane(target, { session: true })` client, or (`"unary-client"`)
+ *   of a `connectLane(target)` client, which sends unary RPCs; the answer is
  *   `{"id", "response": base64}` or `{"id", "error": {"code", "reason", "message", "metadata",
  *   "sessionBroken"}}` (the message is the service's own, `serviceMessage`).
  * - `{"id", "op": "burst", "calls": [{"method", "request"}, ...]}`: every call through the session
@@ -42,6 +43,7 @@ type Json = Record<string, unknown>;
 const config = JSON.parse(process.argv[2] ?? "{}") as Json;
 const service = createLaneClient(config["target"] as string);
 const lanes = connectLane(config["target"] as string, { session: true });
+const unaryLanes = connectLane(config["target"] as string);
 const session = new LaneSession(service, {
   ...(config["maxInFlight"] === undefined ? {} : { maxInFlight: config["maxInFlight"] as number }),
   retry: { timeoutMs: 30_000 },
@@ -62,6 +64,8 @@ async function call(line: Json): Promise<Json> {
       response = await send.call(service, request, { timeoutMs: 30_000 });
     } else if (line["via"] === "client") {
       response = await lanes.call(method, request as RequestOf<typeof method>);
+    } else if (line["via"] === "unary-client") {
+      response = await unaryLanes.call(method, request as RequestOf<typeof method>);
     } else {
       response = await session.call(method, request as RequestOf<typeof method>);
     }

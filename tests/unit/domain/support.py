@@ -39,6 +39,7 @@ from lane.server.domain.errors import (
     LaneError,
     NotFound,
 )
+from lane.server.domain.run_inputs import Executed, Outcome, RunSettings, Synthetic
 from lane.server.domain.state import LaneState, ToolBatch, ToolCall
 from lane.server.domain.transition import Transition
 
@@ -154,26 +155,22 @@ def result(
     return built
 
 
-def executed(
-    outcome: messages_pb2.ToolResult, *, is_error: bool = False
-) -> lane_service_pb2.ExecutedOutcome:
-    return lane_service_pb2.ExecutedOutcome(result=outcome, is_error=is_error)
+def executed(outcome: messages_pb2.ToolResult, *, is_error: bool = False) -> Executed:
+    return Executed(result=outcome, is_error=is_error)
 
 
 def synthetic(
     cause: lane_service_pb2.SyntheticCause.ValueType, message: str = "", terminate: bool = False
-) -> lane_service_pb2.SyntheticOutcome:
-    return lane_service_pb2.SyntheticOutcome(cause=cause, message=message, terminate=terminate)
+) -> Synthetic:
+    return Synthetic(cause=cause, message=message, terminate=terminate)
 
 
 def run_settings(
     mode: lane_service_pb2.ToolExecution.ValueType = PARALLEL,
     steering: lane_service_pb2.DeliveryMode.ValueType = lane_service_pb2.DELIVERY_MODE_ALL,
     follow_up: lane_service_pb2.DeliveryMode.ValueType = lane_service_pb2.DELIVERY_MODE_ALL,
-) -> lane_service_pb2.RunSettings:
-    return lane_service_pb2.RunSettings(
-        tool_execution=mode, steering_mode=steering, follow_up_mode=follow_up
-    )
+) -> RunSettings:
+    return RunSettings(tool_execution=mode, steering_mode=steering, follow_up_mode=follow_up)
 
 
 def queued_message(
@@ -379,7 +376,7 @@ class Lane:
     def start_run(
         self,
         *prompt: messages_pb2.AgentMessage,
-        settings: lane_service_pb2.RunSettings | None = None,
+        settings: RunSettings | None = None,
         run_id: str = RUN,
     ) -> Transition:
         now = self.tick()
@@ -412,7 +409,7 @@ class Lane:
             lambda s: tools.update_tool_call(s, run_id, call_id, progress, checkpoint, now)
         )
 
-    def stage(self, call_id: str, outcome: tools.Outcome) -> Transition:
+    def stage(self, call_id: str, outcome: Outcome) -> Transition:
         now, run_id = self.tick(), self.operation_id
         return self.commit(lambda s: tools.stage_tool_outcome(s, run_id, call_id, outcome, now))
 

@@ -7,9 +7,10 @@ an untouched input state and fold == capture (tests/unit/domain/support.py).
 from __future__ import annotations
 
 import pytest
-from lane.v1 import lane_service_pb2, messages_pb2, snapshot_pb2
+from lane.v1 import messages_pb2, snapshot_pb2
 
 from lane.server.domain import lanes, results, runs, tools
+from lane.server.domain.run_inputs import Synthetic
 from lane.server.domain.state import CallStatus, Continuation, Phase
 from tests.unit.domain.support import (
     LANE,
@@ -286,7 +287,7 @@ SYNTHETIC_FROM_PLANNED = [
 
 @pytest.mark.parametrize(("outcome", "expected_text", "terminate"), SYNTHETIC_FROM_PLANNED)
 def test_staging_a_planned_call_emits_tool_start_with_source_args_then_tool_end(
-    outcome: lane_service_pb2.SyntheticOutcome, expected_text: str, terminate: bool
+    outcome: Synthetic, expected_text: str, terminate: bool
 ) -> None:
     # A truncated outcome is for calls of a message cut off for length.
     stop = LENGTH if outcome.cause == Cause.SYNTHETIC_CAUSE_TRUNCATED else TOOL_USE

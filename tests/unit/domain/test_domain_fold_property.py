@@ -33,6 +33,7 @@ from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, sna
 
 from lane.server.domain import lanes, placement, runs, tools
 from lane.server.domain.errors import FailedPrecondition, InvalidArgument, LaneError, NotFound
+from lane.server.domain.run_inputs import Executed, Outcome, RunSettings, Synthetic
 from lane.server.domain.state import CallStatus, LaneState, Phase
 from lane.server.domain.transition import Transition
 from tests.unit.domain.support import (
@@ -117,16 +118,14 @@ FITTING_CAUSES: dict[CallStatus | None, list[lane_service_pb2.SyntheticCause.Val
 
 
 @st.composite
-def outcomes(draw: st.DrawFn, status: CallStatus | None) -> tools.Outcome:
+def outcomes(draw: st.DrawFn, status: CallStatus | None) -> Outcome:
     fitting = FITTING_CAUSES.get(status)
     anything = fitting is None or draw(st.integers(0, 15)) == 7
     executed = draw(st.booleans()) if anything else status == CallStatus.EFFECT_PENDING
     if executed and (anything or draw(st.integers(0, 3)) != 2):
-        return lane_service_pb2.ExecutedOutcome(
-            result=draw(tool_results()), is_error=draw(st.booleans())
-        )
+        return Executed(result=draw(tool_results()), is_error=draw(st.booleans()))
     causes = list(SyntheticCause.values()) if anything or fitting is None else fitting
-    return lane_service_pb2.SyntheticOutcome(
+    return Synthetic(
         cause=draw(st.sampled_from(causes)),
         message=draw(st.text(max_size=10)),
         terminate=draw(st.booleans()),
@@ -280,7 +279,7 @@ class Driver:
         if kind == "start_run":
             size = self.draw(st.sampled_from([1, 1, 1, 2, 0]))
             prompt = [user(self.draw(st.text(max_size=5))) for _ in range(size)]
-            run_settings = lane_service_pb2.RunSettings(
+            run_settings = RunSettings(
                 tool_execution=self.draw(st.sampled_from([0, 1, 2])),
                 steering_mode=self.draw(st.sampled_from([0, 1, 2])),
                 follow_up_mode=self.draw(st.sampled_from([0, 1, 2])),

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
-from lane.v1 import lane_service_pb2, snapshot_pb2
+from lane.v1 import snapshot_pb2
 
 from lane.server.domain import lanes, placement, runs, tools
 from lane.server.domain.errors import InvalidArgument
+from lane.server.domain.run_inputs import Outcome, RunSettings, Synthetic
 from lane.server.domain.state import LaneState, Operation
 from lane.server.domain.transition import Transition
 from tests.support import refusal_matrix
@@ -88,7 +89,7 @@ def build(name: str) -> Lane:
                 kind=snapshot_pb2.OPERATION_KIND_COMPACTION,
                 started_time=T0,
                 from_tip_id="",
-                settings=lane_service_pb2.RunSettings(),
+                settings=RunSettings(),
             ),
         )
         return lane
@@ -126,7 +127,7 @@ def commands(lane: Lane, run_id: str = RUN) -> dict[str, Command]:
     prompt = [user("again")]
     message = assistant(text("x"), tool_call("n-0", "read", "{}"))
 
-    def stage(outcome: tools.Outcome) -> Command:
+    def stage(outcome: Outcome) -> Command:
         return lambda s: tools.stage_tool_outcome(s, run_id, X, outcome, now)
 
     return {
@@ -156,7 +157,7 @@ def commands(lane: Lane, run_id: str = RUN) -> dict[str, Command]:
         "stage_cancelled": stage(synthetic(Cause.SYNTHETIC_CAUSE_CANCELLED)),
         "stage_interrupted": stage(synthetic(Cause.SYNTHETIC_CAUSE_INTERRUPTED)),
         "stage_unspecified": stage(synthetic(Cause.SYNTHETIC_CAUSE_UNSPECIFIED)),
-        "stage_no_outcome": stage(lane_service_pb2.SyntheticOutcome()),
+        "stage_no_outcome": stage(Synthetic()),
         "end_completed": lambda s: runs.end_run(s, run_id, COMPLETED, None, now, ids),
         "end_failed": lambda s: runs.end_run(
             s, run_id, FAILED, snapshot_pb2.OperationError(code="E", message="m"), now, ids

@@ -14,8 +14,6 @@ import pytest
 from lane.v1 import messages_pb2, snapshot_pb2
 
 from lane.server.domain import results, runs
-from lane.server.domain.future_commits import run_end_bytes
-from lane.server.domain.limits import group_frame_bytes
 from lane.server.domain.state import Continuation
 from tests.unit.domain.support import (
     ABORTED,
@@ -102,15 +100,6 @@ def test_the_reconciler_stages_them_as_truncated_too() -> None:
         truncated_text("a_rather_long_tool_name"),
     ]
     assert all(e.recovery for e in t.events)
-
-
-def test_the_bound_of_ending_the_run_covers_the_truncated_results() -> None:
-    # The truncation notice names the tool: longer than the cancellation notice it replaces.
-    names = [f"tool_{'n' * 200}_{i}" for i in range(5)]
-    lane = lane_with_batch(*((f"c-{i}", n, "{}") for i, n in enumerate(names)), stop_reason=LENGTH)
-    bound = run_end_bytes(lane.state)
-    ended = lane.end_run(ABORTED)
-    assert group_frame_bytes(ended.events) <= bound
 
 
 def test_a_tool_use_stop_without_calls_ends_the_turn_but_the_run_cannot_complete() -> None:

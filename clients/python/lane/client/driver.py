@@ -91,6 +91,7 @@ from lane.client.errors import (
     OperationNotOpen,
     StaleLease,
     TooManyWatchers,
+    reason_name,
 )
 from lane.client.hooks import Hooks
 from lane.client.lane_client import LaneClient
@@ -101,7 +102,7 @@ from lane.client.toolflow import BatchCall, LeaseLost, RunControl, ToolFlow
 from lane.client.tools import Tool
 from lane.client.watch import RetryPolicy, watch_lane
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import messages_pb2, snapshot_pb2
+from lane.v1 import messages_pb2, reasons_pb2, snapshot_pb2
 
 __all__ = [
     "MAX_RETRY_AFTER_SECONDS",
@@ -176,6 +177,8 @@ def _active_tools(snapshot: snapshot_pb2.LaneSnapshot) -> frozenset[str] | None:
 
 
 #: The watch's backoff: capped like a command's retries (a turn waits for the watch).
+#: A unary answer over one message: the driver reads it over DriveLane instead.
+_ANSWER_TOO_LARGE = reason_name(reasons_pb2.REASON_ANSWER_TOO_LARGE)
 _WATCH_RETRY = RetryPolicy(initial_backoff=0.1, max_backoff=2.0)
 
 
@@ -503,9 +506,17 @@ class Driver:
         """One command: over the run's session, or as its unary RPC ``rpc``."""
         session = self._session
         if session is None:
-            return await call(
-                rpc, request, retry_seconds=retry_seconds, attempt_timeout=attempt_timeout
-            )
+            try:
+                return await call(
+                    rpc, request, retry_seconds=retry_seconds, attempt_timeout=attempt_timeout
+                )
+            except LaneError as err:
+                if err.reason != _ANSWER_TOO_LARGE:
+                    raise
+            # An answer over one message (a large run state): DriveLane sends it in parts. A
+            # command ran already; its request id (set by call) brings its recorded answer.
+            async with LaneSession(self._stub, retry_seconds=retry_seconds) as once:
+                return cast(Resp, await once.call(request, attempt_timeout=attempt_timeout))
         answer = await session.call(
             request, retry_seconds=retry_seconds, attempt_timeout=attempt_timeout
         )

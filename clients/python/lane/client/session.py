@@ -42,8 +42,10 @@ stream whose service said it takes them (the ``lane-drive-batch`` header it send
 admits the stream); to an older service, or before the header came, every command goes alone.
 Answers arrive one per message or several in one; each reaches its caller by its sequence.
 
-A request too large for a DriveLane message (near the 4 MiB limit) and a command answered
-RESOURCE_EXHAUSTED ``ANSWER_TOO_LARGE`` go through the unary RPC instead (the latter with its
+An answer over the 4 MiB message limit (a large snapshot or run state) comes in parts
+(lane.v1.MessagePart); the session joins them and hands the caller the whole answer. A request
+too large for a DriveLane message (near the 4 MiB limit) goes through the unary RPC instead, and
+so does a command an older service answered RESOURCE_EXHAUSTED ``ANSWER_TOO_LARGE`` (with its
 request id: the answer recorded when the command ran comes back). So do the commands of a
 stream the server refuses RESOURCE_EXHAUSTED ``TOO_MANY_SESSIONS`` (it serves as many DriveLane
 streams as it will): nothing on it was run, and the session sends its commands unary until the
@@ -66,6 +68,7 @@ from google.protobuf.message import Message
 from lane.client.commands import call as unary_call
 from lane.client.commands import giving_up, is_retryable, new_request_id
 from lane.client.errors import LaneError, lane_error, reason_name, status_error
+from lane.client.message_parts import PartJoiner, PartsError
 from lane.client.retry import COMMAND_RETRY, RetryPolicy
 from lane.limits import DRIVE_BATCH_HEADER, MAX_DRIVE_BATCH, MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
@@ -434,11 +437,20 @@ class LaneSession:
             self._batch = _batch_bound(await stream.initial_metadata())
             if self._batch > 1:
                 self._wake.set()  # what waits may go together now
+            parts: PartJoiner[pb.DriveLaneResponse] = PartJoiner()
             while True:
-                answer = await stream.read()
-                if answer is grpc.aio.EOF:
+                received = await stream.read()
+                if received is grpc.aio.EOF:
                     break
                 self._failures = 0
+                # An answer over the message limit comes in parts: only whole ones are read.
+                try:
+                    answer = parts.take(received)
+                except PartsError as exc:
+                    self._broken(generation, LaneError(grpc.StatusCode.INTERNAL, "", str(exc)))
+                    return
+                if answer is None:
+                    continue
                 if answer.batch:
                     for item in answer.batch:
                         self._deliver(item)

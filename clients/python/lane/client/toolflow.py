@@ -46,7 +46,7 @@ from lane.v1 import messages_pb2
 __all__ = ["BatchCall", "LeaseLost", "RunControl", "ToolFlow"]
 
 _log = logging.getLogger("lane.client.driver")
-#: The largest tool result the service accepts (README "Limits": one payload, encoded).
+#: The largest tool result the service accepts (docs/limits.md: one payload, encoded).
 MAX_RESULT_BYTES = MAX_PAYLOAD_BYTES
 
 #: Sends one command of the run (lease token, request id, retries, cancel_requested).

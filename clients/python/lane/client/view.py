@@ -489,5 +489,3 @@ def fit_width(text: str, width: int) -> str:
         kept.append(ch)
         used += size
     return "".join(kept) + ("…" if width > 0 else "")
-
-

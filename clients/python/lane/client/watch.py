@@ -59,6 +59,7 @@ import grpc
 from lane.client.connect import CONNECT_TIMEOUT_SECONDS
 from lane.client.errors import LaneError, WatchProtocolError, lane_error
 from lane.client.errors import reason_name as _reason
+from lane.client.message_parts import PartJoiner, PartsError
 from lane.client.reach import FirstContact
 from lane.client.reducer import fold
 from lane.client.retry import RetryPolicy
@@ -412,6 +413,8 @@ async def _follow(
     """
     head: LaneSnapshot | None = None
     chunks_left = 0
+    # A message over the service's message limit comes in parts: only whole ones are read.
+    parts: PartJoiner[lane_service_pb2.WatchLaneResponse] = PartJoiner()
     while True:
         try:
             async with asyncio.timeout(idle_timeout):
@@ -420,7 +423,14 @@ async def _follow(
             raise _IdleTimeout from None
         if received is grpc.aio.EOF:
             return
-        response = cast(lane_service_pb2.WatchLaneResponse, received)
+        try:
+            whole = parts.take(cast(lane_service_pb2.WatchLaneResponse, received))
+        except PartsError as exc:
+            raise WatchProtocolError(f"lane {lane_id}: {exc}") from None
+        if whole is None:
+            yield None  # a part: the message is not whole yet
+            continue
+        response = whole
         kind = response.WhichOneof("item")
         if kind == "snapshot":
             if not position.need_snapshot or head is not None:

@@ -2105,7 +2105,9 @@ Global___TranscriptChunk: _TypeAlias = TranscriptChunk  # noqa: Y015
 
 @_typing.final
 class EventGroup(_message.Message):
-    """All events of one commit, in order. Never split."""
+    """All events of one commit, in order. A client applies a group only whole; one over the message
+    limit arrives as consecutive `part` frames (MessagePart).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -2158,6 +2160,7 @@ class WatchLaneResponse(_message.Message):
     TRANSCRIPT_CHUNK_FIELD_NUMBER: _builtins.int
     EVENT_GROUP_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
+    PART_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def snapshot(self) -> Global___SnapshotHead: ...
     @_builtins.property
@@ -2166,6 +2169,13 @@ class WatchLaneResponse(_message.Message):
     def event_group(self) -> Global___EventGroup: ...
     @_builtins.property
     def heartbeat(self) -> Global___Heartbeat: ...
+    @_builtins.property
+    def part(self) -> Global___MessagePart:
+        """A piece of a message over the service's message limit (4 MiB): see MessagePart. The
+        message it belongs to is a WatchLaneResponse (an event group, a snapshot head or a
+        transcript chunk).
+        """
+
     def __init__(
         self,
         *,
@@ -2173,16 +2183,49 @@ class WatchLaneResponse(_message.Message):
         transcript_chunk: Global___TranscriptChunk | None = ...,
         event_group: Global___EventGroup | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
+        part: Global___MessagePart | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event_group", b"event_group", "heartbeat", b"heartbeat", "item", b"item", "snapshot", b"snapshot", "transcript_chunk", b"transcript_chunk"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event_group", b"event_group", "heartbeat", b"heartbeat", "item", b"item", "part", b"part", "snapshot", b"snapshot", "transcript_chunk", b"transcript_chunk"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_group", b"event_group", "heartbeat", b"heartbeat", "item", b"item", "snapshot", b"snapshot", "transcript_chunk", b"transcript_chunk"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_group", b"event_group", "heartbeat", b"heartbeat", "item", b"item", "part", b"part", "snapshot", b"snapshot", "transcript_chunk", b"transcript_chunk"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["snapshot", "transcript_chunk", "event_group", "heartbeat"]  # noqa: Y015
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["snapshot", "transcript_chunk", "event_group", "heartbeat", "part"]  # noqa: Y015
     _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
 
 Global___WatchLaneResponse: _TypeAlias = WatchLaneResponse  # noqa: Y015
+
+@_typing.final
+class MessagePart(_message.Message):
+    """A piece of a message too large for one gRPC message (over the service's 4 MiB limit). Such a
+    message is sent as consecutive frames of the stream, each of its own type (WatchLaneResponse,
+    DriveLaneResponse) holding only `part`, with nothing else between them: the bytes of all parts
+    joined, in order, are the whole message's encoding, and every part but the last says it
+    continues. A client joins them and reads the message as if it had come alone; it applies
+    nothing of it before its last part arrived. A message within the limit is never split.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    CONTINUES_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """The next bytes of the whole message's encoding (never empty)."""
+    continues: _builtins.bool
+    """More parts of the same message follow."""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        continues: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["continues", b"continues", "data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MessagePart: _TypeAlias = MessagePart  # noqa: Y015
 
 @_typing.final
 class StreamedPartial(_message.Message):
@@ -3020,7 +3063,7 @@ class DriveLaneRequest(_message.Message):
         INVALID_ARGUMENT MALFORMED_REQUEST under its sequence, and a command beside a batch (in the
         message holding the batch) likewise under the message's sequence; the rest is served. At
         most 64 requests (the stream's in-flight bound); the 4 MiB message limit bounds the bytes.
-        Fields 36-40 are kept free for the framing of messages over the 4 MiB limit.
+        Fields 36-40 are kept free for the framing of requests over the 4 MiB limit.
         """
 
     def __init__(
@@ -3114,6 +3157,7 @@ class DriveLaneResponse(_message.Message):
     DELETE_LANE_FIELD_NUMBER: _builtins.int
     READ_LANE_EVENTS_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    PART_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """The sequence of the command answered."""
     @_builtins.property
@@ -3197,7 +3241,14 @@ class DriveLaneResponse(_message.Message):
         stream whose client has sent a batch (a client that sends one command per message gets one
         answer per message); at most 64 answers and 4 MiB per message (an answer too large to fit
         beside others comes alone).
-        Fields 36-40 are kept free for the framing of messages over the 4 MiB limit.
+        """
+
+    @_builtins.property
+    def part(self) -> Global___MessagePart:
+        """A piece of an answer over the 4 MiB message limit (a run's durable state, a snapshot): the
+        answer, a DriveLaneResponse of its own (never a batch), is sent as consecutive messages
+        holding only `part` (MessagePart); its sequence is inside. Nothing else comes between them.
+        Fields 37-40 are kept free.
         """
 
     def __init__(
@@ -3239,10 +3290,11 @@ class DriveLaneResponse(_message.Message):
         delete_lane: Global___DeleteLaneResponse | None = ...,
         read_lane_events: Global___ReadLaneEventsResponse | None = ...,
         batch: _abc.Iterable[Global___DriveLaneResponse] | None = ...,
+        part: Global___MessagePart | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "read_lane_events", b"read_lane_events", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "part", b"part", "read_lane_events", b"read_lane_events", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "batch", b"batch", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "read_lane_events", b"read_lane_events", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_operation", b"abort_operation", "acquire_operation", b"acquire_operation", "answer", b"answer", "append_assistant_stream", b"append_assistant_stream", "batch", b"batch", "compact_run", b"compact_run", "create_lane", b"create_lane", "delete_lane", b"delete_lane", "end_compaction", b"end_compaction", "end_run", b"end_run", "enqueue_message", b"enqueue_message", "error", b"error", "get_lane_snapshot", b"get_lane_snapshot", "get_operation", b"get_operation", "list_lanes", b"list_lanes", "navigate_lane", b"navigate_lane", "part", b"part", "read_lane_events", b"read_lane_events", "record_usage", b"record_usage", "release_lease", b"release_lease", "renew_lease", b"renew_lease", "replay_tool_call", b"replay_tool_call", "report_fault", b"report_fault", "report_handler_error", b"report_handler_error", "resume_run", b"resume_run", "schedule_retry", b"schedule_retry", "sequence", b"sequence", "set_lane_value", b"set_lane_value", "settle_assistant_message", b"settle_assistant_message", "stage_tool_outcome", b"stage_tool_outcome", "start_compaction", b"start_compaction", "start_retry", b"start_retry", "start_run", b"start_run", "start_tool_call", b"start_tool_call", "start_turn", b"start_turn", "suspend_run", b"suspend_run", "update_lane_config", b"update_lane_config", "update_tool_call", b"update_tool_call"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["error", "create_lane", "get_lane_snapshot", "list_lanes", "update_lane_config", "enqueue_message", "start_run", "abort_operation", "end_run", "start_turn", "settle_assistant_message", "record_usage", "start_tool_call", "update_tool_call", "stage_tool_outcome", "acquire_operation", "renew_lease", "release_lease", "replay_tool_call", "get_operation", "append_assistant_stream", "schedule_retry", "start_retry", "suspend_run", "resume_run", "start_compaction", "end_compaction", "compact_run", "navigate_lane", "report_fault", "report_handler_error", "set_lane_value", "delete_lane", "read_lane_events"]  # noqa: Y015
     _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015

@@ -439,7 +439,11 @@ class LaneServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetOperation(self, request, context):
-        """The open run's durable state (batch, calls, statuses, persisted args, checkpoints).
+        """The open run's durable state (batch, calls, statuses, persisted args, checkpoints). Like
+        every unary answer, it must fit one message (4 MiB): a larger one is refused
+        RESOURCE_EXHAUSTED (reason ANSWER_TOO_LARGE) and read over DriveLane, which frames answers
+        of any size (MessagePart); a command refused so has run, and its answer comes back when it
+        is sent again with the same request_id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -562,6 +566,9 @@ class LaneServiceServicer:
         shutdown the service stops reading, answers what it read, then ends the stream UNAVAILABLE
         (reason SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new
         one.
+
+        An answer over the 4 MiB message limit comes as consecutive `part` messages (MessagePart),
+        never beside other answers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

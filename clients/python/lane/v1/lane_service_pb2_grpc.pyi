@@ -129,7 +129,12 @@ class LaneServiceStub:
     clears its checkpoint and emits tool_start tagged recovery with the persisted arguments.
     """
     GetOperation: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.GetOperationRequest, _lane_service_pb2.GetOperationResponse]
-    """The open run's durable state (batch, calls, statuses, persisted args, checkpoints)."""
+    """The open run's durable state (batch, calls, statuses, persisted args, checkpoints). Like
+    every unary answer, it must fit one message (4 MiB): a larger one is refused
+    RESOURCE_EXHAUSTED (reason ANSWER_TOO_LARGE) and read over DriveLane, which frames answers
+    of any size (MessagePart); a command refused so has run, and its answer comes back when it
+    is sent again with the same request_id.
+    """
     AppendAssistantStream: _grpc.UnaryUnaryMultiCallable[_lane_service_pb2.AppendAssistantStreamRequest, _lane_service_pb2.AppendAssistantStreamResponse]
     """Stream the open turn's assistant response as it arrives, in batches the driver chooses:
     message_start with the first (PENDING) partial, message_update for each later one.
@@ -190,6 +195,9 @@ class LaneServiceStub:
     shutdown the service stops reading, answers what it read, then ends the stream UNAVAILABLE
     (reason SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new
     one.
+
+    An answer over the 4 MiB message limit comes as consecutive `part` messages (MessagePart),
+    never beside other answers.
     """
 
 @_typing.type_check_only
@@ -293,7 +301,12 @@ class LaneServiceAsyncStub(LaneServiceStub):
     clears its checkpoint and emits tool_start tagged recovery with the persisted arguments.
     """
     GetOperation: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.GetOperationRequest, _lane_service_pb2.GetOperationResponse]  # type: ignore[assignment]
-    """The open run's durable state (batch, calls, statuses, persisted args, checkpoints)."""
+    """The open run's durable state (batch, calls, statuses, persisted args, checkpoints). Like
+    every unary answer, it must fit one message (4 MiB): a larger one is refused
+    RESOURCE_EXHAUSTED (reason ANSWER_TOO_LARGE) and read over DriveLane, which frames answers
+    of any size (MessagePart); a command refused so has run, and its answer comes back when it
+    is sent again with the same request_id.
+    """
     AppendAssistantStream: _aio.UnaryUnaryMultiCallable[_lane_service_pb2.AppendAssistantStreamRequest, _lane_service_pb2.AppendAssistantStreamResponse]  # type: ignore[assignment]
     """Stream the open turn's assistant response as it arrives, in batches the driver chooses:
     message_start with the first (PENDING) partial, message_update for each later one.
@@ -354,6 +367,9 @@ class LaneServiceAsyncStub(LaneServiceStub):
     shutdown the service stops reading, answers what it read, then ends the stream UNAVAILABLE
     (reason SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new
     one.
+
+    An answer over the 4 MiB message limit comes as consecutive `part` messages (MessagePart),
+    never beside other answers.
     """
 
 class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -604,7 +620,12 @@ class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _lane_service_pb2.GetOperationRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_lane_service_pb2.GetOperationResponse, _abc.Awaitable[_lane_service_pb2.GetOperationResponse]]:
-        """The open run's durable state (batch, calls, statuses, persisted args, checkpoints)."""
+        """The open run's durable state (batch, calls, statuses, persisted args, checkpoints). Like
+        every unary answer, it must fit one message (4 MiB): a larger one is refused
+        RESOURCE_EXHAUSTED (reason ANSWER_TOO_LARGE) and read over DriveLane, which frames answers
+        of any size (MessagePart); a command refused so has run, and its answer comes back when it
+        is sent again with the same request_id.
+        """
 
     @_abc_1.abstractmethod
     def AppendAssistantStream(
@@ -743,6 +764,9 @@ class LaneServiceServicer(metaclass=_abc_1.ABCMeta):
         shutdown the service stops reading, answers what it read, then ends the stream UNAVAILABLE
         (reason SERVER_SHUTTING_DOWN): resend unanswered commands, with their request ids, on a new
         one.
+
+        An answer over the 4 MiB message limit comes as consecutive `part` messages (MessagePart),
+        never beside other answers.
         """
 
 def add_LaneServiceServicer_to_server(servicer: LaneServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

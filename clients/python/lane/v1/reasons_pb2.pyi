@@ -155,15 +155,22 @@ class _ReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reason.ValueTy
     REASON_QUEUE_FULL: _Reason.ValueType  # 110
     """RESOURCE_EXHAUSTED"""
     REASON_COMMIT_TOO_LARGE: _Reason.ValueType  # 111
-    """RESOURCE_EXHAUSTED"""
+    """Retired, never sent any more: a commit is no longer refused for its size (what it leaves to
+    deliver over one message is sent in parts, MessagePart). Kept so the number is not reused.
+    RESOURCE_EXHAUSTED (retired)
+    """
     REASON_SNAPSHOT_TOO_LARGE: _Reason.ValueType  # 112
-    """RESOURCE_EXHAUSTED"""
+    """A unary GetLaneSnapshot answer over one message (WatchLane and DriveLane send it in parts).
+    RESOURCE_EXHAUSTED
+    """
     REASON_TOO_MANY_WATCHERS: _Reason.ValueType  # 113
     """RESOURCE_EXHAUSTED"""
     REASON_DATABASE_BUSY: _Reason.ValueType  # 114
     """RESOURCE_EXHAUSTED"""
     REASON_ANSWER_TOO_LARGE: _Reason.ValueType  # 115
-    """RESOURCE_EXHAUSTED"""
+    """A unary answer over one message (DriveLane sends it in parts).
+    RESOURCE_EXHAUSTED
+    """
     REASON_WATCHER_TOO_SLOW: _Reason.ValueType  # 116
     """RESOURCE_EXHAUSTED"""
     REASON_SESSION_TOO_SLOW: _Reason.ValueType  # 117
@@ -336,15 +343,22 @@ REASON_REVISION_INSIDE_GROUP: Reason.ValueType  # 101
 REASON_QUEUE_FULL: Reason.ValueType  # 110
 """RESOURCE_EXHAUSTED"""
 REASON_COMMIT_TOO_LARGE: Reason.ValueType  # 111
-"""RESOURCE_EXHAUSTED"""
+"""Retired, never sent any more: a commit is no longer refused for its size (what it leaves to
+deliver over one message is sent in parts, MessagePart). Kept so the number is not reused.
+RESOURCE_EXHAUSTED (retired)
+"""
 REASON_SNAPSHOT_TOO_LARGE: Reason.ValueType  # 112
-"""RESOURCE_EXHAUSTED"""
+"""A unary GetLaneSnapshot answer over one message (WatchLane and DriveLane send it in parts).
+RESOURCE_EXHAUSTED
+"""
 REASON_TOO_MANY_WATCHERS: Reason.ValueType  # 113
 """RESOURCE_EXHAUSTED"""
 REASON_DATABASE_BUSY: Reason.ValueType  # 114
 """RESOURCE_EXHAUSTED"""
 REASON_ANSWER_TOO_LARGE: Reason.ValueType  # 115
-"""RESOURCE_EXHAUSTED"""
+"""A unary answer over one message (DriveLane sends it in parts).
+RESOURCE_EXHAUSTED
+"""
 REASON_WATCHER_TOO_SLOW: Reason.ValueType  # 116
 """RESOURCE_EXHAUSTED"""
 REASON_SESSION_TOO_SLOW: Reason.ValueType  # 117

@@ -17,3 +17,5 @@ class Call:
 
     method: str
     context: Context
+    #: The answer may go in parts (DriveLane): it is not bound by one message.
+    framed: bool = False

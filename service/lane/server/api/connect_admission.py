@@ -23,12 +23,12 @@ from connectrpc.errors import ConnectError
 from connectrpc.method import StreamType
 from connectrpc.request import RequestContext
 from google.rpc import code_pb2, status_pb2
+from lane.limits import MAX_MESSAGE_BYTES
 
 from lane.server.api.auth import Authenticator
 from lane.server.api.connect_errors import refused_before_handler, status_message
 from lane.server.api.errors import rich_status
 from lane.server.api.host_check import HostCheck
-from lane.server.domain.limits import MAX_MESSAGE_BYTES
 
 
 class Admission:

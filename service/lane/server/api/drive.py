@@ -65,9 +65,9 @@ The stream:
 - **Malformed** requests are answered, not fatal: bytes that do not decode as a
   DriveLaneRequest get INVALID_ARGUMENT ``MALFORMED_REQUEST`` under the sequence found in them
   (0 if none), a request naming no command INVALID_ARGUMENT ``MISSING_FIELD`` (``command``).
-- **Size.** An answer whose frame would pass the 4 MiB message limit (an answer of the unary
-  RPC close to the limit, plus the sequence) is replaced by RESOURCE_EXHAUSTED
-  ``ANSWER_TOO_LARGE``: the command did run; the unary RPC with the same request id reads it.
+- **Size.** An answer over the 4 MiB message limit (a run's durable state, a snapshot) goes
+  alone, in parts (lane.v1.MessagePart, ``message_parts.py``), each message at most the limit;
+  the client joins them. Nothing is refused for its answer's size.
 - **End.** Half-closing ends the stream (OK) once every command read is answered. The
   stream's deadline bounds every command on it (gRPC cancels the handler, and the commands with
   it; a command's transaction still runs to its end, as for a unary call). On shutdown
@@ -89,7 +89,12 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 from google.rpc import code_pb2
-from lane.limits import DRIVE_BATCH_HEADER, MAX_DRIVE_BATCH, MAX_DRIVE_COMMANDS_IN_FLIGHT
+from lane.limits import (
+    DRIVE_BATCH_HEADER,
+    MAX_DRIVE_BATCH,
+    MAX_DRIVE_COMMANDS_IN_FLIGHT,
+    MAX_MESSAGE_BYTES,
+)
 from lane.v1 import lane_service_pb2 as pb
 
 from lane.server import logs, metrics, traces
@@ -107,11 +112,11 @@ from lane.server.api.encoded_counts import check_encoded_counts
 from lane.server.api.errors import error_answer, implementation, rich_status, status_of
 from lane.server.api.fair_shares import holding
 from lane.server.api.instrument import MethodMetrics, bind_answer, bind_request, method_metrics
+from lane.server.api.message_parts import split_answer
 from lane.server.api.rpc_spans import start_command
 from lane.server.api.validation import check_counts
 from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cut_off
 from lane.server.domain.errors import InvalidArgument
-from lane.server.domain.limits import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -465,7 +470,7 @@ class _Session:
                 bind_request(request)
                 check_counts(request)
                 response = await command.handler(
-                    self._servicer, request, Call(command.method, self._context)
+                    self._servicer, request, Call(command.method, self._context, framed=True)
                 )
                 bind_answer(response)
                 code = "OK"
@@ -481,8 +486,6 @@ class _Session:
                 command.metrics.answered(code, reason, time.perf_counter() - start)
                 if span is not None:
                     span.finish(code, reason)
-            if ready.size > MAX_MESSAGE_BYTES:
-                ready = _too_large(sequence, command.method, ready.size)
             return ready
 
     # -- writing -----------------------------------------------------------------------------
@@ -508,7 +511,12 @@ class _Session:
                 for message, count in messages:
                     (frames.written_single if count == 1 else frames.written_batch).inc()
                     try:
-                        await self._deadline.write(self._context, message)
+                        if len(message) <= MAX_MESSAGE_BYTES:
+                            await self._deadline.write(self._context, message)
+                        else:
+                            # An answer over the limit (always alone): in parts.
+                            for part in split_answer(message):
+                                await self._deadline.write(self._context, part)
                     except DeadlinePassed:
                         self._cut_off()
                         return
@@ -528,15 +536,3 @@ class _Session:
 
 def _malformed() -> InvalidArgument:
     return InvalidArgument("MALFORMED_REQUEST", "the message is not a valid DriveLaneRequest")
-
-
-def _too_large(sequence: int, method: str, size: int) -> Answer:
-    status = rich_status(
-        code_pb2.RESOURCE_EXHAUSTED,
-        "ANSWER_TOO_LARGE",
-        f"the answer to {method} is {size} bytes as a DriveLane message, more than one message"
-        f" carries ({MAX_MESSAGE_BYTES}); the command ran: call {method} itself, with the same"
-        " request_id, to read its answer",
-        {"method": method, "bytes": str(size), "limit": str(MAX_MESSAGE_BYTES)},
-    )
-    return answer(sequence, ERROR_FIELD, status.SerializeToString())

@@ -18,11 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from lane.limits import MAX_DRIVE_BATCH
+from lane.limits import MAX_DRIVE_BATCH, MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
 
 from lane.server.api.framing import read_varint, varint
-from lane.server.domain.limits import MAX_MESSAGE_BYTES
 
 _REQUEST = pb.DriveLaneRequest.DESCRIPTOR
 _RESPONSE = pb.DriveLaneResponse.DESCRIPTOR

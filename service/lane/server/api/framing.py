@@ -11,19 +11,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from google.protobuf.message import Message
+from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import snapshot_pb2
 
-# The frames' field numbers, from the generated descriptors: the commit rule computes these
-# frames' sizes from the same ones.
-from lane.server.domain.wire import (
-    CHUNK_ENTRIES_FIELD,
-    EVENT_GROUP_FIELD,
-    EVENTS_FIELD,
-    HEAD_FOLLOWING_CHUNKS_FIELD,
-    HEAD_SNAPSHOT_FIELD,
-    SNAPSHOT_HEAD_FIELD,
-    TRANSCRIPT_CHUNK_FIELD,
-    TRANSCRIPT_FIELD,
-)
+# The frames' field numbers, from the generated descriptors.
+_Response = pb.WatchLaneResponse.DESCRIPTOR
+EVENT_GROUP_FIELD = _Response.fields_by_name["event_group"].number
+EVENTS_FIELD = pb.EventGroup.DESCRIPTOR.fields_by_name["events"].number
+SNAPSHOT_HEAD_FIELD = _Response.fields_by_name["snapshot"].number
+TRANSCRIPT_CHUNK_FIELD = _Response.fields_by_name["transcript_chunk"].number
+HEAD_SNAPSHOT_FIELD = pb.SnapshotHead.DESCRIPTOR.fields_by_name["snapshot"].number
+HEAD_FOLLOWING_CHUNKS_FIELD = pb.SnapshotHead.DESCRIPTOR.fields_by_name["following_chunks"].number
+TRANSCRIPT_FIELD = snapshot_pb2.LaneSnapshot.DESCRIPTOR.fields_by_name["transcript"].number
+CHUNK_ENTRIES_FIELD = pb.TranscriptChunk.DESCRIPTOR.fields_by_name["entries"].number
+_ANSWER_SNAPSHOT_FIELD = pb.GetLaneSnapshotResponse.DESCRIPTOR.fields_by_name["snapshot"].number
 
 _LENGTH_DELIMITED = 2
 
@@ -48,6 +49,18 @@ def varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+def delimited_bytes(number: int, payload: int) -> int:
+    """The length of field ``number`` holding ``payload`` bytes (length-delimited)."""
+    return len(varint(number << 3 | _LENGTH_DELIMITED)) + len(varint(payload)) + payload
+
+
+def snapshot_answer_bytes(snapshot_bytes: int, entry_sizes: Sequence[int]) -> int:
+    """The length of the GetLaneSnapshotResponse holding a snapshot of ``snapshot_bytes``
+    bytes without its transcript, and a transcript of entries of ``entry_sizes`` bytes."""
+    transcript = sum(delimited_bytes(TRANSCRIPT_FIELD, size) for size in entry_sizes)
+    return delimited_bytes(_ANSWER_SNAPSHOT_FIELD, snapshot_bytes + transcript)
 
 
 def read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:

@@ -7,12 +7,13 @@ from lane.v1 import snapshot_pb2
 
 from lane.server.api import lane_lists as lists
 from lane.server.api import validation as v
+from lane.server.api.answer_size import check_snapshot_message
 from lane.server.api.auth import caller_namespace
 from lane.server.api.base import ServicerBase
 from lane.server.api.call import Call
 from lane.server.api.errors import unary
+from lane.server.api.framing import snapshot_answer_bytes
 from lane.server.commands import lanes
-from lane.server.domain import limits
 from lane.server.store import ActivityPosition
 
 
@@ -32,10 +33,13 @@ class LaneRpcs(ServicerBase):
     ) -> pb.GetLaneSnapshotResponse:
         lane = self.lane(request.lane_id)
         outline = await self.store.snapshot_outline(lane)
-        # Refused before the transcript is read: its size is known from the outline.
-        transcript = sum(limits.transcript_entry_bytes(size) for _, size in outline.transcript)
-        answer_bytes = limits.snapshot_answer_bytes(outline.snapshot.ByteSize() + transcript)
-        limits.check_snapshot_message(lane.lane_id, answer_bytes)
+        if not call.framed:
+            # One message carries the unary answer: refused before the transcript is read
+            # (its size is known from the outline). DriveLane sends a larger one in parts.
+            sizes = [size for _, size in outline.transcript]
+            check_snapshot_message(
+                lane.lane_id, snapshot_answer_bytes(outline.snapshot.ByteSize(), sizes)
+            )
         snapshot = await self.store.complete_snapshot(lane, outline)
         return pb.GetLaneSnapshotResponse(snapshot=snapshot)
 

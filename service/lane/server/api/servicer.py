@@ -8,8 +8,10 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
+from lane.limits import MAX_MESSAGE_BYTES
 from lane.v1 import lane_service_pb2 as pb
 
+from lane.server.api.answer_size import answer_too_large
 from lane.server.api.auth import Authenticator, caller_namespace
 from lane.server.api.call import Call, Context
 from lane.server.api.drive import DriveRpcs
@@ -103,18 +105,17 @@ def _method_handlers(servicer: LaneServicer) -> dict[str, grpc.RpcMethodHandler[
             )
             continue
         # observed: log scope, metrics; binding_ids: the decoded request's ids into the scope.
-        implementation = observed(
-            method.name,
-            method.server_streaming,
-            _decoding(
-                binding_ids(
-                    _serving(method.name, getattr(servicer, method.name)),
-                    streaming=method.server_streaming,
-                ),
-                message_factory.GetMessageClass(method.input_type),
-                servicer.authenticator,
+        decoding = _decoding(
+            binding_ids(
+                _serving(method.name, getattr(servicer, method.name)),
+                streaming=method.server_streaming,
             ),
+            message_factory.GetMessageClass(method.input_type),
+            servicer.authenticator,
         )
+        if not method.server_streaming:
+            decoding = _within_one_message(method.name, decoding)
+        implementation = observed(method.name, method.server_streaming, decoding)
         make = (
             grpc.unary_stream_rpc_method_handler
             if method.server_streaming
@@ -140,6 +141,26 @@ def _serving(
         return handler(request, Call(method, context))
 
     return serve
+
+
+def _within_one_message(
+    method: str, implementation: Callable[[bytes, Context], Awaitable[Any]]
+) -> Callable[[bytes, Context], Awaitable[Any]]:
+    """A unary RPC's answer, encoded (the serializer passes bytes through), or its refusal
+    when it is over the message limit (answer_size.py)."""
+
+    async def handler(data: bytes, context: Context) -> Any:
+        answer = await implementation(data, context)
+        if not isinstance(answer, Message):
+            return answer
+        encoded = answer.SerializeToString()
+        if len(encoded) > MAX_MESSAGE_BYTES:
+            await context.abort_with_status(
+                lane_error_status(answer_too_large(method, len(encoded)))
+            )
+        return encoded
+
+    return handler
 
 
 def _decoding(

@@ -12,34 +12,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from lane.server.api.framing import snapshot_head_frame, transcript_chunk_frame
-from lane.server.domain.limits import MAX_MESSAGE_BYTES, head_frame_bytes, transcript_entry_bytes
 from lane.server.store import SnapshotOutline
 
 
-def plan_messages(
-    head_bytes: int,
-    entry_sizes: Sequence[int],
-    chunk_bytes: int,
-    max_message_bytes: int = MAX_MESSAGE_BYTES,
-) -> list[int]:
+def plan_messages(entry_sizes: Sequence[int], chunk_bytes: int) -> list[int]:
     """How many transcript entries each snapshot message carries: the head first, then the
-    chunks.
-
-    ``head_bytes`` is the snapshot's size without its transcript. The head takes the first
-    entries while they stay within ``chunk_bytes`` and the head message within
-    ``max_message_bytes`` (its live state may fill most of one); each later chunk holds at
-    least one entry and at most about ``chunk_bytes``. One entry always fits a message: it was
-    sent once already, inside the event group that added it.
-    """
-    in_head, size = 0, 0
+    chunks, each holding entries of about ``chunk_bytes`` at most (a chunk at least one). A
+    message over the message limit (a head whose live state is large) is sent in parts
+    (message_parts.py)."""
+    counts = [0]
+    size = 0
     for entry_size in entry_sizes:
-        with_entry = head_bytes + transcript_entry_bytes(entry_size)
-        if size + entry_size > chunk_bytes or head_frame_bytes(with_entry) > max_message_bytes:
-            break
-        head_bytes, size, in_head = with_entry, size + entry_size, in_head + 1
-    counts = [in_head]
-    for entry_size in entry_sizes[in_head:]:
-        if len(counts) == 1 or size + entry_size > chunk_bytes:
+        if counts[-1] and size + entry_size > chunk_bytes:
             counts.append(0)
             size = 0
         counts[-1] += 1
@@ -52,16 +36,13 @@ ReadEntries = Callable[[Sequence[str]], Awaitable[list[bytes]]]
 
 
 async def snapshot_frames(
-    outline: SnapshotOutline,
-    read_entries: ReadEntries,
-    chunk_bytes: int,
-    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    outline: SnapshotOutline, read_entries: ReadEntries, chunk_bytes: int
 ) -> AsyncIterator[bytes]:
     """The encoded WatchLaneResponse messages of ``outline``'s snapshot, the entries of each
     read just before it is yielded."""
     ids = [entry_id for entry_id, _ in outline.transcript]
     sizes = [size for _, size in outline.transcript]
-    counts = plan_messages(outline.snapshot.ByteSize(), sizes, chunk_bytes, max_message_bytes)
+    counts = plan_messages(sizes, chunk_bytes)
     start = 0
     for index, count in enumerate(counts):
         bodies = await read_entries(ids[start : start + count]) if count else []

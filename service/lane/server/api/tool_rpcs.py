@@ -10,7 +10,7 @@ from lane.server.api.call import Call
 from lane.server.api.errors import unary
 from lane.server.commands import tools
 from lane.server.domain.jsontext import require_json_object
-from lane.server.domain.tools import Outcome
+from lane.server.domain.run_inputs import Executed, Outcome, Synthetic
 
 
 class ToolRpcs(ServicerBase):
@@ -80,7 +80,8 @@ class ToolRpcs(ServicerBase):
                 "executed.result is required",
                 "executed.result",
             )
-            outcome = request.executed
+            executed = request.executed
+            outcome = Executed(executed.result, executed.is_error)
         else:
             cause = request.synthetic.cause
             v.require(
@@ -96,7 +97,8 @@ class ToolRpcs(ServicerBase):
                 "synthetic.message is required for INVALID_ARGUMENTS and DENIED",
                 "synthetic.message",
             )
-            outcome = request.synthetic
+            synthetic = request.synthetic
+            outcome = Synthetic(synthetic.cause, synthetic.message, synthetic.terminate)
         lane, key = self.addressed(call, request)
         command = tools.StageToolOutcome(
             lane,

@@ -30,6 +30,7 @@ from lane.limits import (
     DEFAULT_MAX_WATCHERS_PER_LANE,
     DEFAULT_MAX_WATCHERS_PER_NAMESPACE,
     HEARTBEAT_SECONDS,
+    MAX_MESSAGE_BYTES,
 )
 from lane.v1 import lane_service_pb2 as pb
 from psycopg import OperationalError
@@ -40,6 +41,7 @@ from lane.server.api.errors import status_of
 from lane.server.api.fair_shares import FairShares, Share
 from lane.server.api.framing import event_group_frame
 from lane.server.api.instrument import error_reason, status_code_name
+from lane.server.api.message_parts import split_watch
 from lane.server.api.snapshot_stream import snapshot_frames
 from lane.server.api.watcher_reads import WatcherReads
 from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cut_off
@@ -67,6 +69,9 @@ class WatchSettings:
     stream_bytes: int = DEFAULT_STREAM_BYTES
     #: Transcript bytes per snapshot message.
     chunk_bytes: int = 1 << 20
+    #: The largest message the stream sends: a larger one (an event group, a snapshot head)
+    #: goes in parts (message_parts.py), each at most this long.
+    message_bytes: int = MAX_MESSAGE_BYTES
     #: Concurrent WatchLane streams of one lane, and of all lanes, in this process; a stream
     #: over any of these is refused with RESOURCE_EXHAUSTED ``TOO_MANY_WATCHERS``.
     max_watchers_per_lane: int = DEFAULT_MAX_WATCHERS_PER_LANE
@@ -140,6 +145,23 @@ async def write_within(
     except Exception as exc:
         # grpcio raises an internal error type when the peer is already gone.
         raise WatcherGone from exc
+
+
+async def write_frames(
+    context: grpc.aio.ServicerContext[Any, Any],
+    message: bytes,
+    deadline: WriteDeadline,
+    revision: int,
+    limit: int,
+    task: asyncio.Task[Any] | None = None,
+) -> None:
+    """Write the encoded WatchLaneResponse ``message`` as :func:`write_within` does; one over
+    ``limit`` bytes goes in parts, each written under the deadline."""
+    if len(message) <= limit:
+        await write_within(context, message, deadline, revision, task)
+        return
+    for part in split_watch(message, limit):
+        await write_within(context, part, deadline, revision, task)
 
 
 async def send_headers(
@@ -270,9 +292,7 @@ async def _serve(
             await send_headers(context, deadline, revision)
     else:
         with traces.span("lane.watch.snapshot"):
-            revision = await _send_snapshot(
-                store, subscription, context, settings.chunk_bytes, deadline
-            )
+            revision = await _send_snapshot(store, subscription, context, settings, deadline)
             traces.annotate("lane.revision", revision)
         subscription.delivered(revision)
         if not subscription.deleted:
@@ -280,6 +300,7 @@ async def _serve(
     following = subscription.incarnation
     assert following is not None  # set by the first read (attached)
     task = asyncio.current_task()
+    limit = settings.message_bytes
     while not subscription.closed and not subscription.deleted:
         groups = await next_groups(subscription, store, settings.read_batch, settings.read_bytes)
         if groups:
@@ -288,10 +309,10 @@ async def _serve(
             for group in groups:
                 frame = group.frame(event_group_frame)
                 if traces.tracer is None:
-                    await write_within(context, frame, deadline, revision, task)
+                    await write_frames(context, frame, deadline, revision, limit, task)
                 else:
                     with traces.delivery(group.first, group.last, group.source):
-                        await write_within(context, frame, deadline, revision, task)
+                        await write_frames(context, frame, deadline, revision, limit, task)
                 metrics.current.delivery_seconds.observe(max(0.0, time.time() - group.committed_at))
                 revision = group.last
                 subscription.delivered(revision)
@@ -326,7 +347,7 @@ async def _send_snapshot(
     store: WatcherReads,
     subscription: Subscription,
     context: grpc.aio.ServicerContext[Any, Any],
-    chunk_bytes: int,
+    settings: WatchSettings,
     deadline: WriteDeadline,
 ) -> int:
     """Send the lane's snapshot (head, then transcript chunks); return its revision. Its own
@@ -340,8 +361,8 @@ async def _send_snapshot(
         return revision
     await send_headers(context, deadline, revision)
     read_entries = functools.partial(store.entry_bodies, lane)
-    async for frame in snapshot_frames(outline, read_entries, chunk_bytes):
-        await write_within(context, frame, deadline, revision)
+    async for frame in snapshot_frames(outline, read_entries, settings.chunk_bytes):
+        await write_frames(context, frame, deadline, revision, settings.message_bytes)
     return revision
 
 

@@ -16,6 +16,7 @@ from lane.server.commands.operation_state import lease_of
 from lane.server.domain import assistant, compaction, lane_values, navigation
 from lane.server.domain.errors import NotFound
 from lane.server.domain.ids import new_id
+from lane.server.domain.run_inputs import Partial
 from lane.server.domain.state import LaneState
 from lane.server.domain.transition import Transition
 from lane.server.store import Store
@@ -46,7 +47,7 @@ async def append_assistant_stream(store: Store, command: AppendAssistantStream) 
             state,
             command.operation_id,
             command.turn_id,
-            command.partials,
+            [partial_of(p) for p in command.partials],
             now,
             command.lease_token,
         )
@@ -394,3 +395,9 @@ async def set_lane_value(store: Store, command: SetLaneValue) -> LaneValueSet:
         lambda state, now: lane_values.set_value(state, command.value, now),
         LaneValueSet,
     )
+
+
+def partial_of(partial: pb.StreamedPartial) -> Partial:
+    """The domain's value of a StreamedPartial."""
+    event = partial.stream_event_json if partial.HasField("stream_event_json") else None
+    return Partial(partial.message, event)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from lane.v1 import lane_service_pb2 as pb
 
 from lane.server.domain.state import CallStatus, Continuation, Operation, Phase
+from lane.server.store.run_settings import settings_message
 
 _PHASES = {
     Phase.IDLE: pb.RUN_PHASE_IDLE,
@@ -37,7 +38,7 @@ def operation_state(operation: Operation) -> pb.OperationState:
         phase=_PHASES[operation.phase],
         cancel_requested=operation.cancel_requested,
         turn_id=operation.turn_id or "",
-        settings=operation.settings,
+        settings=settings_message(operation.settings),
         may_finish=operation.continuation == Continuation.MAY_FINISH,
     )
     lease = lease_of(operation)
@@ -53,7 +54,7 @@ def operation_state(operation: Operation) -> pb.OperationState:
                 tool_name=call.tool_name,
                 result_entry_id=call.result_entry_id,
                 status=_STATUSES[call.status],
-                replay=call.replay,
+                replay=pb.ReplayPolicy.ValueType(call.replay),
             )
             if call.arguments_json is not None:
                 row.arguments_json = call.arguments_json

@@ -16,6 +16,7 @@ from lane.server.domain.ids import new_id
 from lane.server.domain.state import LaneState
 from lane.server.domain.transition import Transition
 from lane.server.store import Store
+from lane.server.store.run_settings import settings_of
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,13 @@ async def start_run(store: Store, command: StartRun) -> RunStarted:
 
     def step(state: LaneState, now: datetime) -> tuple[Transition, RunStarted]:
         t = runs.start_run(
-            state, operation_id, command.prompt, command.settings, now, new_id, command.lease
+            state,
+            operation_id,
+            command.prompt,
+            settings_of(command.settings),
+            now,
+            new_id,
+            command.lease,
         )
         started = RunStarted(
             operation_id=operation_id, revision=t.state.revision, lease=lease_of(t.operation)

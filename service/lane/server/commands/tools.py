@@ -25,8 +25,8 @@ from lane.v1 import messages_pb2
 from lane.server.commands.base import Command, Result, cancel_requested, run
 from lane.server.domain import placement, tools
 from lane.server.domain.ids import new_id
+from lane.server.domain.run_inputs import Outcome
 from lane.server.domain.state import LaneState
-from lane.server.domain.tools import Outcome
 from lane.server.domain.transition import Transition
 from lane.server.store import Store
 

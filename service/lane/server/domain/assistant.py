@@ -14,11 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
+from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
 
 from lane.server.domain import guards
 from lane.server.domain.errors import FailedPrecondition
 from lane.server.domain.event_log import EventLog
+from lane.server.domain.run_inputs import Partial
 from lane.server.domain.state import LaneState, Operation, Phase, evolve
 from lane.server.domain.transition import Transition
 
@@ -74,7 +75,7 @@ def append_stream(
     state: LaneState,
     operation_id: str,
     turn_id: str,
-    partials: Sequence[lane_service_pb2.StreamedPartial],
+    partials: Sequence[Partial],
     now: datetime,
     lease_token: int = 0,
 ) -> Transition:
@@ -93,7 +94,7 @@ def append_stream(
             )
         else:
             update = events_pb2.MessageUpdateEvent(run_id=operation_id, message=partial.message)
-            if partial.HasField("stream_event_json"):
+            if partial.stream_event_json is not None:
                 update.stream_event_json = partial.stream_event_json
             log.emit("message_update", update)
         streaming = partial.message

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, snapshot_pb2
+from lane.v1 import entries_pb2, events_pb2, snapshot_pb2
 
 from lane.server.domain import guards
 from lane.server.domain.errors import FailedPrecondition
 from lane.server.domain.event_log import EventLog
 from lane.server.domain.leases import granted
+from lane.server.domain.run_inputs import RunSettings
 from lane.server.domain.state import Continuation, LaneState, Operation, Phase, evolve
 from lane.server.domain.transition import OperationEnded, OperationOpened, Transition
 
@@ -44,7 +45,7 @@ def start_compaction(
         kind=snapshot_pb2.OPERATION_KIND_COMPACTION,
         started_time=now,
         from_tip_id=state.tip_id,
-        settings=lane_service_pb2.RunSettings(),
+        settings=RunSettings(),
         reason=reason,
     )
     if lease is not None:

@@ -35,12 +35,12 @@ RECORD_TYPES: dict[str, type[Message]] = {
 ORDER = {LANE: 0, ENTRY: 1, USAGE_ROW: 2, EVENT_GROUP: 3}
 
 #: The longest line read. The longest line the service writes is one commit's event group,
-#: which is at most 4 MiB encoded (COMMIT_TOO_LARGE) and rarely more than half as long again as
-#: JSON; a line is parsed whole, so this bounds what one line costs to read.
+#: as JSON; a line is parsed whole, so this bounds what one line costs to read (an export
+#: whose group is longer is refused on import, INVALID_EXPORT).
 MAX_LINE_BYTES = 16 << 20
 #: The most JSON values (objects, arrays, numbers, strings, ...) one line may hold, counted
 #: before it is parsed: each costs some 50 bytes once parsed, so this bounds a line's parse to
-#: some 50 MiB whatever its shape. An event group within the commit limit holds far fewer.
+#: some 50 MiB whatever its shape.
 MAX_LINE_VALUES = 1_000_000
 #: The largest revision, sequence number, retention floor or message count a file may hold.
 #: A lane keeps counting from what it imports, so an import must leave it room to take

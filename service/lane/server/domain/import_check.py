@@ -4,7 +4,7 @@
 (``INVALID_EXPORT``, or ``EXPORT_VERSION_UNSUPPORTED``) anything but one consistent idle lane
 a service could have written, and that can go on taking commands: the header, the records'
 order and structure, ids, sequence numbers and revisions within range, entries after their
-parents, a lane record and event groups within the message limits, and the event log folded
+parents, a lane record within the inbox budget, and the event log folded
 against the lane record and the rows (:mod:`~lane.server.domain.log_fold`). It returns each
 line's record to the caller (its events naming the new lane), which checks the messages'
 content as a request's and keeps the rows to write; it keeps of them only a
@@ -30,47 +30,17 @@ from lane.server.domain.export_format import (
     parse_header,
     parse_record,
 )
-from lane.server.domain.future_commits import run_start_bytes
 from lane.server.domain.lanes import MAX_QUEUE_BYTES
-from lane.server.domain.limits import (
-    FUTURE_MARGIN_BYTES,
-    MAX_LIVE_STATE_BYTES,
-    MAX_MESSAGE_BYTES,
-    group_frame_bytes,
-    live_state_bytes,
-)
 from lane.server.domain.log_fold import LogFold
 from lane.server.domain.row_index import RowIndex
-from lane.server.domain.state import LaneState
 
 
 def _require_room(lane: snapshot_pb2.LaneSnapshot, line: int) -> None:
     """Refuse a lane record commands could not have left, whose lane could not go on taking
-    them: an inbox over the enqueue limit, a live state over one message, or an inbox no run
-    could capture in one commit (limits.py)."""
+    them: an inbox over the enqueue limit (limits.py)."""
     inbox = sum(item.ByteSize() for item in lane.queues)
     if inbox > MAX_QUEUE_BYTES:
         raise invalid(line, f"the inbox holds {inbox} bytes; a lane holds {MAX_QUEUE_BYTES}")
-    # Measured under the longest lane id a request may name (128 bytes, api/validation.py):
-    # the new lane's is not known here.
-    state = LaneState(
-        lane_id="x" * 128,
-        revision=lane.revision,
-        tip_id=lane.tip_id,
-        configuration=lane.configuration,
-        message_count=lane.stats.message_count,
-        usage_totals=lane.stats.usage,
-        inbox=tuple(lane.queues),
-        faulted=lane.faulted,
-    )
-    size = live_state_bytes(state)
-    if size > MAX_LIVE_STATE_BYTES:
-        raise invalid(
-            line, f"the lane's live state is {size} bytes; at most {MAX_LIVE_STATE_BYTES}"
-        )
-    start = run_start_bytes(state, inbox)
-    if lane.queues and start > MAX_MESSAGE_BYTES - FUTURE_MARGIN_BYTES:
-        raise invalid(line, f"a run capturing the inbox would commit {start} bytes, over a message")
 
 
 class ImportCheck:
@@ -179,10 +149,6 @@ class ImportCheck:
         for event in group:
             if event.lane_id:
                 event.lane_id = self.lane_id  # the new lane's, once checked
-        size = group_frame_bytes(group)
-        if size > MAX_MESSAGE_BYTES:
-            # Watchers are sent a commit in one message: this one could never be delivered.
-            raise invalid(line, f"the event group takes {size} bytes, over one message")
 
     @property
     def _revision(self) -> int:

@@ -8,6 +8,7 @@ from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 
 from lane.server.domain.errors import ResourceExhausted
 from lane.server.domain.event_log import EventLog
+from lane.server.domain.limits import MAX_INBOX_BYTES
 from lane.server.domain.state import LaneState, evolve
 from lane.server.domain.transition import Transition
 
@@ -65,9 +66,8 @@ def update_config(
     return Transition.of(evolve(state, configuration=new, revision=log.revision), log)
 
 
-#: The inbox's published size limit: queue_update carries the whole queue, and every event and
-#: snapshot must fit a 4 MiB gRPC message.
-MAX_QUEUE_BYTES = 1 << 20
+#: The inbox's budget (limits.py): queue_update carries the whole queue.
+MAX_QUEUE_BYTES = MAX_INBOX_BYTES
 
 
 def enqueue(state: LaneState, item: snapshot_pb2.QueuedItem, now: datetime) -> Transition:

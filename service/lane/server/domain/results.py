@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from lane.v1 import lane_service_pb2, messages_pb2
+from lane.v1 import messages_pb2
 
 from lane.server.domain.errors import InvalidArgument
 from lane.server.domain.event_log import stamp
-
-SyntheticCause = lane_service_pb2.SyntheticCause
+from lane.server.domain.run_inputs import Cause, Synthetic
 
 TRUNCATED_TEXT = (
     "Tool call {name} was not executed: the response reached its output token limit, so its "
@@ -71,7 +70,7 @@ def result_from_message(
 
 
 def synthetic_result(
-    outcome: lane_service_pb2.SyntheticOutcome,
+    outcome: Synthetic,
     tool_name: str,
     checkpoint: messages_pb2.ToolResult | None,
 ) -> messages_pb2.ToolResult:
@@ -81,18 +80,18 @@ def synthetic_result(
     details and usage and appends the interruption notice.
     """
     cause = outcome.cause
-    if cause == SyntheticCause.SYNTHETIC_CAUSE_TRUNCATED:
+    if cause == Cause.TRUNCATED:
         return messages_pb2.ToolResult(content=[_text(TRUNCATED_TEXT.format(name=tool_name))])
-    if cause == SyntheticCause.SYNTHETIC_CAUSE_UNKNOWN_TOOL:
+    if cause == Cause.UNKNOWN_TOOL:
         return messages_pb2.ToolResult(content=[_text(UNKNOWN_TOOL_TEXT.format(name=tool_name))])
     if cause in (
-        SyntheticCause.SYNTHETIC_CAUSE_INVALID_ARGUMENTS,
-        SyntheticCause.SYNTHETIC_CAUSE_DENIED,
+        Cause.INVALID_ARGUMENTS,
+        Cause.DENIED,
     ):
         return messages_pb2.ToolResult(content=[_text(outcome.message)])
-    if cause == SyntheticCause.SYNTHETIC_CAUSE_CANCELLED:
+    if cause == Cause.CANCELLED:
         return messages_pb2.ToolResult(content=[_text(CANCELLED_TEXT)])
-    if cause == SyntheticCause.SYNTHETIC_CAUSE_INTERRUPTED:
+    if cause == Cause.INTERRUPTED:
         result = messages_pb2.ToolResult()
         if checkpoint is not None:
             result.content.extend(checkpoint.content)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from lane.v1 import entries_pb2, events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
+from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
 
 from lane.server.domain import guards
 from lane.server.domain.assistant import open_turn
@@ -15,6 +15,7 @@ from lane.server.domain.event_log import EventLog
 from lane.server.domain.leases import granted
 from lane.server.domain.placement import Placer
 from lane.server.domain.results import synthetic_result
+from lane.server.domain.run_inputs import Cause, Delivery, RunSettings, Synthetic
 from lane.server.domain.state import (
     CallStatus,
     Continuation,
@@ -105,7 +106,7 @@ def start_run(
     state: LaneState,
     operation_id: str,
     prompt: Sequence[messages_pb2.AgentMessage],
-    settings: lane_service_pb2.RunSettings,
+    settings: RunSettings,
     now: datetime,
     new_id: Callable[[], str],
     lease: tuple[str, int] | None = None,
@@ -123,12 +124,12 @@ def start_run(
     captured += _take(
         state.inbox,
         QueueKind.QUEUE_KIND_STEER,
-        settings.steering_mode == lane_service_pb2.DELIVERY_MODE_ONE_AT_A_TIME,
+        settings.steering_mode == Delivery.ONE_AT_A_TIME,
     )
     captured += _take(
         state.inbox,
         QueueKind.QUEUE_KIND_FOLLOW_UP,
-        settings.follow_up_mode == lane_service_pb2.DELIVERY_MODE_ONE_AT_A_TIME,
+        settings.follow_up_mode == Delivery.ONE_AT_A_TIME,
     )
     position = {item.entry_id: index for index, item in enumerate(state.inbox)}
     captured.sort(key=lambda item: position[item.entry_id])
@@ -211,13 +212,13 @@ def start_turn(
     taken = _take(
         state.inbox,
         QueueKind.QUEUE_KIND_STEER,
-        settings.steering_mode == lane_service_pb2.DELIVERY_MODE_ONE_AT_A_TIME,
+        settings.steering_mode == Delivery.ONE_AT_A_TIME,
     )
     if not taken and operation.continuation == Continuation.MAY_FINISH:
         taken = _take(
             state.inbox,
             QueueKind.QUEUE_KIND_FOLLOW_UP,
-            settings.follow_up_mode == lane_service_pb2.DELIVERY_MODE_ONE_AT_A_TIME,
+            settings.follow_up_mode == Delivery.ONE_AT_A_TIME,
         )
     log = EventLog(state.lane_id, state.revision, now)
     tip, placed = _place_messages(state, log, [_queued_entry(i) for i in taken], operation_id)
@@ -360,14 +361,12 @@ def settle_unfinished_calls(
             if step:
                 placer.place(step)
             if call.status != CallStatus.PLANNED:
-                cause = lane_service_pb2.SYNTHETIC_CAUSE_INTERRUPTED
+                cause = Cause.INTERRUPTED
             elif batch.cut_for_length:
-                cause = lane_service_pb2.SYNTHETIC_CAUSE_TRUNCATED
+                cause = Cause.TRUNCATED
             else:
-                cause = lane_service_pb2.SYNTHETIC_CAUSE_CANCELLED
-            result = synthetic_result(
-                lane_service_pb2.SyntheticOutcome(cause=cause), call.tool_name, call.checkpoint
-            )
+                cause = Cause.CANCELLED
+            result = synthetic_result(Synthetic(cause=cause), call.tool_name, call.checkpoint)
             call, _ = stage_call(
                 log, operation, batch, call, result, is_error=True, recovery=recovery
             )

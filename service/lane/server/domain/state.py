@@ -13,7 +13,9 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any, TypeVar
 
-from lane.v1 import events_pb2, lane_service_pb2, messages_pb2, snapshot_pb2
+from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
+
+from lane.server.domain.run_inputs import Replay, RunSettings
 
 V = TypeVar("V")
 
@@ -76,7 +78,7 @@ class ToolCall:
     tool_name: str
     result_entry_id: str
     status: CallStatus = CallStatus.PLANNED
-    replay: lane_service_pb2.ReplayPolicy.ValueType = lane_service_pb2.REPLAY_POLICY_NEVER
+    replay: int = Replay.NEVER
     # Effective arguments, written by the intent commit.
     arguments_json: str | None = None
     # The latest tool_update, and the latest one marked checkpoint.
@@ -126,7 +128,7 @@ class Operation:
     kind: snapshot_pb2.OperationKind.ValueType
     started_time: datetime
     from_tip_id: str
-    settings: lane_service_pb2.RunSettings
+    settings: RunSettings
     cancel_requested: bool = False
     phase: Phase = Phase.IDLE
     continuation: Continuation = Continuation.NEED_ASSISTANT

@@ -13,25 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from lane.v1 import events_pb2, lane_service_pb2, messages_pb2
+from lane.v1 import events_pb2, messages_pb2
 
 from lane.server.domain import guards
 from lane.server.domain.errors import FailedPrecondition
 from lane.server.domain.event_log import EventLog
 from lane.server.domain.results import message_from_result, result_from_message, synthetic_result
+from lane.server.domain.run_inputs import Cause, Executed, Outcome, Replay, Synthetic, ToolExecution
 from lane.server.domain.state import CallStatus, LaneState, Operation, ToolBatch, ToolCall, evolve
 from lane.server.domain.transition import Transition
 
-SyntheticCause = lane_service_pb2.SyntheticCause
-#: A call's final outcome: its executed result, or the service's synthetic one.
-Outcome = lane_service_pb2.ExecutedOutcome | lane_service_pb2.SyntheticOutcome
-
 # Causes decided before intent: the call must still be planned.
 _BEFORE_INTENT = {
-    SyntheticCause.SYNTHETIC_CAUSE_UNKNOWN_TOOL,
-    SyntheticCause.SYNTHETIC_CAUSE_INVALID_ARGUMENTS,
-    SyntheticCause.SYNTHETIC_CAUSE_DENIED,
-    SyntheticCause.SYNTHETIC_CAUSE_TRUNCATED,
+    Cause.UNKNOWN_TOOL,
+    Cause.INVALID_ARGUMENTS,
+    Cause.DENIED,
+    Cause.TRUNCATED,
 }
 
 
@@ -61,10 +58,7 @@ def _message_truncated(call: ToolCall) -> FailedPrecondition:
 def require_truncation_rule(batch: ToolBatch, call: ToolCall, outcome: Outcome) -> None:
     """The service decides truncation from the settled message: a call of a message that
     stopped for length takes the TRUNCATED outcome and nothing else; no other call may."""
-    truncated = (
-        isinstance(outcome, lane_service_pb2.SyntheticOutcome)
-        and outcome.cause == SyntheticCause.SYNTHETIC_CAUSE_TRUNCATED
-    )
+    truncated = isinstance(outcome, Synthetic) and outcome.cause == Cause.TRUNCATED
     if batch.cut_for_length and not truncated:
         raise _message_truncated(call)
     if truncated and not batch.cut_for_length:
@@ -128,7 +122,7 @@ def require_start_order(operation: Operation, batch: ToolBatch, call: ToolCall) 
     reference harness does: running rows then appear in source order in a fold exactly as in a
     capture. Sequential batches go further: only the first unplaced call may leave ``planned``.
     """
-    sequential = operation.settings.tool_execution == lane_service_pb2.TOOL_EXECUTION_SEQUENTIAL
+    sequential = operation.settings.tool_execution == ToolExecution.SEQUENTIAL
     for earlier in batch.calls:
         if earlier.source_index >= call.source_index:
             return
@@ -153,7 +147,7 @@ def start_tool_call(
     operation_id: str,
     tool_call_id: str,
     arguments_json: str,
-    replay: lane_service_pb2.ReplayPolicy.ValueType,
+    replay: int,
     now: datetime,
     lease_token: int = 0,
 ) -> Transition:
@@ -270,7 +264,7 @@ def stage_tool_outcome(
     if call.status == CallStatus.PLANNED:
         require_start_order(operation, batch, call)
     require_truncation_rule(batch, call, outcome)
-    if isinstance(outcome, lane_service_pb2.ExecutedOutcome):
+    if isinstance(outcome, Executed):
         if call.status != CallStatus.EFFECT_PENDING:
             raise _not_status(call, "effect_pending (an executed result needs an intent first)")
         result = outcome.result
@@ -279,12 +273,9 @@ def stage_tool_outcome(
         cause = outcome.cause
         if cause in _BEFORE_INTENT and call.status != CallStatus.PLANNED:
             raise _not_status(call, "planned (this cause is decided before intent)")
-        if (
-            cause == SyntheticCause.SYNTHETIC_CAUSE_INTERRUPTED
-            and call.status != CallStatus.EFFECT_PENDING
-        ):
+        if cause == Cause.INTERRUPTED and call.status != CallStatus.EFFECT_PENDING:
             raise _not_status(call, "effect_pending (only a started call can be interrupted)")
-        if cause == SyntheticCause.SYNTHETIC_CAUSE_CANCELLED and not operation.cancel_requested:
+        if cause == Cause.CANCELLED and not operation.cancel_requested:
             # A cancelled outcome is never staged before the cancellation is durable.
             raise FailedPrecondition(
                 "OPERATION_NOT_CANCELLED",
@@ -293,7 +284,7 @@ def stage_tool_outcome(
                 operationId=operation_id,
             )
         result = synthetic_result(outcome, call.tool_name, call.checkpoint)
-        result.terminate = cause == SyntheticCause.SYNTHETIC_CAUSE_DENIED and outcome.terminate
+        result.terminate = cause == Cause.DENIED and outcome.terminate
         is_error = True
     log = EventLog(state.lane_id, state.revision, now)
     staged, message = stage_call(
@@ -313,7 +304,7 @@ def replay_tool_call(
     if call.status != CallStatus.EFFECT_PENDING:
         raise _not_status(call, "effect_pending")
     guards.require_not_cancelled(operation)
-    if call.replay != lane_service_pb2.REPLAY_POLICY_SAFE or not operation.recovering:
+    if call.replay != Replay.SAFE or not operation.recovering:
         raise FailedPrecondition(
             "NOT_REPLAYABLE",
             f"tool call {tool_call_id} may not be replayed: only a SAFE call of a run taken over "

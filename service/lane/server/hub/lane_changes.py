@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable
 
 from lane.v1 import lane_service_pb2 as pb
 
-from lane.server.domain.lane_summary import known_result_status, summary_of
 from lane.server.hub.idle import Bell, IdleWakeups
 from lane.server.store import EventGroup, LaneFilter, LaneRef, Store
+from lane.server.store.lane_summary import known_result_status, summary_of
 
 log = logging.getLogger(__name__)
 

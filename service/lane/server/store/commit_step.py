@@ -1,4 +1,4 @@
-"""A command's commit worked out: its domain step, the commit rule and the statement that
+"""A command's commit worked out: its domain step and the statement that
 writes it — on the event loop as a rule, in a worker thread for a lane with a large batch.
 
 The step is pure and its cost grows with the batch: ending a run of 256 calls settles and
@@ -15,7 +15,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Generic, NamedTuple, TypeVar
 
-from lane.server.domain.limits import check_commit
 from lane.server.domain.state import LaneState
 from lane.server.domain.transition import Transition
 from lane.server.store.lane_ref import LaneRef
@@ -56,10 +55,9 @@ def work_out(
     now: datetime,
     request: Recording[A] | None,
 ) -> CommitStep[A]:
-    """Run the step on ``state`` (read at ``version``) and build its statement; a refusal,
-    or a commit that could never be delivered (the commit rule), raises."""
+    """Run the step on ``state`` (read at ``version``) and build its statement; a refusal
+    raises."""
     transition, answer = decide(state, now)
-    check_commit(state, transition)
     statement = commit_statement(lane, state, transition, version, recorded(request, answer))
     return CommitStep(transition, answer, statement)
 

@@ -26,6 +26,7 @@ from lane.server.domain.state import (
 )
 from lane.server.store.codec import decode, decode_optional
 from lane.server.store.lane_ref import LaneRef
+from lane.server.store.run_settings import settings_of
 
 Conn = AsyncConnection[Any]
 
@@ -163,7 +164,7 @@ async def _operation(
         kind=kind,
         started_time=started,
         from_tip_id=from_tip or "",
-        settings=decode(lane_service_pb2.RunSettings, settings),
+        settings=settings_of(decode(lane_service_pb2.RunSettings, settings)),
         cancel_requested=cancelled,
         phase=Phase(phase),
         continuation=Continuation(continuation),

@@ -22,7 +22,6 @@ from lane.server.domain.errors import AlreadyExists, LaneError
 from lane.server.domain.export_format import ExportHead
 from lane.server.domain.guards import require_no_operation
 from lane.server.domain.ids import new_id
-from lane.server.domain.limits import check_commit
 from lane.server.domain.reconcile import reconcile
 from lane.server.domain.state import LaneState
 from lane.server.domain.transition import Transition
@@ -346,7 +345,6 @@ class Store:
                     replay = await replayed_answer(conn, lane, request.key, request.form)
                     if replay is not None:
                         return request.decode(replay)
-                # The commit rule refuses what could never be delivered.
                 transition, answer, statement = await worked_out(
                     lane, loaded.state, loaded.version, decide, self.clock(), request
                 )
@@ -369,7 +367,6 @@ class Store:
         """Get-or-create: ``created`` (the new lane's first commit, lane_created) is committed
         when the lane does not exist yet; an existing lane is left as is. The answer is
         ``answer(whether this created the lane, the lane's state now)``."""
-        check_commit(None, created)
         transition = created
         with traces.transaction("create", lane.namespace, lane.lane_id):
             return await self._create_lane(lane, transition, answer, request)

@@ -5,7 +5,7 @@ Each summary row is read in one statement: the lane row, its open operation, its
 operation's result, the count of its running tool calls, and the commit time of its newest
 event (the lane's last activity; retention always keeps a lane's newest events). The status is
 computed here in SQL, so a listing can be filtered by it and paged; its rules are
-``domain/lane_summary.py``'s, and the tests hold the two to each other.
+``lane_summary.py``'s, and the tests hold the two to each other.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import messages_pb2, snapshot_pb2
 
-from lane.server.domain.lane_summary import OpenOperation, summary
 from lane.server.store.codec import decode
 from lane.server.store.lane_ref import LANE_SCAN
+from lane.server.store.lane_summary import OpenOperation, summary
 
-#: The statuses in SQL, first rule that applies wins (domain/lane_summary.py).
+#: The statuses in SQL, first rule that applies wins (lane_summary.py).
 _STATUS = (
     "CASE WHEN o.operation_id IS NULL THEN"
     f"  CASE WHEN l.faulted THEN {pb.LANE_STATUS_FAULTED} ELSE {pb.LANE_STATUS_IDLE} END"
@@ -74,7 +74,7 @@ class LaneFilter(NamedTuple):
 
 
 class SummaryRow(NamedTuple):
-    """A lane's summary as read: the keyword arguments of ``domain.lane_summary.summary``."""
+    """A lane's summary as read: the keyword arguments of ``lane_summary.summary``."""
 
     lane_id: str
     revision: int

@@ -30,6 +30,7 @@ from lane.server.domain.transition import Transition
 from lane.server.store.codec import encode
 from lane.server.store.event_log import EventGroup
 from lane.server.store.lane_ref import LaneRef
+from lane.server.store.run_settings import settings_message
 
 Conn = AsyncConnection[Any]
 
@@ -305,7 +306,7 @@ def _operation(
             op_kind=new.kind,
             op_started=new.started_time,
             op_from_tip=new.from_tip_id or None,
-            op_settings=encode(new.settings),
+            op_settings=encode(settings_message(new.settings)),
             op_reason=new.reason,
         )
         ctes.append(_OPERATION_STARTED)

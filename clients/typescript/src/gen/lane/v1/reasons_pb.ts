@@ -486,13 +486,16 @@ export enum Reason {
   QUEUE_FULL = 110,
 
   /**
-   * RESOURCE_EXHAUSTED
+   * Retired, never sent any more: a commit is no longer refused for its size (what it leaves to
+   * deliver over one message is sent in parts, MessagePart). Kept so the number is not reused.
+   * RESOURCE_EXHAUSTED (retired)
    *
    * @generated from enum value: REASON_COMMIT_TOO_LARGE = 111;
    */
   COMMIT_TOO_LARGE = 111,
 
   /**
+   * A unary GetLaneSnapshot answer over one message (WatchLane and DriveLane send it in parts).
    * RESOURCE_EXHAUSTED
    *
    * @generated from enum value: REASON_SNAPSHOT_TOO_LARGE = 112;
@@ -514,6 +517,7 @@ export enum Reason {
   DATABASE_BUSY = 114,
 
   /**
+   * A unary answer over one message (DriveLane sends it in parts).
    * RESOURCE_EXHAUSTED
    *
    * @generated from enum value: REASON_ANSWER_TOO_LARGE = 115;
