@@ -51,7 +51,7 @@ from lane.server.store.lane_writes import (
     run_commit,
 )
 from lane.server.store.pool import DEFAULT_RECONNECT_SECONDS, LanePool, migrate_pool, open_pool
-from lane.server.store.requests import Recording, replayed_answer
+from lane.server.store.requests import Recording, earlier_answer
 from lane.server.store.store_reads import StoreReads, lane_not_found
 from lane.server.store.upkeep import Upkeep
 
@@ -341,10 +341,9 @@ class Store:
                     raise lane_not_found(lane)
                 metrics.current.locked_commits.inc()
                 self._cache.put(lane, loaded)
-                if request is not None:
-                    replay = await replayed_answer(conn, lane, request.key, request.form)
-                    if replay is not None:
-                        return request.decode(replay)
+                earlier = await earlier_answer(conn, lane, request)
+                if earlier is not None:
+                    return earlier[0]
                 transition, answer, statement = await worked_out(
                     lane, loaded.state, loaded.version, decide, self.clock(), request
                 )
@@ -383,10 +382,9 @@ class Store:
                 inserted = await insert_lane(conn, lane, transition.state)
                 loaded = await load_versioned(conn, lane, lock=True)
                 assert loaded is not None
-                if request is not None:
-                    replay = await replayed_answer(conn, lane, request.key, request.form)
-                    if replay is not None:
-                        return request.decode(replay)
+                earlier = await earlier_answer(conn, lane, request)
+                if earlier is not None:
+                    return earlier[0]
                 if inserted:
                     # The row gave the new lane its incarnation.
                     created = replace(transition.state, incarnation=loaded.state.incarnation)
@@ -441,10 +439,9 @@ class Store:
     ) -> A:
         async with self._cache.turn(lane):
             async with self.pool.connection() as conn, conn.transaction():
-                if request is not None:
-                    replay = await replayed_answer(conn, lane, request.key, request.form)
-                    if replay is not None:
-                        return request.decode(replay)
+                earlier = await earlier_answer(conn, lane, request)
+                if earlier is not None:
+                    return earlier[0]
                 loaded = await load_versioned(conn, lane, lock=True)
                 if loaded is None:
                     raise lane_not_found(lane)
