@@ -250,10 +250,11 @@ class Store:
         return notify.Notifier(str(self.pool.conninfo))
 
     def _committed(
-        self, lane: LaneRef, state: LaneState, statement: CommitStatement | None
+        self, lane: LaneRef, state: LaneState, version: int, statement: CommitStatement | None
     ) -> None:
-        """Hand a commit's events, as written, to the commit listeners (``state``: the lane
-        after it)."""
+        """Cache the lane as a commit left it (``state`` at ``version``) and hand the commit's
+        events, as written, to the commit listeners."""
+        self._cache.put(lane, VersionedLane(state, version))
         if statement is None or statement.events is None:
             return
         metrics.current.events_appended.inc(len(statement.events.bodies))
@@ -327,8 +328,7 @@ class Store:
         if not written:
             return None
         metrics.current.optimistic_commits.inc()
-        self._cache.put(lane, VersionedLane(transition.state, cached.version + 1))
-        self._committed(lane, transition.state, statement)
+        self._committed(lane, transition.state, cached.version + 1, statement)
         return (answer,)
 
     async def _locked(self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None) -> A:
@@ -352,8 +352,7 @@ class Store:
         except psycopg.errors.UniqueViolation as exc:
             raise _reused_id(exc, transition) from exc
         if statement is not None:
-            self._cache.put(lane, VersionedLane(transition.state, loaded.version + 1))
-            self._committed(lane, transition.state, statement)
+            self._committed(lane, transition.state, loaded.version + 1, statement)
         return answer
 
     async def create_lane(
@@ -402,8 +401,7 @@ class Store:
                 if statement is not None:
                     await run_commit(conn, statement)
             version = loaded.version + (statement is not None)
-            self._cache.put(lane, VersionedLane(transition.state, version))
-            self._committed(lane, transition.state, statement)
+            self._committed(lane, transition.state, version, statement)
         return result
 
     async def delete_lane(
