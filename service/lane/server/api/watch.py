@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.rpc import code_pb2
@@ -48,11 +50,14 @@ from lane.server.api.write_deadline import DeadlinePassed, WriteDeadline, end_cu
 from lane.server.domain.errors import LaneError, ResourceExhausted
 from lane.server.hub import Hub, Subscription
 from lane.server.hub.catch_up import next_groups, resume
+from lane.server.hub.idle import Bell
 from lane.server.store import LaneRef
 from lane.server.store.pool import DatabaseBusy
 
 DEFAULT_WRITE_DEADLINE_SECONDS = 30.0
 DEFAULT_STREAM_BYTES = 8 << 20
+#: What a watcher stream follows: a lane's subscription or a namespace's follower.
+F = TypeVar("F", bound=Bell)
 
 
 @dataclass(frozen=True)
@@ -229,17 +234,37 @@ async def watch_lane(
     deadline: WriteDeadline,
 ) -> None:
     """Serve one WatchLane stream of ``lane`` until the client leaves or the server stops."""
+    await serve_watcher(
+        context,
+        lambda: admit(hub, shares, lane, settings),
+        lambda: hub.subscribe(lane),
+        lambda subscription: _serve(store, subscription, request, context, settings, deadline),
+        lambda slow: _let_go(context, settings, slow.revision),
+    )
+
+
+async def serve_watcher(
+    context: grpc.aio.ServicerContext[Any, Any],
+    admission: Callable[[], AbstractContextManager[object]],
+    follow: Callable[[], AbstractContextManager[F]],
+    serve: Callable[[F], Awaitable[None]],
+    let_go_slow: Callable[[WatcherTooSlow], Awaitable[None]],
+) -> None:
+    """A watcher stream's start and end, shared by WatchLane and WatchLanes: take the slot
+    (``admission``), start following (``follow``) and ``serve`` until the stream ends; count it
+    in the watcher metrics by how it ended. A client that stopped reading is let go once out
+    of the slot (``let_go_slow``); one that left needs nothing; anything else propagates."""
     metrics.current.watchers_active.inc()
     ended = "error"
-    subscription: Subscription | None = None
+    following: F | None = None
     try:
-        with admit(hub, shares, lane, settings), hub.subscribe(lane) as subscription:
-            await _serve(store, subscription, request, context, settings, deadline)
+        with admission(), follow() as following:
+            await serve(following)
     except BaseException as exc:
-        ended = ended_reason(exc, context, subscription is not None and subscription.closed)
+        ended = ended_reason(exc, context, following is not None and following.closed)
         if isinstance(exc, WatcherTooSlow):
-            # Out of the subscription: the slot is free now, whenever the client reads again.
-            await _let_go(context, settings, exc.revision)
+            # Out of the slot: it is free now, whenever the client reads again.
+            await let_go_slow(exc)
             return
         if isinstance(exc, WatcherGone):
             return

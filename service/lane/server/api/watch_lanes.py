@@ -24,17 +24,14 @@ from typing import Any
 import grpc
 from lane.v1 import lane_service_pb2 as pb
 
-from lane.server import metrics
 from lane.server.api.fair_shares import FairShares
 from lane.server.api.framing import length_delimited
 from lane.server.api.watch import (
-    WatcherGone,
-    WatcherTooSlow,
     WatchSettings,
     end_stream,
-    ended_reason,
     let_go,
     send_headers,
+    serve_watcher,
     shutting_down,
     write_within,
 )
@@ -74,23 +71,13 @@ async def watch_lanes(
     deadline: WriteDeadline,
 ) -> None:
     """Serve one WatchLanes stream of ``namespace``'s lanes that ``lanes`` admits."""
-    metrics.current.watchers_active.inc()
-    ended = "error"
-    follower: Follower | None = None
-    try:
-        with shares.acquire(namespace), changes.follow(namespace, lanes) as follower:
-            await _serve(reads, follower, namespace, context, settings, deadline)
-    except BaseException as exc:
-        ended = ended_reason(exc, context, follower is not None and follower.closed)
-        if isinstance(exc, WatcherTooSlow):
-            await let_go(context, settings, "call WatchLanes again (a new listing)", {})
-            return
-        if isinstance(exc, WatcherGone):
-            return
-        raise
-    finally:
-        metrics.current.watchers_active.dec()
-        metrics.current.watchers_ended.labels(ended).inc()
+    await serve_watcher(
+        context,
+        lambda: shares.acquire(namespace),
+        lambda: changes.follow(namespace, lanes),
+        lambda follower: _serve(reads, follower, namespace, context, settings, deadline),
+        lambda _: let_go(context, settings, "call WatchLanes again (a new listing)", {}),
+    )
 
 
 async def _serve(

@@ -160,9 +160,11 @@ import ipaddress
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from lane.limits import (
@@ -188,6 +190,8 @@ from lane.server.store.pool import (
     DEFAULT_RECONNECT_SECONDS,
 )
 from lane.server.store.retention import KEEP_ANSWERS
+
+T = TypeVar("T")
 
 _TRUE = frozenset({"on", "true", "1", "yes"})
 _FALSE = frozenset({"off", "false", "0", "no"})
@@ -448,20 +452,15 @@ class Settings:
             value = env.get(name, "").strip()
             return value or None
 
+        def setting(name: str, parse: Callable[[str, str], T], default: T) -> T:
+            """``name``'s value as ``parse(name, value)`` reads it, ``default`` when unset."""
+            value = get(name)
+            return default if value is None else parse(name, value)
+
         defaults = cls()
         database_url = get("LANE_DATABASE_URL")
         if database_url is not None:
             _check_database_url(database_url)
-        data_dir = get("LANE_DATA_DIR")
-        listen = get("LANE_LISTEN")
-        workers = get("LANE_WORKERS")
-        grace = get("LANE_GRACE_SECONDS")
-        notify = get("LANE_NOTIFY")
-        poll = get("LANE_POLL_INTERVAL_SECONDS")
-        orphan = get("LANE_ORPHAN_SECONDS")
-        place_quiet = get("LANE_PLACE_QUIET_SECONDS")
-        watchers_per_lane = get("LANE_MAX_WATCHERS_PER_LANE")
-        watchers = get("LANE_MAX_WATCHERS")
         counts = {
             name: _count(name, value)
             for name in (
@@ -473,21 +472,6 @@ class Settings:
             )
             if (value := get(name)) is not None
         }
-        write_deadline = get("LANE_WATCH_WRITE_DEADLINE_SECONDS")
-        stream_bytes = get("LANE_WATCH_STREAM_BYTES")
-        pool_size = get("LANE_DB_POOL_SIZE")
-        checkout_timeout = get("LANE_DB_CHECKOUT_TIMEOUT_SECONDS")
-        reconnect = get("LANE_DB_RECONNECT_SECONDS")
-        request_retention = get("LANE_REQUEST_RETENTION_SECONDS")
-        http_listen = get("LANE_HTTP_LISTEN")
-        allowed_hosts = get("LANE_HTTP_ALLOWED_HOSTS")
-        idle_timeout = get("LANE_HTTP_IDLE_TIMEOUT_SECONDS")
-        body_timeout = get("LANE_HTTP_BODY_TIMEOUT_SECONDS")
-        max_connections = get("LANE_HTTP_MAX_CONNECTIONS")
-        metrics_listen = get("LANE_METRICS_LISTEN")
-        log_format = get("LANE_LOG_FORMAT")
-        event_loop = get("LANE_EVENT_LOOP")
-        otel = get("LANE_OTEL")
         cert, key, client_ca = (
             _file(name, get(name))
             for name in ("LANE_TLS_CERT_FILE", "LANE_TLS_KEY_FILE", "LANE_TLS_CLIENT_CA_FILE")
@@ -520,45 +504,34 @@ class Settings:
                     )
         settings = cls(
             database_url=database_url,
-            data_dir=(
-                defaults.data_dir if data_dir is None else Path(data_dir).expanduser().absolute()
+            data_dir=setting(
+                "LANE_DATA_DIR",
+                lambda _, value: Path(value).expanduser().absolute(),
+                defaults.data_dir,
             ),
-            listen=defaults.listen if listen is None else parse_listen("LANE_LISTEN", listen),
-            workers=defaults.workers if workers is None else _count("LANE_WORKERS", workers),
-            grace_seconds=(
-                defaults.grace_seconds
-                if grace is None
-                else _seconds("LANE_GRACE_SECONDS", grace, allow_zero=True)
+            listen=setting("LANE_LISTEN", parse_listen, defaults.listen),
+            workers=setting("LANE_WORKERS", _count, defaults.workers),
+            grace_seconds=setting(
+                "LANE_GRACE_SECONDS", partial(_seconds, allow_zero=True), defaults.grace_seconds
             ),
-            notify=defaults.notify if notify is None else _switch("LANE_NOTIFY", notify),
-            poll_interval_seconds=(
-                defaults.poll_interval_seconds
-                if poll is None
-                else _seconds(
-                    "LANE_POLL_INTERVAL_SECONDS",
-                    poll,
-                    allow_zero=False,
-                    maximum=_MAX_POLL_INTERVAL_SECONDS,
-                )
+            notify=setting("LANE_NOTIFY", _switch, defaults.notify),
+            poll_interval_seconds=setting(
+                "LANE_POLL_INTERVAL_SECONDS",
+                partial(_seconds, allow_zero=False, maximum=_MAX_POLL_INTERVAL_SECONDS),
+                defaults.poll_interval_seconds,
             ),
-            orphan_seconds=(
-                defaults.orphan_seconds
-                if orphan is None
-                else _seconds("LANE_ORPHAN_SECONDS", orphan, allow_zero=True)
+            orphan_seconds=setting(
+                "LANE_ORPHAN_SECONDS", partial(_seconds, allow_zero=True), defaults.orphan_seconds
             ),
-            place_quiet_seconds=(
-                defaults.place_quiet_seconds
-                if place_quiet is None
-                else _seconds("LANE_PLACE_QUIET_SECONDS", place_quiet, allow_zero=True)
+            place_quiet_seconds=setting(
+                "LANE_PLACE_QUIET_SECONDS",
+                partial(_seconds, allow_zero=True),
+                defaults.place_quiet_seconds,
             ),
-            max_watchers_per_lane=(
-                defaults.max_watchers_per_lane
-                if watchers_per_lane is None
-                else _count("LANE_MAX_WATCHERS_PER_LANE", watchers_per_lane)
+            max_watchers_per_lane=setting(
+                "LANE_MAX_WATCHERS_PER_LANE", _count, defaults.max_watchers_per_lane
             ),
-            max_watchers=(
-                defaults.max_watchers if watchers is None else _count("LANE_MAX_WATCHERS", watchers)
-            ),
+            max_watchers=setting("LANE_MAX_WATCHERS", _count, defaults.max_watchers),
             max_watchers_per_namespace=counts.get(
                 "LANE_MAX_WATCHERS_PER_NAMESPACE", defaults.max_watchers_per_namespace
             ),
@@ -570,101 +543,61 @@ class Settings:
             max_transfers_per_namespace=counts.get(
                 "LANE_MAX_TRANSFERS_PER_NAMESPACE", defaults.max_transfers_per_namespace
             ),
-            watch_write_deadline_seconds=(
-                defaults.watch_write_deadline_seconds
-                if write_deadline is None
-                else _seconds(
-                    "LANE_WATCH_WRITE_DEADLINE_SECONDS",
-                    write_deadline,
-                    allow_zero=False,
-                    maximum=_MAX_WRITE_DEADLINE_SECONDS,
-                )
+            watch_write_deadline_seconds=setting(
+                "LANE_WATCH_WRITE_DEADLINE_SECONDS",
+                partial(_seconds, allow_zero=False, maximum=_MAX_WRITE_DEADLINE_SECONDS),
+                defaults.watch_write_deadline_seconds,
             ),
-            watch_stream_bytes=(
-                defaults.watch_stream_bytes
-                if stream_bytes is None
-                else _count(
-                    "LANE_WATCH_STREAM_BYTES", stream_bytes, minimum=_MIN_STREAM_BYTES, of="bytes"
-                )
+            watch_stream_bytes=setting(
+                "LANE_WATCH_STREAM_BYTES",
+                partial(_count, minimum=_MIN_STREAM_BYTES, of="bytes"),
+                defaults.watch_stream_bytes,
             ),
-            db_pool_size=(
-                defaults.db_pool_size
-                if pool_size is None
-                else _count("LANE_DB_POOL_SIZE", pool_size)
+            db_pool_size=setting("LANE_DB_POOL_SIZE", _count, defaults.db_pool_size),
+            db_checkout_timeout_seconds=setting(
+                "LANE_DB_CHECKOUT_TIMEOUT_SECONDS",
+                partial(_seconds, allow_zero=False, maximum=_MAX_CHECKOUT_TIMEOUT_SECONDS),
+                defaults.db_checkout_timeout_seconds,
             ),
-            db_checkout_timeout_seconds=(
-                defaults.db_checkout_timeout_seconds
-                if checkout_timeout is None
-                else _seconds(
-                    "LANE_DB_CHECKOUT_TIMEOUT_SECONDS",
-                    checkout_timeout,
-                    allow_zero=False,
-                    maximum=_MAX_CHECKOUT_TIMEOUT_SECONDS,
-                )
-            ),
-            db_reconnect_seconds=(
-                defaults.db_reconnect_seconds
-                if reconnect is None
-                else _seconds(
-                    "LANE_DB_RECONNECT_SECONDS",
-                    reconnect,
+            db_reconnect_seconds=setting(
+                "LANE_DB_RECONNECT_SECONDS",
+                partial(
+                    _seconds,
                     allow_zero=False,
                     minimum=_MIN_RECONNECT_SECONDS,
                     maximum=_MAX_RECONNECT_SECONDS,
-                )
+                ),
+                defaults.db_reconnect_seconds,
             ),
-            request_retention_seconds=(
-                defaults.request_retention_seconds
-                if request_retention is None
-                else _seconds(
-                    "LANE_REQUEST_RETENTION_SECONDS",
-                    request_retention,
-                    allow_zero=False,
-                    minimum=_MIN_REQUEST_RETENTION_SECONDS,
-                )
+            request_retention_seconds=setting(
+                "LANE_REQUEST_RETENTION_SECONDS",
+                partial(_seconds, allow_zero=False, minimum=_MIN_REQUEST_RETENTION_SECONDS),
+                defaults.request_retention_seconds,
             ),
             tls_cert_file=cert,
             tls_key_file=key,
             tls_client_ca_file=client_ca,
-            http_listen=(
-                None if http_listen is None else parse_listen("LANE_HTTP_LISTEN", http_listen)
+            http_listen=setting("LANE_HTTP_LISTEN", parse_listen, None),
+            http_allowed_hosts=setting(
+                "LANE_HTTP_ALLOWED_HOSTS", _host_names, defaults.http_allowed_hosts
             ),
-            http_allowed_hosts=(
-                defaults.http_allowed_hosts
-                if allowed_hosts is None
-                else _host_names("LANE_HTTP_ALLOWED_HOSTS", allowed_hosts)
+            http_idle_timeout_seconds=setting(
+                "LANE_HTTP_IDLE_TIMEOUT_SECONDS", _http_seconds, defaults.http_idle_timeout_seconds
             ),
-            http_idle_timeout_seconds=(
-                defaults.http_idle_timeout_seconds
-                if idle_timeout is None
-                else _http_seconds("LANE_HTTP_IDLE_TIMEOUT_SECONDS", idle_timeout)
+            http_body_timeout_seconds=setting(
+                "LANE_HTTP_BODY_TIMEOUT_SECONDS", _http_seconds, defaults.http_body_timeout_seconds
             ),
-            http_body_timeout_seconds=(
-                defaults.http_body_timeout_seconds
-                if body_timeout is None
-                else _http_seconds("LANE_HTTP_BODY_TIMEOUT_SECONDS", body_timeout)
+            http_max_connections=setting(
+                "LANE_HTTP_MAX_CONNECTIONS", _count, defaults.http_max_connections
             ),
-            http_max_connections=(
-                defaults.http_max_connections
-                if max_connections is None
-                else _count("LANE_HTTP_MAX_CONNECTIONS", max_connections)
+            metrics_listen=setting("LANE_METRICS_LISTEN", parse_listen, None),
+            log_format=setting(
+                "LANE_LOG_FORMAT", partial(_choice, choices=LOG_FORMATS), defaults.log_format
             ),
-            metrics_listen=(
-                None
-                if metrics_listen is None
-                else parse_listen("LANE_METRICS_LISTEN", metrics_listen)
+            event_loop=setting(
+                "LANE_EVENT_LOOP", partial(_choice, choices=EVENT_LOOPS), defaults.event_loop
             ),
-            log_format=(
-                defaults.log_format
-                if log_format is None
-                else _choice("LANE_LOG_FORMAT", log_format, LOG_FORMATS)
-            ),
-            event_loop=(
-                defaults.event_loop
-                if event_loop is None
-                else _choice("LANE_EVENT_LOOP", event_loop, EVENT_LOOPS)
-            ),
-            otel=defaults.otel if otel is None else _switch("LANE_OTEL", otel),
+            otel=setting("LANE_OTEL", _switch, defaults.otel),
             auth_tokens=tokens,
         )
         require_auth_or_loopback(settings)

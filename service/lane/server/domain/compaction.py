@@ -113,15 +113,7 @@ def end_compaction(
     if end.HasField("error"):
         result.error.CopyFrom(end.error)
     result.started_time.FromDatetime(operation.started_time)
-    next_state = evolve(
-        state,
-        operation=None,
-        tip_id=tip,
-        last_operation_id=operation_id,
-        last_result=result,
-        revision=log.revision,
-    )
-    return OperationEnded.of(next_state, log, result=result)
+    return OperationEnded.ending(state, log, result)
 
 
 def compact_run(

@@ -14,7 +14,7 @@ from lane.v1 import entries_pb2, events_pb2, snapshot_pb2
 
 from lane.server.domain import guards
 from lane.server.domain.event_log import EventLog
-from lane.server.domain.state import LaneState, evolve
+from lane.server.domain.state import LaneState
 from lane.server.domain.transition import OperationEnded
 
 
@@ -58,11 +58,4 @@ def navigate(
             ended_time=result.ended_time,
         ),
     )
-    next_state = evolve(
-        state,
-        tip_id=tip,
-        last_operation_id=operation_id,
-        last_result=result,
-        revision=log.revision,
-    )
-    return OperationEnded.of(next_state, log, result=result)
+    return OperationEnded.ending(state, log, result)

@@ -31,6 +31,17 @@ def _text(text: str) -> messages_pb2.ContentBlock:
     return messages_pb2.ContentBlock(text=messages_pb2.TextContent(text=text))
 
 
+def _copy_details_and_usage(
+    source: messages_pb2.ToolResult | messages_pb2.ToolResultMessage,
+    target: messages_pb2.ToolResult | messages_pb2.ToolResultMessage,
+) -> None:
+    """Carry a result's optional details and usage over, leaving them unset where unset."""
+    if source.HasField("details_json"):
+        target.details_json = source.details_json
+    if source.HasField("usage"):
+        target.usage.CopyFrom(source.usage)
+
+
 def message_from_result(
     tool_call_id: str,
     tool_name: str,
@@ -47,10 +58,7 @@ def message_from_result(
         added_tool_names=result.added_tool_names,
         is_error=is_error,
     )
-    if result.HasField("details_json"):
-        message.details_json = result.details_json
-    if result.HasField("usage"):
-        message.usage.CopyFrom(result.usage)
+    _copy_details_and_usage(result, message)
     message.timestamp.CopyFrom(stamp(now))
     return message
 
@@ -62,10 +70,7 @@ def result_from_message(
     result = messages_pb2.ToolResult(
         content=message.content, added_tool_names=message.added_tool_names, terminate=terminate
     )
-    if message.HasField("details_json"):
-        result.details_json = message.details_json
-    if message.HasField("usage"):
-        result.usage.CopyFrom(message.usage)
+    _copy_details_and_usage(message, result)
     return result
 
 
@@ -95,10 +100,7 @@ def synthetic_result(
         result = messages_pb2.ToolResult()
         if checkpoint is not None:
             result.content.extend(checkpoint.content)
-            if checkpoint.HasField("details_json"):
-                result.details_json = checkpoint.details_json
-            if checkpoint.HasField("usage"):
-                result.usage.CopyFrom(checkpoint.usage)
+            _copy_details_and_usage(checkpoint, result)
         result.content.append(_text(INTERRUPTED_TEXT))
         return result
     raise InvalidArgument(

@@ -436,11 +436,4 @@ def end_run(
     if result.HasField("error"):
         run_end.error.CopyFrom(result.error)
     log.emit("run_end", run_end, recovery=recovery)
-    next_state = evolve(
-        state,
-        operation=None,
-        last_operation_id=operation_id,
-        last_result=result,
-        revision=log.revision,
-    )
-    return OperationEnded.of(next_state, log, result=result)
+    return OperationEnded.ending(state, log, result)

@@ -115,6 +115,22 @@ def _not_status(call: ToolCall, needed: str) -> FailedPrecondition:
     )
 
 
+def _driven_call(
+    state: LaneState,
+    operation_id: str,
+    tool_call_id: str,
+    lease_token: int,
+    *statuses: CallStatus,
+) -> tuple[Operation, ToolBatch, ToolCall]:
+    """The run ``lease_token`` drives, its batch and call ``tool_call_id``, which must be in
+    one of ``statuses`` (TOOL_CALL_WRONG_STATUS otherwise)."""
+    operation = guards.driving(state, operation_id, lease_token)
+    batch, call = guards.batch_call(operation, tool_call_id)
+    if call.status not in statuses:
+        raise _not_status(call, " or ".join(status.value for status in statuses))
+    return operation, batch, call
+
+
 def require_start_order(operation: Operation, batch: ToolBatch, call: ToolCall) -> None:
     """Refuse a planned call leaving ``planned`` out of order.
 
@@ -152,10 +168,9 @@ def start_tool_call(
     lease_token: int = 0,
 ) -> Transition:
     """Intent commit: persist effective args and replay policy; emits tool_start."""
-    operation = guards.driving(state, operation_id, lease_token)
-    batch, call = guards.batch_call(operation, tool_call_id)
-    if call.status != CallStatus.PLANNED:
-        raise _not_status(call, "planned")
+    operation, batch, call = _driven_call(
+        state, operation_id, tool_call_id, lease_token, CallStatus.PLANNED
+    )
     if batch.cut_for_length:
         raise _message_truncated(call)
     guards.require_not_cancelled(operation)
@@ -178,10 +193,9 @@ def update_tool_call(
     lease_token: int = 0,
 ) -> Transition:
     """Progress of a running call; emits tool_update. A checkpoint also becomes durable."""
-    operation = guards.driving(state, operation_id, lease_token)
-    batch, call = guards.batch_call(operation, tool_call_id)
-    if call.status != CallStatus.EFFECT_PENDING:
-        raise _not_status(call, "effect_pending")
+    operation, batch, call = _driven_call(
+        state, operation_id, tool_call_id, lease_token, CallStatus.EFFECT_PENDING
+    )
     log = EventLog(state.lane_id, state.revision, now)
     log.emit(
         "tool_update",
@@ -257,10 +271,14 @@ def stage_tool_outcome(
     lease_token: int = 0,
 ) -> OutcomeStaged:
     """Staging commit for a real or synthetic outcome (placement follows in its own commit)."""
-    operation = guards.driving(state, operation_id, lease_token)
-    batch, call = guards.batch_call(operation, tool_call_id)
-    if call.status not in (CallStatus.PLANNED, CallStatus.EFFECT_PENDING):
-        raise _not_status(call, "planned or effect_pending")
+    operation, batch, call = _driven_call(
+        state,
+        operation_id,
+        tool_call_id,
+        lease_token,
+        CallStatus.PLANNED,
+        CallStatus.EFFECT_PENDING,
+    )
     if call.status == CallStatus.PLANNED:
         require_start_order(operation, batch, call)
     require_truncation_rule(batch, call, outcome)
@@ -299,10 +317,9 @@ def replay_tool_call(
 ) -> ToolCallReplayed:
     """Safe replay after a takeover: the checkpoint-clear commit; emits tool_start tagged
     recovery with the persisted arguments. The replay then updates and stages as usual."""
-    operation = guards.driving(state, operation_id, lease_token)
-    batch, call = guards.batch_call(operation, tool_call_id)
-    if call.status != CallStatus.EFFECT_PENDING:
-        raise _not_status(call, "effect_pending")
+    operation, batch, call = _driven_call(
+        state, operation_id, tool_call_id, lease_token, CallStatus.EFFECT_PENDING
+    )
     guards.require_not_cancelled(operation)
     if call.replay != Replay.SAFE or not operation.recovering:
         raise FailedPrecondition(

@@ -13,7 +13,7 @@ from typing import Any, Self
 from lane.v1 import entries_pb2, events_pb2, snapshot_pb2
 
 from lane.server.domain.event_log import EventLog
-from lane.server.domain.state import LaneState, Operation
+from lane.server.domain.state import LaneState, Operation, evolve
 
 
 @dataclass(frozen=True)
@@ -50,3 +50,19 @@ class OperationEnded(Transition):
     """An operation ended (a run, a compaction, a navigation): its result record."""
 
     result: snapshot_pb2.OperationResult
+
+    @classmethod
+    def ending(
+        cls, state: LaneState, log: EventLog, result: snapshot_pb2.OperationResult
+    ) -> OperationEnded:
+        """Close ``log`` into the end of the lane's operation with ``result``: no operation
+        open any more, the tip where the result left it, and the result the lane's last."""
+        next_state = evolve(
+            state,
+            operation=None,
+            tip_id=result.tip_id,
+            last_operation_id=result.operation_id,
+            last_result=result,
+            revision=log.revision,
+        )
+        return cls.of(next_state, log, result=result)

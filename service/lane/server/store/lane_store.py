@@ -51,7 +51,7 @@ from lane.server.store.lane_writes import (
     run_commit,
 )
 from lane.server.store.pool import DEFAULT_RECONNECT_SECONDS, LanePool, migrate_pool, open_pool
-from lane.server.store.requests import Recording, replayed_answer
+from lane.server.store.requests import Recording, earlier_answer
 from lane.server.store.store_reads import StoreReads, lane_not_found
 from lane.server.store.upkeep import Upkeep
 
@@ -250,10 +250,11 @@ class Store:
         return notify.Notifier(str(self.pool.conninfo))
 
     def _committed(
-        self, lane: LaneRef, state: LaneState, statement: CommitStatement | None
+        self, lane: LaneRef, state: LaneState, version: int, statement: CommitStatement | None
     ) -> None:
-        """Hand a commit's events, as written, to the commit listeners (``state``: the lane
-        after it)."""
+        """Cache the lane as a commit left it (``state`` at ``version``) and hand the commit's
+        events, as written, to the commit listeners."""
+        self._cache.put(lane, VersionedLane(state, version))
         if statement is None or statement.events is None:
             return
         metrics.current.events_appended.inc(len(statement.events.bodies))
@@ -327,8 +328,7 @@ class Store:
         if not written:
             return None
         metrics.current.optimistic_commits.inc()
-        self._cache.put(lane, VersionedLane(transition.state, cached.version + 1))
-        self._committed(lane, transition.state, statement)
+        self._committed(lane, transition.state, cached.version + 1, statement)
         return (answer,)
 
     async def _locked(self, lane: LaneRef, decide: Decide[A], request: Recording[A] | None) -> A:
@@ -341,10 +341,9 @@ class Store:
                     raise lane_not_found(lane)
                 metrics.current.locked_commits.inc()
                 self._cache.put(lane, loaded)
-                if request is not None:
-                    replay = await replayed_answer(conn, lane, request.key, request.form)
-                    if replay is not None:
-                        return request.decode(replay)
+                earlier = await earlier_answer(conn, lane, request)
+                if earlier is not None:
+                    return earlier[0]
                 transition, answer, statement = await worked_out(
                     lane, loaded.state, loaded.version, decide, self.clock(), request
                 )
@@ -353,8 +352,7 @@ class Store:
         except psycopg.errors.UniqueViolation as exc:
             raise _reused_id(exc, transition) from exc
         if statement is not None:
-            self._cache.put(lane, VersionedLane(transition.state, loaded.version + 1))
-            self._committed(lane, transition.state, statement)
+            self._committed(lane, transition.state, loaded.version + 1, statement)
         return answer
 
     async def create_lane(
@@ -383,10 +381,9 @@ class Store:
                 inserted = await insert_lane(conn, lane, transition.state)
                 loaded = await load_versioned(conn, lane, lock=True)
                 assert loaded is not None
-                if request is not None:
-                    replay = await replayed_answer(conn, lane, request.key, request.form)
-                    if replay is not None:
-                        return request.decode(replay)
+                earlier = await earlier_answer(conn, lane, request)
+                if earlier is not None:
+                    return earlier[0]
                 if inserted:
                     # The row gave the new lane its incarnation.
                     created = replace(transition.state, incarnation=loaded.state.incarnation)
@@ -404,8 +401,7 @@ class Store:
                 if statement is not None:
                     await run_commit(conn, statement)
             version = loaded.version + (statement is not None)
-            self._cache.put(lane, VersionedLane(transition.state, version))
-            self._committed(lane, transition.state, statement)
+            self._committed(lane, transition.state, version, statement)
         return result
 
     async def delete_lane(
@@ -441,10 +437,9 @@ class Store:
     ) -> A:
         async with self._cache.turn(lane):
             async with self.pool.connection() as conn, conn.transaction():
-                if request is not None:
-                    replay = await replayed_answer(conn, lane, request.key, request.form)
-                    if replay is not None:
-                        return request.decode(replay)
+                earlier = await earlier_answer(conn, lane, request)
+                if earlier is not None:
+                    return earlier[0]
                 loaded = await load_versioned(conn, lane, lock=True)
                 if loaded is None:
                     raise lane_not_found(lane)

@@ -89,3 +89,14 @@ async def replayed_answer(
             method=method,
         )
     return decode(answer_type, response)
+
+
+async def earlier_answer(
+    conn: AsyncConnection[Any], lane: LaneRef, request: Recording[A] | None
+) -> tuple[A] | None:
+    """The answer a retried request got the first time, in a 1-tuple (an answer may be
+    anything); None without a request id or when the id is new. Refuses a reused id."""
+    if request is None:
+        return None
+    replay = await replayed_answer(conn, lane, request.key, request.form)
+    return None if replay is None else (request.decode(replay),)
