@@ -1,8 +1,11 @@
-"""What every RPC group shares: the store and hub, and a request's lane and request key."""
+"""What every RPC group shares: the store and hub, a request's lane and request key, and
+running a request's command."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from lane.server.api import validation as v
 from lane.server.api.auth import Authenticator, caller_namespace
@@ -11,10 +14,14 @@ from lane.server.api.fair_shares import FairShares, ShareLimits, ShareSettings
 from lane.server.api.watch import WatchSettings
 from lane.server.api.watcher_reads import WatcherReads
 from lane.server.api.write_deadline import WriteDeadline
+from lane.server.commands.base import Address, Handler
 from lane.server.commands.transfer import TransferUsage
 from lane.server.hub import Hub
 from lane.server.store import LaneRef, Store
 from lane.server.store.requests import RequestKey
+
+Q = TypeVar("Q", bound=Message)
+R = TypeVar("R", bound=Message)
 
 
 class ServicerBase:
@@ -69,3 +76,9 @@ class ServicerBase:
         request_id = getattr(request, "request_id", "")  # lease renewal/release have none
         v.require_id(request_id, "request_id", optional=True)
         return lane, RequestKey.of(call.method, request, request_id)
+
+    async def command(self, call: Call, request: Q, handler: Handler[Q, R]) -> R:
+        """Run the command ``handler`` on ``request`` (validated but for its lane id and
+        request id, checked here): its response is the RPC's answer."""
+        lane, key = self.addressed(call, request)
+        return await handler(self.store, Address(lane, key), request)

@@ -3,10 +3,8 @@ navigation, faults, handler errors and session metadata."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import messages_pb2, snapshot_pb2
 
 from lane.server.api import validation as v
 from lane.server.api.base import ServicerBase
@@ -37,16 +35,7 @@ class HarnessRpcs(ServicerBase):
             )
         # A streaming tool call's arguments may be cut mid-way: not JSON yet.
         v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
-        lane, key = self.addressed(call, request)
-        command = harness.AppendAssistantStream(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            turn_id=request.turn_id,
-            partials=request.partials,
-            lease_token=request.lease_token,
-        )
-        return (await harness.append_assistant_stream(self.store, command)).to_proto()
+        return await self.command(call, request, harness.append_assistant_stream)
 
     @unary
     async def ScheduleRetry(
@@ -76,33 +65,13 @@ class HarnessRpcs(ServicerBase):
             )
             v.check_tool_calls(failed, "failed_message")
         v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
-        lane, key = self.addressed(call, request)
-        command = harness.ScheduleRetry(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            turn_id=request.turn_id,
-            failed=failed,
-            max_attempts=request.max_attempts,
-            delay=timedelta(milliseconds=request.delay_ms),
-            error_message=request.error_message,
-            lease_token=request.lease_token,
-        )
-        return (await harness.schedule_retry(self.store, command)).to_proto()
+        return await self.command(call, request, harness.schedule_retry)
 
     @unary
     async def StartRetry(self, request: pb.StartRetryRequest, call: Call) -> pb.StartRetryResponse:
         v.require_id(request.operation_id, "operation_id")
         v.require_id(request.turn_id, "turn_id")
-        lane, key = self.addressed(call, request)
-        command = harness.StartRetry(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            turn_id=request.turn_id,
-            lease_token=request.lease_token,
-        )
-        return (await harness.start_retry(self.store, command)).to_proto()
+        return await self.command(call, request, harness.start_retry)
 
     @unary
     async def SuspendRun(self, request: pb.SuspendRunRequest, call: Call) -> pb.SuspendRunResponse:
@@ -118,25 +87,12 @@ class HarnessRpcs(ServicerBase):
         v.parse_json(request.deferred.handle_json, "deferred.handle_json")
         if request.deferred.poll_json:
             v.parse_json(request.deferred.poll_json, "deferred.poll_json")
-        lane, key = self.addressed(call, request)
-        command = harness.SuspendRun(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            turn_id=request.turn_id,
-            deferred=request.deferred,
-            lease_token=request.lease_token,
-        )
-        return (await harness.suspend_run(self.store, command)).to_proto()
+        return await self.command(call, request, harness.suspend_run)
 
     @unary
     async def ResumeRun(self, request: pb.ResumeRunRequest, call: Call) -> pb.ResumeRunResponse:
         v.require_id(request.operation_id, "operation_id")
-        lane, key = self.addressed(call, request)
-        command = harness.ResumeRun(
-            lane, key, operation_id=request.operation_id, lease_token=request.lease_token
-        )
-        return (await harness.resume_run(self.store, command)).to_proto()
+        return await self.command(call, request, harness.resume_run)
 
     @unary
     async def StartCompaction(
@@ -144,16 +100,8 @@ class HarnessRpcs(ServicerBase):
     ) -> pb.StartCompactionResponse:
         v.check_message(request, "")
         v.require_id(request.operation_id, "operation_id", optional=True)
-        lease = v.requested_lease(request.driver_id, request.lease_seconds)
-        lane, key = self.addressed(call, request)
-        command = harness.StartCompaction(
-            lane,
-            key,
-            operation_id=request.operation_id or None,
-            reason=request.reason or events_pb2.COMPACTION_REASON_MANUAL,
-            lease=lease,
-        )
-        return (await harness.start_compaction(self.store, command)).to_proto()
+        v.check_lease(request.driver_id, request.lease_seconds)
+        return await self.command(call, request, harness.start_compaction)
 
     @unary
     async def EndCompaction(
@@ -190,17 +138,7 @@ class HarnessRpcs(ServicerBase):
         )
         if completed:
             v.check_compaction(request.entry, "entry")
-        lane, key = self.addressed(call, request)
-        command = harness.EndCompaction(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            status=status,
-            entry=request.entry if completed else None,
-            error=request.error if failed else None,
-            lease_token=request.lease_token,
-        )
-        return (await harness.end_compaction(self.store, command)).to_proto()
+        return await self.command(call, request, harness.end_compaction)
 
     @unary
     async def CompactRun(self, request: pb.CompactRunRequest, call: Call) -> pb.CompactRunResponse:
@@ -208,16 +146,7 @@ class HarnessRpcs(ServicerBase):
         v.require(request.HasField("entry"), "MISSING_FIELD", "entry is required", "entry")
         v.check_message(request, "")
         v.check_compaction(request.entry, "entry")
-        lane, key = self.addressed(call, request)
-        command = harness.CompactRun(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            entry=request.entry,
-            reason=request.reason or events_pb2.COMPACTION_REASON_THRESHOLD,
-            lease_token=request.lease_token,
-        )
-        return (await harness.compact_run(self.store, command)).to_proto()
+        return await self.command(call, request, harness.compact_run)
 
     @unary
     async def NavigateLane(
@@ -226,40 +155,21 @@ class HarnessRpcs(ServicerBase):
         v.require_id(request.lane_id, "lane_id")
         v.require_id(request.target_entry_id, "target_entry_id")
         v.check_message(request, "")
-        lane, key = self.addressed(call, request)
-        command = harness.NavigateLane(
-            lane,
-            key,
-            target_entry_id=request.target_entry_id,
-            summary=request.summary if request.HasField("summary") else None,
-        )
-        return (await harness.navigate_lane(self.store, command)).to_proto()
+        return await self.command(call, request, harness.navigate_lane)
 
     @unary
     async def ReportFault(
         self, request: pb.ReportFaultRequest, call: Call
     ) -> pb.ReportFaultResponse:
         v.require(bool(request.code), "MISSING_FIELD", "code is required", "code")
-        lane, key = self.addressed(call, request)
-        command = harness.ReportFault(lane, key, code=request.code, message=request.message)
-        return (await harness.report_fault(self.store, command)).to_proto()
+        return await self.command(call, request, harness.report_fault)
 
     @unary
     async def ReportHandlerError(
         self, request: pb.ReportHandlerErrorRequest, call: Call
     ) -> pb.ReportHandlerErrorResponse:
         v.require(bool(request.error), "MISSING_FIELD", "error is required", "error")
-        error = events_pb2.HandlerErrorEvent(error=request.error)
-        if request.HasField("stack"):
-            error.stack = request.stack
-        source = request.WhichOneof("source")
-        if source == "hook":
-            error.hook = request.hook
-        elif source == "event":
-            error.event = request.event
-        lane, key = self.addressed(call, request)
-        command = harness.ReportHandlerError(lane, key, error=error)
-        return (await harness.report_handler_error(self.store, command)).to_proto()
+        return await self.command(call, request, harness.report_handler_error)
 
     @unary
     async def SetLaneValue(
@@ -267,12 +177,6 @@ class HarnessRpcs(ServicerBase):
     ) -> pb.SetLaneValueResponse:
         which = request.WhichOneof("value")
         v.require(which is not None, "MISSING_FIELD", "a value is required", "value")
-        value = events_pb2.ValueUpdateEvent()
-        if which == "session_name":
-            value.session_name.CopyFrom(request.session_name)
-        else:
+        if which == "entry_label":
             v.require_id(request.entry_label.target_id, "entry_label.target_id")
-            value.entry_label.CopyFrom(request.entry_label)
-        lane, key = self.addressed(call, request)
-        command = harness.SetLaneValue(lane, key, value=value)
-        return (await harness.set_lane_value(self.store, command)).to_proto()
+        return await self.command(call, request, harness.set_lane_value)

@@ -14,6 +14,7 @@ from lane.server.api.call import Call
 from lane.server.api.errors import unary
 from lane.server.api.framing import snapshot_answer_bytes
 from lane.server.commands import lanes
+from lane.server.commands.base import Address
 from lane.server.store import ActivityPosition
 
 
@@ -22,10 +23,9 @@ class LaneRpcs(ServicerBase):
 
     @unary
     async def CreateLane(self, request: pb.CreateLaneRequest, call: Call) -> pb.CreateLaneResponse:
-        lane, key = self.addressed(call, request)
+        lane, key = self.addressed(call, request)  # checked before the configuration
         v.check_message(request.configuration, "configuration")
-        command = lanes.CreateLane(lane, key, configuration=request.configuration)
-        return (await lanes.create_lane(self.store, command)).to_proto()
+        return await lanes.create_lane(self.store, Address(lane, key), request)
 
     @unary
     async def GetLaneSnapshot(
@@ -84,16 +84,7 @@ class LaneRpcs(ServicerBase):
         self, request: pb.UpdateLaneConfigRequest, call: Call
     ) -> pb.UpdateLaneConfigResponse:
         v.check_message(request, "")
-        names = request.active_tool_names.names if request.HasField("active_tool_names") else None
-        lane, key = self.addressed(call, request)
-        command = lanes.UpdateLaneConfig(
-            lane,
-            key,
-            model=request.model if request.HasField("model") else None,
-            thinking_level=request.thinking_level or None,
-            active_tool_names=tuple(names) if names is not None else None,
-        )
-        return (await lanes.update_lane_config(self.store, command)).to_proto()
+        return await self.command(call, request, lanes.update_lane_config)
 
     @unary
     async def EnqueueMessage(
@@ -116,7 +107,6 @@ class LaneRpcs(ServicerBase):
                 "custom.custom_type is required",
                 "custom.custom_type",
             )
-            item: lanes.QueuedContent = request.custom
         else:
             v.require(
                 request.HasField("message"),
@@ -125,13 +115,8 @@ class LaneRpcs(ServicerBase):
                 "message",
             )
             v.require_kind(request.message, "message", "user", "custom")
-            item = request.message
-        lane, key = self.addressed(call, request)
-        command = lanes.EnqueueMessage(lane, key, kind=request.kind, item=item)
-        return (await lanes.enqueue_message(self.store, command)).to_proto()
+        return await self.command(call, request, lanes.enqueue_message)
 
     @unary
     async def DeleteLane(self, request: pb.DeleteLaneRequest, call: Call) -> pb.DeleteLaneResponse:
-        lane, key = self.addressed(call, request)
-        command = lanes.DeleteLane(lane, key, force=request.force)
-        return (await lanes.delete_lane(self.store, command)).to_proto()
+        return await self.command(call, request, lanes.delete_lane)

@@ -22,41 +22,21 @@ class OwnershipRpcs(ServicerBase):
     ) -> pb.AcquireOperationResponse:
         v.require_id(request.operation_id, "operation_id")
         v.require_id(request.driver_id, "driver_id")
-        seconds = v.lease_seconds(request.lease_seconds)
-        lane, key = self.addressed(call, request)
-        command = ownership.AcquireOperation(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            driver_id=request.driver_id,
-            lease_seconds=seconds,
-        )
-        return (await ownership.acquire_operation(self.store, command)).to_proto()
+        v.check_lease_seconds(request.lease_seconds)
+        return await self.command(call, request, ownership.acquire_operation)
 
     @unary
     async def RenewLease(self, request: pb.RenewLeaseRequest, call: Call) -> pb.RenewLeaseResponse:
         v.require_id(request.operation_id, "operation_id")
-        seconds = v.lease_seconds(request.lease_seconds)
-        lane, key = self.addressed(call, request)
-        command = ownership.RenewLease(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            lease_token=request.lease_token,
-            lease_seconds=seconds,
-        )
-        return (await ownership.renew_lease(self.store, command)).to_proto()
+        v.check_lease_seconds(request.lease_seconds)
+        return await self.command(call, request, ownership.renew_lease)
 
     @unary
     async def ReleaseLease(
         self, request: pb.ReleaseLeaseRequest, call: Call
     ) -> pb.ReleaseLeaseResponse:
         v.require_id(request.operation_id, "operation_id")
-        lane, key = self.addressed(call, request)
-        command = ownership.ReleaseLease(
-            lane, key, operation_id=request.operation_id, lease_token=request.lease_token
-        )
-        return (await ownership.release_lease(self.store, command)).to_proto()
+        return await self.command(call, request, ownership.release_lease)
 
     @unary
     async def ReplayToolCall(
@@ -64,15 +44,7 @@ class OwnershipRpcs(ServicerBase):
     ) -> pb.ReplayToolCallResponse:
         v.require_id(request.operation_id, "operation_id")
         v.require_id(request.tool_call_id, "tool_call_id")
-        lane, key = self.addressed(call, request)
-        command = ownership.ReplayToolCall(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            tool_call_id=request.tool_call_id,
-            lease_token=request.lease_token,
-        )
-        return (await ownership.replay_tool_call(self.store, command)).to_proto()
+        return await self.command(call, request, ownership.replay_tool_call)
 
     @unary
     async def GetOperation(

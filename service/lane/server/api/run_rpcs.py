@@ -21,26 +21,15 @@ class RunRpcs(ServicerBase):
         v.require_id(request.operation_id, "operation_id", optional=True)
         for index, message in enumerate(request.prompt):
             v.require_kind(message, f"prompt[{index}]", "user", "custom")
-        lease = v.requested_lease(request.driver_id, request.lease_seconds)
-        lane, key = self.addressed(call, request)
-        command = runs.StartRun(
-            lane,
-            key,
-            operation_id=request.operation_id or None,
-            prompt=request.prompt,
-            settings=request.settings,
-            lease=lease,
-        )
-        return (await runs.start_run(self.store, command)).to_proto()
+        v.check_lease(request.driver_id, request.lease_seconds)
+        return await self.command(call, request, runs.start_run)
 
     @unary
     async def AbortOperation(
         self, request: pb.AbortOperationRequest, call: Call
     ) -> pb.AbortOperationResponse:
         v.require_id(request.operation_id, "operation_id")
-        lane, key = self.addressed(call, request)
-        command = runs.AbortOperation(lane, key, operation_id=request.operation_id)
-        return (await runs.abort_operation(self.store, command)).to_proto()
+        return await self.command(call, request, runs.abort_operation)
 
     @unary
     async def EndRun(self, request: pb.EndRunRequest, call: Call) -> pb.EndRunResponse:
@@ -68,30 +57,13 @@ class RunRpcs(ServicerBase):
             v.require(
                 bool(request.error.code), "MISSING_FIELD", "error.code is required", "error.code"
             )
-        lane, key = self.addressed(call, request)
-        command = runs.EndRun(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            status=request.status,
-            error=request.error if failed else None,
-            lease_token=request.lease_token,
-        )
-        return (await runs.end_run(self.store, command)).to_proto()
+        return await self.command(call, request, runs.end_run)
 
     @unary
     async def StartTurn(self, request: pb.StartTurnRequest, call: Call) -> pb.StartTurnResponse:
         v.require_id(request.operation_id, "operation_id")
         v.require_id(request.turn_id, "turn_id", optional=True)
-        lane, key = self.addressed(call, request)
-        command = runs.StartTurn(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            turn_id=request.turn_id or None,
-            lease_token=request.lease_token,
-        )
-        return (await runs.start_turn(self.store, command)).to_proto()
+        return await self.command(call, request, runs.start_turn)
 
     @unary
     async def SettleAssistantMessage(
@@ -110,16 +82,7 @@ class RunRpcs(ServicerBase):
         )
         v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
         v.check_tool_calls(message, "message")
-        lane, key = self.addressed(call, request)
-        command = runs.SettleAssistantMessage(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            turn_id=request.turn_id,
-            message=message,
-            lease_token=request.lease_token,
-        )
-        return (await runs.settle_assistant_message(self.store, command)).to_proto()
+        return await self.command(call, request, runs.settle_assistant_message)
 
     @unary
     async def RecordUsage(
@@ -127,12 +90,4 @@ class RunRpcs(ServicerBase):
     ) -> pb.RecordUsageResponse:
         v.require(request.HasField("usage"), "MISSING_FIELD", "usage is required", "usage")
         v.require_id(request.entry_id, "entry_id", optional=True)
-        lane, key = self.addressed(call, request)
-        command = runs.RecordUsage(
-            lane,
-            key,
-            usage=request.usage,
-            entry_id=request.entry_id or None,
-            adjustment=request.adjustment,
-        )
-        return (await runs.record_usage(self.store, command)).to_proto()
+        return await self.command(call, request, runs.record_usage)

@@ -10,7 +10,6 @@ from lane.server.api.call import Call
 from lane.server.api.errors import unary
 from lane.server.commands import tools
 from lane.server.domain.jsontext import require_json_object
-from lane.server.domain.run_inputs import Executed, Outcome, Synthetic
 
 
 class ToolRpcs(ServicerBase):
@@ -24,17 +23,7 @@ class ToolRpcs(ServicerBase):
         v.require_id(request.tool_call_id, "tool_call_id")
         v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
         require_json_object(request.arguments_json, "arguments_json")
-        lane, key = self.addressed(call, request)
-        command = tools.StartToolCall(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            tool_call_id=request.tool_call_id,
-            arguments_json=request.arguments_json,
-            replay=request.replay or pb.REPLAY_POLICY_NEVER,
-            lease_token=request.lease_token,
-        )
-        return (await tools.start_tool_call(self.store, command)).to_proto()
+        return await self.command(call, request, tools.start_tool_call)
 
     @unary
     async def UpdateToolCall(
@@ -49,17 +38,7 @@ class ToolRpcs(ServicerBase):
             "partial_result",
         )
         v.check_message(request, "")
-        lane, key = self.addressed(call, request)
-        command = tools.UpdateToolCall(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            tool_call_id=request.tool_call_id,
-            partial_result=request.partial_result,
-            checkpoint=request.checkpoint,
-            lease_token=request.lease_token,
-        )
-        return (await tools.update_tool_call(self.store, command)).to_proto()
+        return await self.command(call, request, tools.update_tool_call)
 
     @unary
     async def StageToolOutcome(
@@ -72,7 +51,6 @@ class ToolRpcs(ServicerBase):
         v.require(
             which is not None, "MISSING_FIELD", "executed or synthetic is required", "outcome"
         )
-        outcome: Outcome
         if which == "executed":
             v.require(
                 request.executed.HasField("result"),
@@ -80,8 +58,6 @@ class ToolRpcs(ServicerBase):
                 "executed.result is required",
                 "executed.result",
             )
-            executed = request.executed
-            outcome = Executed(executed.result, executed.is_error)
         else:
             cause = request.synthetic.cause
             v.require(
@@ -97,15 +73,4 @@ class ToolRpcs(ServicerBase):
                 "synthetic.message is required for INVALID_ARGUMENTS and DENIED",
                 "synthetic.message",
             )
-            synthetic = request.synthetic
-            outcome = Synthetic(synthetic.cause, synthetic.message, synthetic.terminate)
-        lane, key = self.addressed(call, request)
-        command = tools.StageToolOutcome(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            tool_call_id=request.tool_call_id,
-            outcome=outcome,
-            lease_token=request.lease_token,
-        )
-        return (await tools.stage_tool_outcome(self.store, command)).to_proto()
+        return await self.command(call, request, tools.stage_tool_outcome)

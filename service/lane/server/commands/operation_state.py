@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lane.limits import DEFAULT_LEASE_SECONDS
 from lane.v1 import lane_service_pb2 as pb
 
 from lane.server.domain.state import CallStatus, Continuation, Operation, Phase
@@ -62,3 +63,14 @@ def operation_state(operation: Operation) -> pb.OperationState:
                 row.checkpoint.CopyFrom(call.checkpoint)
             state.tool_calls.append(row)
     return state
+
+
+def lease_asked(driver_id: str, seconds: int) -> tuple[str, int] | None:
+    """The (driver id, seconds) lease a request asks for (0 seconds: the default), or None
+    for an unleased operation (no driver id)."""
+    return (driver_id, lease_length(seconds)) if driver_id else None
+
+
+def lease_length(seconds: int) -> int:
+    """A requested lease length in seconds, 0 meaning the default."""
+    return seconds or DEFAULT_LEASE_SECONDS
