@@ -23,8 +23,7 @@ class HarnessRpcs(ServicerBase):
     async def AppendAssistantStream(
         self, request: pb.AppendAssistantStreamRequest, call: Call
     ) -> pb.AppendAssistantStreamResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.turn_id, "turn_id")
+        v.require_ids(request, "operation_id", "turn_id")
         v.require(bool(request.partials), "MISSING_FIELD", "partials is required", "partials")
         for index, partial in enumerate(request.partials):
             v.require(
@@ -41,8 +40,7 @@ class HarnessRpcs(ServicerBase):
     async def ScheduleRetry(
         self, request: pb.ScheduleRetryRequest, call: Call
     ) -> pb.ScheduleRetryResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.turn_id, "turn_id")
+        v.require_ids(request, "operation_id", "turn_id")
         v.require(
             request.max_attempts >= 2,
             "INVALID_MAX_ATTEMPTS",
@@ -69,14 +67,12 @@ class HarnessRpcs(ServicerBase):
 
     @unary
     async def StartRetry(self, request: pb.StartRetryRequest, call: Call) -> pb.StartRetryResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.turn_id, "turn_id")
+        v.require_ids(request, "operation_id", "turn_id")
         return await self.command(call, request, harness.start_retry)
 
     @unary
     async def SuspendRun(self, request: pb.SuspendRunRequest, call: Call) -> pb.SuspendRunResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.turn_id, "turn_id")
+        v.require_ids(request, "operation_id", "turn_id")
         v.require(
             request.HasField("deferred") and bool(request.deferred.handle_json),
             "MISSING_FIELD",
@@ -91,7 +87,7 @@ class HarnessRpcs(ServicerBase):
 
     @unary
     async def ResumeRun(self, request: pb.ResumeRunRequest, call: Call) -> pb.ResumeRunResponse:
-        v.require_id(request.operation_id, "operation_id")
+        v.require_ids(request, "operation_id")
         return await self.command(call, request, harness.resume_run)
 
     @unary
@@ -107,7 +103,7 @@ class HarnessRpcs(ServicerBase):
     async def EndCompaction(
         self, request: pb.EndCompactionRequest, call: Call
     ) -> pb.EndCompactionResponse:
-        v.require_id(request.operation_id, "operation_id")
+        v.require_ids(request, "operation_id")
         v.check_message(request, "")
         status = request.status
         v.require(
@@ -142,7 +138,7 @@ class HarnessRpcs(ServicerBase):
 
     @unary
     async def CompactRun(self, request: pb.CompactRunRequest, call: Call) -> pb.CompactRunResponse:
-        v.require_id(request.operation_id, "operation_id")
+        v.require_ids(request, "operation_id")
         v.require(request.HasField("entry"), "MISSING_FIELD", "entry is required", "entry")
         v.check_message(request, "")
         v.check_compaction(request.entry, "entry")
@@ -152,8 +148,7 @@ class HarnessRpcs(ServicerBase):
     async def NavigateLane(
         self, request: pb.NavigateLaneRequest, call: Call
     ) -> pb.NavigateLaneResponse:
-        v.require_id(request.lane_id, "lane_id")
-        v.require_id(request.target_entry_id, "target_entry_id")
+        v.require_ids(request, "lane_id", "target_entry_id")
         v.check_message(request, "")
         return await self.command(call, request, harness.navigate_lane)
 

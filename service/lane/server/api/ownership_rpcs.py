@@ -20,14 +20,13 @@ class OwnershipRpcs(ServicerBase):
     async def AcquireOperation(
         self, request: pb.AcquireOperationRequest, call: Call
     ) -> pb.AcquireOperationResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.driver_id, "driver_id")
+        v.require_ids(request, "operation_id", "driver_id")
         v.check_lease_seconds(request.lease_seconds)
         return await self.command(call, request, ownership.acquire_operation)
 
     @unary
     async def RenewLease(self, request: pb.RenewLeaseRequest, call: Call) -> pb.RenewLeaseResponse:
-        v.require_id(request.operation_id, "operation_id")
+        v.require_ids(request, "operation_id")
         v.check_lease_seconds(request.lease_seconds)
         return await self.command(call, request, ownership.renew_lease)
 
@@ -35,23 +34,21 @@ class OwnershipRpcs(ServicerBase):
     async def ReleaseLease(
         self, request: pb.ReleaseLeaseRequest, call: Call
     ) -> pb.ReleaseLeaseResponse:
-        v.require_id(request.operation_id, "operation_id")
+        v.require_ids(request, "operation_id")
         return await self.command(call, request, ownership.release_lease)
 
     @unary
     async def ReplayToolCall(
         self, request: pb.ReplayToolCallRequest, call: Call
     ) -> pb.ReplayToolCallResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.tool_call_id, "tool_call_id")
+        v.require_ids(request, "operation_id", "tool_call_id")
         return await self.command(call, request, ownership.replay_tool_call)
 
     @unary
     async def GetOperation(
         self, request: pb.GetOperationRequest, call: Call
     ) -> pb.GetOperationResponse:
-        v.require_id(request.lane_id, "lane_id")
-        v.require_id(request.operation_id, "operation_id")
+        v.require_ids(request, "lane_id", "operation_id")
         operation = await self.store.open_operation(self.lane(request.lane_id))
         if operation is None or operation.operation_id != request.operation_id:
             # The same code as every command's OPERATION_NOT_OPEN: one code per reason.

@@ -28,12 +28,12 @@ class RunRpcs(ServicerBase):
     async def AbortOperation(
         self, request: pb.AbortOperationRequest, call: Call
     ) -> pb.AbortOperationResponse:
-        v.require_id(request.operation_id, "operation_id")
+        v.require_ids(request, "operation_id")
         return await self.command(call, request, runs.abort_operation)
 
     @unary
     async def EndRun(self, request: pb.EndRunRequest, call: Call) -> pb.EndRunResponse:
-        v.require_id(request.operation_id, "operation_id")
+        v.require_ids(request, "operation_id")
         v.check_message(request, "")
         failed = request.status == snapshot_pb2.OPERATION_RESULT_STATUS_FAILED
         v.require(
@@ -61,7 +61,7 @@ class RunRpcs(ServicerBase):
 
     @unary
     async def StartTurn(self, request: pb.StartTurnRequest, call: Call) -> pb.StartTurnResponse:
-        v.require_id(request.operation_id, "operation_id")
+        v.require_ids(request, "operation_id")
         v.require_id(request.turn_id, "turn_id", optional=True)
         return await self.command(call, request, runs.start_turn)
 
@@ -69,8 +69,7 @@ class RunRpcs(ServicerBase):
     async def SettleAssistantMessage(
         self, request: pb.SettleAssistantMessageRequest, call: Call
     ) -> pb.SettleAssistantMessageResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.turn_id, "turn_id")
+        v.require_ids(request, "operation_id", "turn_id")
         v.require(request.HasField("message"), "MISSING_FIELD", "message is required", "message")
         message = request.message
         v.require(

@@ -19,8 +19,7 @@ class ToolRpcs(ServicerBase):
     async def StartToolCall(
         self, request: pb.StartToolCallRequest, call: Call
     ) -> pb.StartToolCallResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.tool_call_id, "tool_call_id")
+        v.require_ids(request, "operation_id", "tool_call_id")
         v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
         require_json_object(request.arguments_json, "arguments_json")
         return await self.command(call, request, tools.start_tool_call)
@@ -29,8 +28,7 @@ class ToolRpcs(ServicerBase):
     async def UpdateToolCall(
         self, request: pb.UpdateToolCallRequest, call: Call
     ) -> pb.UpdateToolCallResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.tool_call_id, "tool_call_id")
+        v.require_ids(request, "operation_id", "tool_call_id")
         v.require(
             request.HasField("partial_result"),
             "MISSING_FIELD",
@@ -44,8 +42,7 @@ class ToolRpcs(ServicerBase):
     async def StageToolOutcome(
         self, request: pb.StageToolOutcomeRequest, call: Call
     ) -> pb.StageToolOutcomeResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.tool_call_id, "tool_call_id")
+        v.require_ids(request, "operation_id", "tool_call_id")
         v.check_message(request, "")
         which = request.WhichOneof("outcome")
         v.require(

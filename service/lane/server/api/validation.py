@@ -92,6 +92,12 @@ def require_id(value: str, field: str, *, optional: bool = False) -> None:
         )
 
 
+def require_ids(request: Message, *fields: str) -> None:
+    """:func:`require_id` on each of the request's ``fields``, in order (all required)."""
+    for field in fields:
+        require_id(getattr(request, field), field)
+
+
 def require(condition: bool, reason: str, message: str, field: str) -> None:
     """Refuse with INVALID_ARGUMENT unless ``condition``."""
     if not condition:
