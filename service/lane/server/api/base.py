@@ -1,8 +1,9 @@
-"""What every RPC group shares: the store and hub, a request's lane and request key, and
-running a request's command."""
+"""What every RPC group shares: the store and hub, a request's lane and request key, and the
+RPC of a command (:func:`command_rpc`)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
@@ -10,6 +11,7 @@ from google.protobuf.message import Message
 from lane.server.api import validation as v
 from lane.server.api.auth import Authenticator, caller_namespace
 from lane.server.api.call import Call
+from lane.server.api.errors import unary
 from lane.server.api.fair_shares import FairShares, ShareLimits, ShareSettings
 from lane.server.api.watch import WatchSettings
 from lane.server.api.watcher_reads import WatcherReads
@@ -77,8 +79,18 @@ class ServicerBase:
         v.require_id(request_id, "request_id", optional=True)
         return lane, RequestKey.of(call.method, request, request_id)
 
-    async def command(self, call: Call, request: Q, handler: Handler[Q, R]) -> R:
-        """Run the command ``handler`` on ``request`` (validated but for its lane id and
-        request id, checked here): its response is the RPC's answer."""
-        lane, key = self.addressed(call, request)
-        return await handler(self.store, Address(lane, key), request)
+
+def command_rpc(
+    handler: Handler[Q, R], check: Callable[[Q], None] | None = None
+) -> Callable[[ServicerBase, Q, Call], Awaitable[R]]:
+    """The unary RPC of a command: ``check`` refuses a malformed request (all but its lane id
+    and request id, checked after it), then ``handler`` runs on the request's lane under its
+    key; its response is the RPC's answer."""
+
+    async def rpc(servicer: ServicerBase, request: Q, call: Call) -> R:
+        if check is not None:
+            check(request)
+        lane, key = servicer.addressed(call, request)
+        return await handler(servicer.store, Address(lane, key), request)
+
+    return unary(rpc)

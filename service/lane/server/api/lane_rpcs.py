@@ -9,13 +9,45 @@ from lane.server.api import lane_lists as lists
 from lane.server.api import validation as v
 from lane.server.api.answer_size import check_snapshot_message
 from lane.server.api.auth import caller_namespace
-from lane.server.api.base import ServicerBase
+from lane.server.api.base import ServicerBase, command_rpc
 from lane.server.api.call import Call
 from lane.server.api.errors import unary
 from lane.server.api.framing import snapshot_answer_bytes
 from lane.server.commands import lanes
 from lane.server.commands.base import Address
 from lane.server.store import ActivityPosition
+
+
+def _update_lane_config(request: pb.UpdateLaneConfigRequest) -> None:
+    v.check_message(request, "")
+
+
+def _enqueue_message(request: pb.EnqueueMessageRequest) -> None:
+    v.check_message(request, "")
+    v.require(
+        request.kind != snapshot_pb2.QUEUE_KIND_UNSPECIFIED,
+        "MISSING_FIELD",
+        "kind is required",
+        "kind",
+    )
+    if request.kind == snapshot_pb2.QUEUE_KIND_WRITE:
+        v.require(
+            request.HasField("custom"), "INVALID_MESSAGE", "a WRITE item needs custom", "custom"
+        )
+        v.require(
+            bool(request.custom.custom_type),
+            "MISSING_FIELD",
+            "custom.custom_type is required",
+            "custom.custom_type",
+        )
+    else:
+        v.require(
+            request.HasField("message"),
+            "INVALID_MESSAGE",
+            "a queued message needs message",
+            "message",
+        )
+        v.require_kind(request.message, "message", "user", "custom")
 
 
 class LaneRpcs(ServicerBase):
@@ -79,44 +111,6 @@ class LaneRpcs(ServicerBase):
             )
         return pb.ListLanesResponse(lanes=[row.line() for row in rows], next_page_token=token)
 
-    @unary
-    async def UpdateLaneConfig(
-        self, request: pb.UpdateLaneConfigRequest, call: Call
-    ) -> pb.UpdateLaneConfigResponse:
-        v.check_message(request, "")
-        return await self.command(call, request, lanes.update_lane_config)
-
-    @unary
-    async def EnqueueMessage(
-        self, request: pb.EnqueueMessageRequest, call: Call
-    ) -> pb.EnqueueMessageResponse:
-        v.check_message(request, "")
-        v.require(
-            request.kind != snapshot_pb2.QUEUE_KIND_UNSPECIFIED,
-            "MISSING_FIELD",
-            "kind is required",
-            "kind",
-        )
-        if request.kind == snapshot_pb2.QUEUE_KIND_WRITE:
-            v.require(
-                request.HasField("custom"), "INVALID_MESSAGE", "a WRITE item needs custom", "custom"
-            )
-            v.require(
-                bool(request.custom.custom_type),
-                "MISSING_FIELD",
-                "custom.custom_type is required",
-                "custom.custom_type",
-            )
-        else:
-            v.require(
-                request.HasField("message"),
-                "INVALID_MESSAGE",
-                "a queued message needs message",
-                "message",
-            )
-            v.require_kind(request.message, "message", "user", "custom")
-        return await self.command(call, request, lanes.enqueue_message)
-
-    @unary
-    async def DeleteLane(self, request: pb.DeleteLaneRequest, call: Call) -> pb.DeleteLaneResponse:
-        return await self.command(call, request, lanes.delete_lane)
+    UpdateLaneConfig = command_rpc(lanes.update_lane_config, _update_lane_config)
+    EnqueueMessage = command_rpc(lanes.enqueue_message, _enqueue_message)
+    DeleteLane = command_rpc(lanes.delete_lane)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from lane.v1 import lane_service_pb2 as pb
 
 from lane.server.api import validation as v
-from lane.server.api.base import ServicerBase
+from lane.server.api.base import ServicerBase, command_rpc
 from lane.server.api.call import Call
 from lane.server.api.errors import unary
 from lane.server.commands import ownership
@@ -13,36 +13,23 @@ from lane.server.commands.operation_state import operation_state
 from lane.server.domain.errors import FailedPrecondition
 
 
+def _acquire_operation(request: pb.AcquireOperationRequest) -> None:
+    v.require_ids(request, "operation_id", "driver_id")
+    v.check_lease_seconds(request.lease_seconds)
+
+
+def _renew_lease(request: pb.RenewLeaseRequest) -> None:
+    v.require_ids(request, "operation_id")
+    v.check_lease_seconds(request.lease_seconds)
+
+
 class OwnershipRpcs(ServicerBase):
     """RPCs of run ownership and recovery: leases, takeover, safe replay, inspection."""
 
-    @unary
-    async def AcquireOperation(
-        self, request: pb.AcquireOperationRequest, call: Call
-    ) -> pb.AcquireOperationResponse:
-        v.require_ids(request, "operation_id", "driver_id")
-        v.check_lease_seconds(request.lease_seconds)
-        return await self.command(call, request, ownership.acquire_operation)
-
-    @unary
-    async def RenewLease(self, request: pb.RenewLeaseRequest, call: Call) -> pb.RenewLeaseResponse:
-        v.require_ids(request, "operation_id")
-        v.check_lease_seconds(request.lease_seconds)
-        return await self.command(call, request, ownership.renew_lease)
-
-    @unary
-    async def ReleaseLease(
-        self, request: pb.ReleaseLeaseRequest, call: Call
-    ) -> pb.ReleaseLeaseResponse:
-        v.require_ids(request, "operation_id")
-        return await self.command(call, request, ownership.release_lease)
-
-    @unary
-    async def ReplayToolCall(
-        self, request: pb.ReplayToolCallRequest, call: Call
-    ) -> pb.ReplayToolCallResponse:
-        v.require_ids(request, "operation_id", "tool_call_id")
-        return await self.command(call, request, ownership.replay_tool_call)
+    AcquireOperation = command_rpc(ownership.acquire_operation, _acquire_operation)
+    RenewLease = command_rpc(ownership.renew_lease, _renew_lease)
+    ReleaseLease = command_rpc(ownership.release_lease, v.ids("operation_id"))
+    ReplayToolCall = command_rpc(ownership.replay_tool_call, v.ids("operation_id", "tool_call_id"))
 
     @unary
     async def GetOperation(

@@ -98,6 +98,11 @@ def require_ids(request: Message, *fields: str) -> None:
         require_id(getattr(request, field), field)
 
 
+def ids(*fields: str) -> Callable[[Message], None]:
+    """The check of a request whose only rule is :func:`require_ids` on ``fields``."""
+    return lambda request: require_ids(request, *fields)
+
+
 def require(condition: bool, reason: str, message: str, field: str) -> None:
     """Refuse with INVALID_ARGUMENT unless ``condition``."""
     if not condition:
