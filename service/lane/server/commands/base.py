@@ -72,6 +72,12 @@ def cancel_requested(state: LaneState) -> bool:
     return state.operation is not None and state.operation.cancel_requested
 
 
+def progress(response: type[R], t: Transition) -> R:
+    """The answer of a step of a running operation: the lane's revision after it, and whether
+    the operation was asked to abort."""
+    return response(revision=t.state.revision, cancel_requested=cancel_requested(t.state))
+
+
 def recording(key: RequestKey | None, response: type[R]) -> Recording[R] | None:
     """How an answer of type ``response`` is recorded under ``key`` (None without a key): as
     itself."""

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 from lane.v1 import events_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from lane.server.commands.base import Address, cancel_requested, command, run
-from lane.server.commands.operation_state import lease_asked, lease_of
+from lane.server.commands.base import Address, command, progress, run
+from lane.server.commands.operation_state import lease_asked, opened
 from lane.server.domain import assistant, compaction, lane_values, navigation
 from lane.server.domain.errors import NotFound
 from lane.server.domain.ids import new_id
@@ -30,10 +30,7 @@ def append_assistant_stream(
     t = assistant.append_stream(
         state, request.operation_id, request.turn_id, partials, now, request.lease_token
     )
-    answer = pb.AppendAssistantStreamResponse(
-        revision=t.state.revision, cancel_requested=cancel_requested(t.state)
-    )
-    return t, answer
+    return t, progress(pb.AppendAssistantStreamResponse, t)
 
 
 @command(pb.ScheduleRetryResponse)
@@ -106,10 +103,7 @@ def start_compaction(
     reason = request.reason or events_pb2.COMPACTION_REASON_MANUAL
     lease = lease_asked(request.driver_id, request.lease_seconds)
     t = compaction.start_compaction(state, operation_id, reason, now, lease)
-    answer = pb.StartCompactionResponse(
-        operation_id=operation_id, revision=t.state.revision, lease=lease_of(t.operation)
-    )
-    return t, answer
+    return t, opened(pb.StartCompactionResponse, t)
 
 
 @command(pb.EndCompactionResponse)

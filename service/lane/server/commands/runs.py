@@ -7,7 +7,7 @@ from datetime import datetime
 from lane.v1 import lane_service_pb2 as pb
 
 from lane.server.commands.base import cancel_requested, command
-from lane.server.commands.operation_state import lease_asked, lease_of
+from lane.server.commands.operation_state import lease_asked, opened
 from lane.server.domain import runs
 from lane.server.domain.ids import new_id
 from lane.server.domain.state import LaneState
@@ -25,10 +25,7 @@ def start_run(
     lease = lease_asked(request.driver_id, request.lease_seconds)
     settings = settings_of(request.settings)
     t = runs.start_run(state, operation_id, request.prompt, settings, now, new_id, lease)
-    answer = pb.StartRunResponse(
-        operation_id=operation_id, revision=t.state.revision, lease=lease_of(t.operation)
-    )
-    return t, answer
+    return t, opened(pb.StartRunResponse, t)
 
 
 @command(pb.AbortOperationResponse)

@@ -20,7 +20,7 @@ from datetime import datetime
 
 from lane.v1 import lane_service_pb2 as pb
 
-from lane.server.commands.base import Address, cancel_requested, command, run
+from lane.server.commands.base import Address, cancel_requested, command, progress, run
 from lane.server.domain import placement, tools
 from lane.server.domain.ids import new_id
 from lane.server.domain.run_inputs import Executed, Outcome, Synthetic
@@ -45,10 +45,7 @@ def start_tool_call(
         now,
         request.lease_token,
     )
-    answer = pb.StartToolCallResponse(
-        revision=t.state.revision, cancel_requested=cancel_requested(t.state)
-    )
-    return t, answer
+    return t, progress(pb.StartToolCallResponse, t)
 
 
 @command(pb.UpdateToolCallResponse)
@@ -65,10 +62,7 @@ def update_tool_call(
         now,
         request.lease_token,
     )
-    answer = pb.UpdateToolCallResponse(
-        revision=t.state.revision, cancel_requested=cancel_requested(t.state)
-    )
-    return t, answer
+    return t, progress(pb.UpdateToolCallResponse, t)
 
 
 async def stage_tool_outcome(
