@@ -16,7 +16,7 @@ from lane.server.api.fair_shares import FairShares, ShareLimits, ShareSettings
 from lane.server.api.watch import WatchSettings
 from lane.server.api.watcher_reads import WatcherReads
 from lane.server.api.write_deadline import WriteDeadline
-from lane.server.commands.base import Address, Handler
+from lane.server.commands.base import Address, AnyCommand
 from lane.server.commands.transfer import TransferUsage
 from lane.server.hub import Hub
 from lane.server.store import LaneRef, Store
@@ -81,16 +81,16 @@ class ServicerBase:
 
 
 def command_rpc(
-    handler: Handler[Q, R], check: Callable[[Q], None] | None = None
+    command: AnyCommand[Q, R], check: Callable[[Q], None] | None = None
 ) -> Callable[[ServicerBase, Q, Call], Awaitable[R]]:
     """The unary RPC of a command: ``check`` refuses a malformed request (all but its lane id
-    and request id, checked after it), then ``handler`` runs on the request's lane under its
+    and request id, checked after it), then ``command`` runs on the request's lane under its
     key; its response is the RPC's answer."""
 
     async def rpc(servicer: ServicerBase, request: Q, call: Call) -> R:
         if check is not None:
             check(request)
         lane, key = servicer.addressed(call, request)
-        return await handler(servicer.store, Address(lane, key), request)
+        return await command(servicer.store, Address(lane, key), request)
 
     return unary(rpc)

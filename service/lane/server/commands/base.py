@@ -42,8 +42,9 @@ class Address:
     key: RequestKey | None
 
 
-#: What the api calls for an RPC: the command, with the store, its address and its request.
-Handler = Callable[[Store, Address, Q], Awaitable[R]]
+#: Any command, called with the store, its address and its request: a :class:`Command`, or a
+#: coroutine of more than one step or with a check before its transaction.
+AnyCommand = Callable[[Store, Address, Q], Awaitable[R]]
 
 
 @dataclass(frozen=True)
