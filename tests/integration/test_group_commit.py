@@ -12,9 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 import pytest_asyncio
+from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import snapshot_pb2
 
-from lane.server.commands.lanes import CreateLane, EnqueueMessage, create_lane, enqueue_message
+from lane.server.commands.base import Address
+from lane.server.commands.lanes import create_lane, enqueue_message
 from lane.server.domain.errors import AlreadyExists
 from lane.server.store import DEFAULT_NAMESPACE, LaneRef, Store, group_commit, group_write
 from lane.server.store.group_write import GroupFailed
@@ -39,12 +41,18 @@ async def new_lanes(store: Store, count: int, prefix: str) -> list[LaneRef]:
     """``count`` new lanes, each kept in the store's memory (its next command is optimistic)."""
     lanes = [LaneRef(DEFAULT_NAMESPACE, new_lane_id(prefix)) for _ in range(count)]
     for lane in lanes:
-        await create_lane(store, CreateLane(lane, None, snapshot_pb2.LaneConfiguration()))
+        await create_lane(store, Address(lane, None), pb.CreateLaneRequest(lane_id=lane.lane_id))
     return lanes
 
 
-def enqueue(lane: LaneRef, note: str, request: RequestKey | None = None) -> EnqueueMessage:
-    return EnqueueMessage(lane, request, snapshot_pb2.QUEUE_KIND_NEXT_RUN, user(note))
+def enqueue(
+    lane: LaneRef, note: str, request: RequestKey | None = None
+) -> tuple[Address, pb.EnqueueMessageRequest]:
+    """EnqueueMessage's address and request: ``note`` for the next run."""
+    queued = pb.EnqueueMessageRequest(
+        lane_id=lane.lane_id, kind=snapshot_pb2.QUEUE_KIND_NEXT_RUN, message=user(note)
+    )
+    return Address(lane, request), queued
 
 
 async def inbox(store: Store, lane: LaneRef) -> tuple[int, list[tuple[str, str]]]:
@@ -67,7 +75,7 @@ async def test_commands_of_many_lanes_ready_together_share_transactions(
         notes = [f"{lane.lane_id} round {round_}" for lane in lanes]
         queued = await asyncio.gather(
             *(
-                enqueue_message(own_store, enqueue(lane, note))
+                enqueue_message(own_store, *enqueue(lane, note))
                 for lane, note in zip(lanes, notes, strict=True)
             )
         )
@@ -106,7 +114,7 @@ async def test_a_conflict_inside_a_group_fails_no_neighbour(own_store: Store) ->
         enqueue(lane, f"{lane.lane_id} once", key if lane == reused else None) for lane in lanes
     ]
     outcomes = await asyncio.gather(
-        *(enqueue_message(own_store, command) for command in commands), return_exceptions=True
+        *(enqueue_message(own_store, *command) for command in commands), return_exceptions=True
     )
     assert committer.retried_groups > retried, "the failed statement shared a group"
     refused = outcomes[1]
@@ -126,7 +134,7 @@ async def test_a_lone_command_commits_in_a_transaction_of_its_own(own_store: Sto
     committer = own_store.committer
     transactions, statements = committer.transactions, committer.statements
     for n in range(3):
-        await enqueue_message(own_store, enqueue(lane, f"note {n}"))
+        await enqueue_message(own_store, *enqueue(lane, f"note {n}"))
     assert committer.transactions - transactions == 3
     assert committer.statements - statements == 3
 
@@ -153,7 +161,7 @@ async def test_a_statement_that_fails_before_it_is_sent_fails_alone(
         patch.setattr(group_commit, "write_group", declined)
         patch.setattr(psycopg.AsyncConnection, "execute", failing)
         outcomes = await asyncio.gather(
-            *(enqueue_message(own_store, enqueue(lane, "once")) for lane in lanes),
+            *(enqueue_message(own_store, *enqueue(lane, "once")) for lane in lanes),
             return_exceptions=True,
         )
     loser = LaneRef(seen[1]["ns"], seen[1]["lane"])
@@ -178,7 +186,7 @@ async def test_a_lane_locked_elsewhere_does_not_hold_its_neighbours(own_store: S
         )
         commands = [enqueue(lane, f"{lane.lane_id} once") for lane in lanes]
         # Ready together: one group, whose statement for `held` waits for the lock.
-        running = [asyncio.ensure_future(enqueue_message(own_store, c)) for c in commands]
+        running = [asyncio.ensure_future(enqueue_message(own_store, *c)) for c in commands]
         # The neighbours commit while the lock is still held (before: they waited with it).
         done = await asyncio.wait_for(asyncio.gather(*running[1:]), 20)
         assert not running[0].done(), "the locked lane's command waits for the lock"
@@ -203,7 +211,7 @@ async def test_groups_survive_the_connection_losing_its_prepared_statements(
 
         async def round_(n: int) -> None:
             answers = await asyncio.gather(
-                *(enqueue_message(store, enqueue(lane, f"round {n}")) for lane in lanes)
+                *(enqueue_message(store, *enqueue(lane, f"round {n}")) for lane in lanes)
             )
             for lane, answer in zip(lanes, answers, strict=True):
                 notes[lane].append((answer.entry_id, f"round {n}"))
@@ -239,7 +247,7 @@ async def test_failed_groups_keep_their_connections_prepared_statements(
         seen: dict[LaneRef, int] = {lane: 1 for lane in lanes}
 
         async def round_() -> None:
-            await asyncio.gather(*(enqueue_message(store, enqueue(lane, "x")) for lane in lanes))
+            await asyncio.gather(*(enqueue_message(store, *enqueue(lane, "x")) for lane in lanes))
             for lane in lanes:
                 seen[lane] += 1
 

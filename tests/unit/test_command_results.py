@@ -1,51 +1,41 @@
-"""A command's typed result and its proto form (the response message an answer is recorded in
-and sent as) map one to the other exactly: a retry decodes the first answer and sends the same
-bytes (service/lane/server/commands/base.py)."""
+"""A command answers with its RPC's response message, and that message is the form its answer
+is recorded in under the request id: a retry returns the first answer, the same bytes
+(service/lane/server/commands/base.py)."""
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import fields
-from typing import Any
-
 import pytest
-from google.protobuf.message import Message
 from lane.v1 import lane_service_pb2 as pb
-from lane.v1 import messages_pb2, snapshot_pb2
+from lane.v1 import messages_pb2
 
 from lane.server.commands import harness, lanes, ownership, runs, tools
-from lane.server.commands.base import Result
+from lane.server.commands.base import Command, recording
+from lane.server.store.requests import RequestKey
 
-RESULTS = sorted(
-    {
-        member
-        for module in (lanes, runs, tools, ownership, harness)
-        for _, member in inspect.getmembers(module, inspect.isclass)
-        if issubclass(member, Result) and member is not Result
-    },
-    key=lambda cls: cls.__name__,
-)
-
-
-def test_every_command_module_has_results() -> None:
-    assert len(RESULTS) >= 26
+SERVICE = pb.DESCRIPTOR.services_by_name["LaneService"]
+COMMANDS = {
+    name: member
+    for module in (lanes, runs, tools, ownership, harness)
+    for name, member in vars(module).items()
+    if isinstance(member, Command)
+}
 
 
-@pytest.mark.parametrize("result_type", RESULTS, ids=lambda cls: cls.__name__)
-def test_a_result_names_fields_of_its_response(result_type: type[Result[Any]]) -> None:
-    names = set(result_type.response.DESCRIPTOR.fields_by_name)
-    assert {field.name for field in fields(result_type)} <= names
+def _rpc(name: str) -> str:
+    return "".join(word.capitalize() for word in name.split("_"))
 
 
-def _same(message: Message, result_type: type[Result[Any]]) -> None:
-    again = result_type.from_proto(message).to_proto()
-    assert again == message
-    assert again.SerializeToString(deterministic=True) == message.SerializeToString(
-        deterministic=True
-    )
+def test_every_command_module_has_commands() -> None:
+    assert len(COMMANDS) >= 22
 
 
-def test_a_full_answer_round_trips() -> None:
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_command_answers_with_its_rpcs_response(name: str) -> None:
+    method = SERVICE.methods_by_name[_rpc(name)]
+    assert COMMANDS[name].response.DESCRIPTOR is method.output_type
+
+
+def test_an_answer_is_recorded_as_itself() -> None:
     staged = messages_pb2.ToolResultMessage(tool_call_id="c0", tool_name="read", is_error=True)
     staged.content.add().text.text = "done"
     answer = pb.StageToolOutcomeResponse(
@@ -56,23 +46,13 @@ def test_a_full_answer_round_trips() -> None:
         cancel_requested=True,
         staged=staged,
     )
-    _same(answer, tools.OutcomeStaged)
+    recorded = recording(RequestKey("r", "StageToolOutcome", b"d"), pb.StageToolOutcomeResponse)
+    assert recorded is not None and recorded.form is pb.StageToolOutcomeResponse
+    stored = recorded.encode(answer).SerializeToString(deterministic=True)
+    again = recorded.decode(pb.StageToolOutcomeResponse.FromString(stored))
+    assert again == answer
+    assert again.SerializeToString(deterministic=True) == stored
 
 
-def test_an_absent_message_field_stays_absent() -> None:
-    _same(pb.StartRunResponse(operation_id="op", revision=3), runs.RunStarted)
-    leased = pb.StartRunResponse(operation_id="op", revision=3, lease=pb.Lease(token=1))
-    _same(leased, runs.RunStarted)
-    # A present but empty message stays present.
-    _same(pb.EndRunResponse(result=snapshot_pb2.OperationResult(), revision=1), runs.RunEnded)
-    _same(pb.ReleaseLeaseResponse(), ownership.LeaseReleased)
-
-
-def test_a_result_builds_its_response() -> None:
-    planned = pb.PlannedToolCall(tool_call_id="c0", tool_name="t", source_index=1)
-    settled = runs.AssistantSettled(
-        entry_id="e", revision=4, tool_calls=(planned,), cancel_requested=False
-    )
-    assert settled.to_proto() == pb.SettleAssistantMessageResponse(
-        entry_id="e", revision=4, tool_calls=[planned]
-    )
+def test_without_a_request_id_nothing_is_recorded() -> None:
+    assert recording(None, pb.StartRunResponse) is None

@@ -1,20 +1,29 @@
-"""What every RPC group shares: the store and hub, and a request's lane and request key."""
+"""What every RPC group shares: the store and hub, a request's lane and request key, and the
+RPC of a command (:func:`command_rpc`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from lane.server.api import validation as v
 from lane.server.api.auth import Authenticator, caller_namespace
 from lane.server.api.call import Call
+from lane.server.api.errors import unary
 from lane.server.api.fair_shares import FairShares, ShareLimits, ShareSettings
 from lane.server.api.watch import WatchSettings
 from lane.server.api.watcher_reads import WatcherReads
 from lane.server.api.write_deadline import WriteDeadline
+from lane.server.commands.base import Address, AnyCommand
 from lane.server.commands.transfer import TransferUsage
 from lane.server.hub import Hub
 from lane.server.store import LaneRef, Store
 from lane.server.store.requests import RequestKey
+
+Q = TypeVar("Q", bound=Message)
+R = TypeVar("R", bound=Message)
 
 
 class ServicerBase:
@@ -69,3 +78,19 @@ class ServicerBase:
         request_id = getattr(request, "request_id", "")  # lease renewal/release have none
         v.require_id(request_id, "request_id", optional=True)
         return lane, RequestKey.of(call.method, request, request_id)
+
+
+def command_rpc(
+    command: AnyCommand[Q, R], check: Callable[[Q], None] | None = None
+) -> Callable[[ServicerBase, Q, Call], Awaitable[R]]:
+    """The unary RPC of a command: ``check`` refuses a malformed request (all but its lane id
+    and request id, checked after it), then ``command`` runs on the request's lane under its
+    key; its response is the RPC's answer."""
+
+    async def rpc(servicer: ServicerBase, request: Q, call: Call) -> R:
+        if check is not None:
+            check(request)
+        lane, key = servicer.addressed(call, request)
+        return await command(servicer.store, Address(lane, key), request)
+
+    return unary(rpc)

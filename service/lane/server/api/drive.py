@@ -12,9 +12,9 @@ answer message may carry a ``batch`` of answers.
 
 One implementation per command: a command is served by its method's unary handler itself, the
 function :func:`~lane.server.api.errors.unary` wraps
-(:func:`~lane.server.api.errors.implementation`: validation, the typed command, the commands layer,
-the result mapping), called with a :class:`Call` naming the method, so its request key, and so its
-stored answer, is the unary call's. Its exceptions go through the same error table
+(:func:`~lane.server.api.errors.implementation`: validation, then the command), called with a
+:class:`Call` naming the method, so its request key, and so its stored answer, is the unary
+call's. Its exceptions go through the same error table
 (:func:`error_answer`), and a request is counted (:func:`check_counts`) before the handler sees it,
 as :mod:`servicer` does for unary calls. Each command has the log scope and the
 ``lane_commands_total`` / ``lane_command_duration_seconds`` series of its method, as a unary call

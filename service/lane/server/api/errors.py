@@ -144,7 +144,7 @@ def unary(handler: Handler[T]) -> Handler[T]:
 
 
 def implementation(method: Handler[T]) -> Handler[T]:
-    """The handler a :func:`unary` method wraps: validation, command, result mapping; its
+    """The handler a :func:`unary` method wraps: validation, then the command; its
     exceptions are the caller's to map (:func:`error_answer`)."""
     inner: Handler[T] | None = getattr(method, "__wrapped__", None)
     if inner is None:

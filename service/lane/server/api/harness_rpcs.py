@@ -1,278 +1,152 @@
 """RPCs of the rest of the harness: streaming responses, retries, deferred runs, compaction,
-navigation, faults, handler errors and session metadata."""
+navigation, faults, handler errors and session metadata. Each is its command and the check of
+its request (the functions above the class)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from lane.v1 import events_pb2, messages_pb2, snapshot_pb2
 from lane.v1 import lane_service_pb2 as pb
+from lane.v1 import messages_pb2, snapshot_pb2
 
 from lane.server.api import validation as v
-from lane.server.api.base import ServicerBase
-from lane.server.api.call import Call
-from lane.server.api.errors import unary
+from lane.server.api.base import ServicerBase, command_rpc
 from lane.server.commands import harness
 
 Status = snapshot_pb2.OperationResultStatus
 MAX_RETRY_DELAY_MS = 24 * 3600 * 1000
+#: The statuses a compaction ends with.
+COMPACTION_ENDS = (
+    Status.OPERATION_RESULT_STATUS_COMPLETED,
+    Status.OPERATION_RESULT_STATUS_DECLINED,
+    Status.OPERATION_RESULT_STATUS_ABORTED,
+    Status.OPERATION_RESULT_STATUS_FAILED,
+)
+
+
+def _append_assistant_stream(request: pb.AppendAssistantStreamRequest) -> None:
+    v.require_ids(request, "operation_id", "turn_id")
+    v.require(bool(request.partials), "MISSING_FIELD", "partials is required", "partials")
+    for index, partial in enumerate(request.partials):
+        v.require(
+            partial.message.stop_reason == messages_pb2.STOP_REASON_PENDING,
+            "INVALID_STOP_REASON",
+            f"partials[{index}] is a streaming partial: its stop_reason must be PENDING",
+            f"partials[{index}].message.stop_reason",
+        )
+    # A streaming tool call's arguments may be cut mid-way: not JSON yet.
+    v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
+
+
+def _schedule_retry(request: pb.ScheduleRetryRequest) -> None:
+    v.require_ids(request, "operation_id", "turn_id")
+    v.require(
+        request.max_attempts >= 2,
+        "INVALID_MAX_ATTEMPTS",
+        "max_attempts must be at least 2 for a retry",
+        "max_attempts",
+    )
+    v.require(
+        0 <= request.delay_ms <= MAX_RETRY_DELAY_MS,
+        "INVALID_DELAY",
+        f"delay_ms must be between 0 and {MAX_RETRY_DELAY_MS}",
+        "delay_ms",
+    )
+    if request.HasField("failed_message"):
+        failed = request.failed_message
+        v.require(
+            failed.stop_reason == messages_pb2.STOP_REASON_ERROR,
+            "INVALID_STOP_REASON",
+            "a failed response has stop_reason ERROR",
+            "failed_message.stop_reason",
+        )
+        v.check_tool_calls(failed, "failed_message")
+    v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
+
+
+def _suspend_run(request: pb.SuspendRunRequest) -> None:
+    v.require_ids(request, "operation_id", "turn_id")
+    v.require(
+        request.HasField("deferred") and bool(request.deferred.handle_json),
+        "MISSING_FIELD",
+        "deferred.handle_json is required",
+        "deferred.handle_json",
+    )
+    v.check_message(request, "")
+    v.parse_json(request.deferred.handle_json, "deferred.handle_json")
+    if request.deferred.poll_json:
+        v.parse_json(request.deferred.poll_json, "deferred.poll_json")
+
+
+def _start_compaction(request: pb.StartCompactionRequest) -> None:
+    v.check_message(request, "")
+    v.require_id(request.operation_id, "operation_id", optional=True)
+    v.check_lease(request.driver_id, request.lease_seconds)
+
+
+def _end_compaction(request: pb.EndCompactionRequest) -> None:
+    v.require_ids(request, "operation_id")
+    v.check_message(request, "")
+    v.require(
+        request.status in COMPACTION_ENDS,
+        "INVALID_STATUS",
+        "status must be COMPLETED, DECLINED, ABORTED or FAILED",
+        "status",
+    )
+    completed = request.status == Status.OPERATION_RESULT_STATUS_COMPLETED
+    v.require(
+        request.HasField("entry") == completed,
+        "INVALID_ENTRY",
+        "entry is required with status COMPLETED and only then",
+        "entry",
+    )
+    v.require(
+        request.HasField("error") == (request.status == Status.OPERATION_RESULT_STATUS_FAILED),
+        "INVALID_ERROR",
+        "error is required with status FAILED and only then",
+        "error",
+    )
+    if completed:
+        v.check_compaction(request.entry, "entry")
+
+
+def _compact_run(request: pb.CompactRunRequest) -> None:
+    v.require_ids(request, "operation_id")
+    v.require(request.HasField("entry"), "MISSING_FIELD", "entry is required", "entry")
+    v.check_message(request, "")
+    v.check_compaction(request.entry, "entry")
+
+
+def _navigate_lane(request: pb.NavigateLaneRequest) -> None:
+    v.require_ids(request, "lane_id", "target_entry_id")
+    v.check_message(request, "")
+
+
+def _report_fault(request: pb.ReportFaultRequest) -> None:
+    v.require(bool(request.code), "MISSING_FIELD", "code is required", "code")
+
+
+def _report_handler_error(request: pb.ReportHandlerErrorRequest) -> None:
+    v.require(bool(request.error), "MISSING_FIELD", "error is required", "error")
+
+
+def _set_lane_value(request: pb.SetLaneValueRequest) -> None:
+    which = request.WhichOneof("value")
+    v.require(which is not None, "MISSING_FIELD", "a value is required", "value")
+    if which == "entry_label":
+        v.require_id(request.entry_label.target_id, "entry_label.target_id")
 
 
 class HarnessRpcs(ServicerBase):
     """RPCs of the rest of the harness."""
 
-    @unary
-    async def AppendAssistantStream(
-        self, request: pb.AppendAssistantStreamRequest, call: Call
-    ) -> pb.AppendAssistantStreamResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.turn_id, "turn_id")
-        v.require(bool(request.partials), "MISSING_FIELD", "partials is required", "partials")
-        for index, partial in enumerate(request.partials):
-            v.require(
-                partial.message.stop_reason == messages_pb2.STOP_REASON_PENDING,
-                "INVALID_STOP_REASON",
-                f"partials[{index}] is a streaming partial: its stop_reason must be PENDING",
-                f"partials[{index}].message.stop_reason",
-            )
-        # A streaming tool call's arguments may be cut mid-way: not JSON yet.
-        v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
-        lane, key = self.addressed(call, request)
-        command = harness.AppendAssistantStream(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            turn_id=request.turn_id,
-            partials=request.partials,
-            lease_token=request.lease_token,
-        )
-        return (await harness.append_assistant_stream(self.store, command)).to_proto()
-
-    @unary
-    async def ScheduleRetry(
-        self, request: pb.ScheduleRetryRequest, call: Call
-    ) -> pb.ScheduleRetryResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.turn_id, "turn_id")
-        v.require(
-            request.max_attempts >= 2,
-            "INVALID_MAX_ATTEMPTS",
-            "max_attempts must be at least 2 for a retry",
-            "max_attempts",
-        )
-        v.require(
-            0 <= request.delay_ms <= MAX_RETRY_DELAY_MS,
-            "INVALID_DELAY",
-            f"delay_ms must be between 0 and {MAX_RETRY_DELAY_MS}",
-            "delay_ms",
-        )
-        failed = request.failed_message if request.HasField("failed_message") else None
-        if failed is not None:
-            v.require(
-                failed.stop_reason == messages_pb2.STOP_REASON_ERROR,
-                "INVALID_STOP_REASON",
-                "a failed response has stop_reason ERROR",
-                "failed_message.stop_reason",
-            )
-            v.check_tool_calls(failed, "failed_message")
-        v.check_message(request, "", skip_json=frozenset({"arguments_json"}))
-        lane, key = self.addressed(call, request)
-        command = harness.ScheduleRetry(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            turn_id=request.turn_id,
-            failed=failed,
-            max_attempts=request.max_attempts,
-            delay=timedelta(milliseconds=request.delay_ms),
-            error_message=request.error_message,
-            lease_token=request.lease_token,
-        )
-        return (await harness.schedule_retry(self.store, command)).to_proto()
-
-    @unary
-    async def StartRetry(self, request: pb.StartRetryRequest, call: Call) -> pb.StartRetryResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.turn_id, "turn_id")
-        lane, key = self.addressed(call, request)
-        command = harness.StartRetry(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            turn_id=request.turn_id,
-            lease_token=request.lease_token,
-        )
-        return (await harness.start_retry(self.store, command)).to_proto()
-
-    @unary
-    async def SuspendRun(self, request: pb.SuspendRunRequest, call: Call) -> pb.SuspendRunResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.turn_id, "turn_id")
-        v.require(
-            request.HasField("deferred") and bool(request.deferred.handle_json),
-            "MISSING_FIELD",
-            "deferred.handle_json is required",
-            "deferred.handle_json",
-        )
-        v.check_message(request, "")
-        v.parse_json(request.deferred.handle_json, "deferred.handle_json")
-        if request.deferred.poll_json:
-            v.parse_json(request.deferred.poll_json, "deferred.poll_json")
-        lane, key = self.addressed(call, request)
-        command = harness.SuspendRun(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            turn_id=request.turn_id,
-            deferred=request.deferred,
-            lease_token=request.lease_token,
-        )
-        return (await harness.suspend_run(self.store, command)).to_proto()
-
-    @unary
-    async def ResumeRun(self, request: pb.ResumeRunRequest, call: Call) -> pb.ResumeRunResponse:
-        v.require_id(request.operation_id, "operation_id")
-        lane, key = self.addressed(call, request)
-        command = harness.ResumeRun(
-            lane, key, operation_id=request.operation_id, lease_token=request.lease_token
-        )
-        return (await harness.resume_run(self.store, command)).to_proto()
-
-    @unary
-    async def StartCompaction(
-        self, request: pb.StartCompactionRequest, call: Call
-    ) -> pb.StartCompactionResponse:
-        v.check_message(request, "")
-        v.require_id(request.operation_id, "operation_id", optional=True)
-        lease = v.requested_lease(request.driver_id, request.lease_seconds)
-        lane, key = self.addressed(call, request)
-        command = harness.StartCompaction(
-            lane,
-            key,
-            operation_id=request.operation_id or None,
-            reason=request.reason or events_pb2.COMPACTION_REASON_MANUAL,
-            lease=lease,
-        )
-        return (await harness.start_compaction(self.store, command)).to_proto()
-
-    @unary
-    async def EndCompaction(
-        self, request: pb.EndCompactionRequest, call: Call
-    ) -> pb.EndCompactionResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.check_message(request, "")
-        status = request.status
-        v.require(
-            status
-            in (
-                Status.OPERATION_RESULT_STATUS_COMPLETED,
-                Status.OPERATION_RESULT_STATUS_DECLINED,
-                Status.OPERATION_RESULT_STATUS_ABORTED,
-                Status.OPERATION_RESULT_STATUS_FAILED,
-            ),
-            "INVALID_STATUS",
-            "status must be COMPLETED, DECLINED, ABORTED or FAILED",
-            "status",
-        )
-        completed = status == Status.OPERATION_RESULT_STATUS_COMPLETED
-        failed = status == Status.OPERATION_RESULT_STATUS_FAILED
-        v.require(
-            request.HasField("entry") == completed,
-            "INVALID_ENTRY",
-            "entry is required with status COMPLETED and only then",
-            "entry",
-        )
-        v.require(
-            request.HasField("error") == failed,
-            "INVALID_ERROR",
-            "error is required with status FAILED and only then",
-            "error",
-        )
-        if completed:
-            v.check_compaction(request.entry, "entry")
-        lane, key = self.addressed(call, request)
-        command = harness.EndCompaction(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            status=status,
-            entry=request.entry if completed else None,
-            error=request.error if failed else None,
-            lease_token=request.lease_token,
-        )
-        return (await harness.end_compaction(self.store, command)).to_proto()
-
-    @unary
-    async def CompactRun(self, request: pb.CompactRunRequest, call: Call) -> pb.CompactRunResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require(request.HasField("entry"), "MISSING_FIELD", "entry is required", "entry")
-        v.check_message(request, "")
-        v.check_compaction(request.entry, "entry")
-        lane, key = self.addressed(call, request)
-        command = harness.CompactRun(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            entry=request.entry,
-            reason=request.reason or events_pb2.COMPACTION_REASON_THRESHOLD,
-            lease_token=request.lease_token,
-        )
-        return (await harness.compact_run(self.store, command)).to_proto()
-
-    @unary
-    async def NavigateLane(
-        self, request: pb.NavigateLaneRequest, call: Call
-    ) -> pb.NavigateLaneResponse:
-        v.require_id(request.lane_id, "lane_id")
-        v.require_id(request.target_entry_id, "target_entry_id")
-        v.check_message(request, "")
-        lane, key = self.addressed(call, request)
-        command = harness.NavigateLane(
-            lane,
-            key,
-            target_entry_id=request.target_entry_id,
-            summary=request.summary if request.HasField("summary") else None,
-        )
-        return (await harness.navigate_lane(self.store, command)).to_proto()
-
-    @unary
-    async def ReportFault(
-        self, request: pb.ReportFaultRequest, call: Call
-    ) -> pb.ReportFaultResponse:
-        v.require(bool(request.code), "MISSING_FIELD", "code is required", "code")
-        lane, key = self.addressed(call, request)
-        command = harness.ReportFault(lane, key, code=request.code, message=request.message)
-        return (await harness.report_fault(self.store, command)).to_proto()
-
-    @unary
-    async def ReportHandlerError(
-        self, request: pb.ReportHandlerErrorRequest, call: Call
-    ) -> pb.ReportHandlerErrorResponse:
-        v.require(bool(request.error), "MISSING_FIELD", "error is required", "error")
-        error = events_pb2.HandlerErrorEvent(error=request.error)
-        if request.HasField("stack"):
-            error.stack = request.stack
-        source = request.WhichOneof("source")
-        if source == "hook":
-            error.hook = request.hook
-        elif source == "event":
-            error.event = request.event
-        lane, key = self.addressed(call, request)
-        command = harness.ReportHandlerError(lane, key, error=error)
-        return (await harness.report_handler_error(self.store, command)).to_proto()
-
-    @unary
-    async def SetLaneValue(
-        self, request: pb.SetLaneValueRequest, call: Call
-    ) -> pb.SetLaneValueResponse:
-        which = request.WhichOneof("value")
-        v.require(which is not None, "MISSING_FIELD", "a value is required", "value")
-        value = events_pb2.ValueUpdateEvent()
-        if which == "session_name":
-            value.session_name.CopyFrom(request.session_name)
-        else:
-            v.require_id(request.entry_label.target_id, "entry_label.target_id")
-            value.entry_label.CopyFrom(request.entry_label)
-        lane, key = self.addressed(call, request)
-        command = harness.SetLaneValue(lane, key, value=value)
-        return (await harness.set_lane_value(self.store, command)).to_proto()
+    AppendAssistantStream = command_rpc(harness.append_assistant_stream, _append_assistant_stream)
+    ScheduleRetry = command_rpc(harness.schedule_retry, _schedule_retry)
+    StartRetry = command_rpc(harness.start_retry, v.ids("operation_id", "turn_id"))
+    SuspendRun = command_rpc(harness.suspend_run, _suspend_run)
+    ResumeRun = command_rpc(harness.resume_run, v.ids("operation_id"))
+    StartCompaction = command_rpc(harness.start_compaction, _start_compaction)
+    EndCompaction = command_rpc(harness.end_compaction, _end_compaction)
+    CompactRun = command_rpc(harness.compact_run, _compact_run)
+    NavigateLane = command_rpc(harness.navigate_lane, _navigate_lane)
+    ReportFault = command_rpc(harness.report_fault, _report_fault)
+    ReportHandlerError = command_rpc(harness.report_handler_error, _report_handler_error)
+    SetLaneValue = command_rpc(harness.set_lane_value, _set_lane_value)

@@ -9,12 +9,45 @@ from lane.server.api import lane_lists as lists
 from lane.server.api import validation as v
 from lane.server.api.answer_size import check_snapshot_message
 from lane.server.api.auth import caller_namespace
-from lane.server.api.base import ServicerBase
+from lane.server.api.base import ServicerBase, command_rpc
 from lane.server.api.call import Call
 from lane.server.api.errors import unary
 from lane.server.api.framing import snapshot_answer_bytes
 from lane.server.commands import lanes
+from lane.server.commands.base import Address
 from lane.server.store import ActivityPosition
+
+
+def _update_lane_config(request: pb.UpdateLaneConfigRequest) -> None:
+    v.check_message(request, "")
+
+
+def _enqueue_message(request: pb.EnqueueMessageRequest) -> None:
+    v.check_message(request, "")
+    v.require(
+        request.kind != snapshot_pb2.QUEUE_KIND_UNSPECIFIED,
+        "MISSING_FIELD",
+        "kind is required",
+        "kind",
+    )
+    if request.kind == snapshot_pb2.QUEUE_KIND_WRITE:
+        v.require(
+            request.HasField("custom"), "INVALID_MESSAGE", "a WRITE item needs custom", "custom"
+        )
+        v.require(
+            bool(request.custom.custom_type),
+            "MISSING_FIELD",
+            "custom.custom_type is required",
+            "custom.custom_type",
+        )
+    else:
+        v.require(
+            request.HasField("message"),
+            "INVALID_MESSAGE",
+            "a queued message needs message",
+            "message",
+        )
+        v.require_kind(request.message, "message", "user", "custom")
 
 
 class LaneRpcs(ServicerBase):
@@ -22,10 +55,9 @@ class LaneRpcs(ServicerBase):
 
     @unary
     async def CreateLane(self, request: pb.CreateLaneRequest, call: Call) -> pb.CreateLaneResponse:
-        lane, key = self.addressed(call, request)
+        lane, key = self.addressed(call, request)  # checked before the configuration
         v.check_message(request.configuration, "configuration")
-        command = lanes.CreateLane(lane, key, configuration=request.configuration)
-        return (await lanes.create_lane(self.store, command)).to_proto()
+        return await lanes.create_lane(self.store, Address(lane, key), request)
 
     @unary
     async def GetLaneSnapshot(
@@ -79,59 +111,6 @@ class LaneRpcs(ServicerBase):
             )
         return pb.ListLanesResponse(lanes=[row.line() for row in rows], next_page_token=token)
 
-    @unary
-    async def UpdateLaneConfig(
-        self, request: pb.UpdateLaneConfigRequest, call: Call
-    ) -> pb.UpdateLaneConfigResponse:
-        v.check_message(request, "")
-        names = request.active_tool_names.names if request.HasField("active_tool_names") else None
-        lane, key = self.addressed(call, request)
-        command = lanes.UpdateLaneConfig(
-            lane,
-            key,
-            model=request.model if request.HasField("model") else None,
-            thinking_level=request.thinking_level or None,
-            active_tool_names=tuple(names) if names is not None else None,
-        )
-        return (await lanes.update_lane_config(self.store, command)).to_proto()
-
-    @unary
-    async def EnqueueMessage(
-        self, request: pb.EnqueueMessageRequest, call: Call
-    ) -> pb.EnqueueMessageResponse:
-        v.check_message(request, "")
-        v.require(
-            request.kind != snapshot_pb2.QUEUE_KIND_UNSPECIFIED,
-            "MISSING_FIELD",
-            "kind is required",
-            "kind",
-        )
-        if request.kind == snapshot_pb2.QUEUE_KIND_WRITE:
-            v.require(
-                request.HasField("custom"), "INVALID_MESSAGE", "a WRITE item needs custom", "custom"
-            )
-            v.require(
-                bool(request.custom.custom_type),
-                "MISSING_FIELD",
-                "custom.custom_type is required",
-                "custom.custom_type",
-            )
-            item: lanes.QueuedContent = request.custom
-        else:
-            v.require(
-                request.HasField("message"),
-                "INVALID_MESSAGE",
-                "a queued message needs message",
-                "message",
-            )
-            v.require_kind(request.message, "message", "user", "custom")
-            item = request.message
-        lane, key = self.addressed(call, request)
-        command = lanes.EnqueueMessage(lane, key, kind=request.kind, item=item)
-        return (await lanes.enqueue_message(self.store, command)).to_proto()
-
-    @unary
-    async def DeleteLane(self, request: pb.DeleteLaneRequest, call: Call) -> pb.DeleteLaneResponse:
-        lane, key = self.addressed(call, request)
-        command = lanes.DeleteLane(lane, key, force=request.force)
-        return (await lanes.delete_lane(self.store, command)).to_proto()
+    UpdateLaneConfig = command_rpc(lanes.update_lane_config, _update_lane_config)
+    EnqueueMessage = command_rpc(lanes.enqueue_message, _enqueue_message)
+    DeleteLane = command_rpc(lanes.delete_lane)

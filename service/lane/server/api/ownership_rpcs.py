@@ -5,7 +5,7 @@ from __future__ import annotations
 from lane.v1 import lane_service_pb2 as pb
 
 from lane.server.api import validation as v
-from lane.server.api.base import ServicerBase
+from lane.server.api.base import ServicerBase, command_rpc
 from lane.server.api.call import Call
 from lane.server.api.errors import unary
 from lane.server.commands import ownership
@@ -13,73 +13,29 @@ from lane.server.commands.operation_state import operation_state
 from lane.server.domain.errors import FailedPrecondition
 
 
+def _acquire_operation(request: pb.AcquireOperationRequest) -> None:
+    v.require_ids(request, "operation_id", "driver_id")
+    v.check_lease_seconds(request.lease_seconds)
+
+
+def _renew_lease(request: pb.RenewLeaseRequest) -> None:
+    v.require_ids(request, "operation_id")
+    v.check_lease_seconds(request.lease_seconds)
+
+
 class OwnershipRpcs(ServicerBase):
     """RPCs of run ownership and recovery: leases, takeover, safe replay, inspection."""
 
-    @unary
-    async def AcquireOperation(
-        self, request: pb.AcquireOperationRequest, call: Call
-    ) -> pb.AcquireOperationResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.driver_id, "driver_id")
-        seconds = v.lease_seconds(request.lease_seconds)
-        lane, key = self.addressed(call, request)
-        command = ownership.AcquireOperation(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            driver_id=request.driver_id,
-            lease_seconds=seconds,
-        )
-        return (await ownership.acquire_operation(self.store, command)).to_proto()
-
-    @unary
-    async def RenewLease(self, request: pb.RenewLeaseRequest, call: Call) -> pb.RenewLeaseResponse:
-        v.require_id(request.operation_id, "operation_id")
-        seconds = v.lease_seconds(request.lease_seconds)
-        lane, key = self.addressed(call, request)
-        command = ownership.RenewLease(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            lease_token=request.lease_token,
-            lease_seconds=seconds,
-        )
-        return (await ownership.renew_lease(self.store, command)).to_proto()
-
-    @unary
-    async def ReleaseLease(
-        self, request: pb.ReleaseLeaseRequest, call: Call
-    ) -> pb.ReleaseLeaseResponse:
-        v.require_id(request.operation_id, "operation_id")
-        lane, key = self.addressed(call, request)
-        command = ownership.ReleaseLease(
-            lane, key, operation_id=request.operation_id, lease_token=request.lease_token
-        )
-        return (await ownership.release_lease(self.store, command)).to_proto()
-
-    @unary
-    async def ReplayToolCall(
-        self, request: pb.ReplayToolCallRequest, call: Call
-    ) -> pb.ReplayToolCallResponse:
-        v.require_id(request.operation_id, "operation_id")
-        v.require_id(request.tool_call_id, "tool_call_id")
-        lane, key = self.addressed(call, request)
-        command = ownership.ReplayToolCall(
-            lane,
-            key,
-            operation_id=request.operation_id,
-            tool_call_id=request.tool_call_id,
-            lease_token=request.lease_token,
-        )
-        return (await ownership.replay_tool_call(self.store, command)).to_proto()
+    AcquireOperation = command_rpc(ownership.acquire_operation, _acquire_operation)
+    RenewLease = command_rpc(ownership.renew_lease, _renew_lease)
+    ReleaseLease = command_rpc(ownership.release_lease, v.ids("operation_id"))
+    ReplayToolCall = command_rpc(ownership.replay_tool_call, v.ids("operation_id", "tool_call_id"))
 
     @unary
     async def GetOperation(
         self, request: pb.GetOperationRequest, call: Call
     ) -> pb.GetOperationResponse:
-        v.require_id(request.lane_id, "lane_id")
-        v.require_id(request.operation_id, "operation_id")
+        v.require_ids(request, "lane_id", "operation_id")
         operation = await self.store.open_operation(self.lane(request.lane_id))
         if operation is None or operation.operation_id != request.operation_id:
             # The same code as every command's OPERATION_NOT_OPEN: one code per reason.

@@ -191,12 +191,12 @@ class TransferRpcs(ServicerBase):
             await context.abort_with_status(refusal)
         logs.bind(namespace=caller_namespace())
         try:
-            return (await self._import(_pieces(requests))).to_proto()
+            return await self._import(_pieces(requests))
         except Exception as exc:
             status, _ = error_answer(exc)
             await context.abort_with_status(rpc_status.to_status(status))
 
-    async def _import(self, pieces: AsyncIterator[tuple[str, bytes]]) -> transfer.LaneImported:
+    async def _import(self, pieces: AsyncIterator[tuple[str, bytes]]) -> pb.ImportLaneResponse:
         lane_id, data = await anext(pieces, ("", b""))
         v.require_id(lane_id, "lane_id")
         logs.bind(lane_id=lane_id)

@@ -20,7 +20,6 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from lane.limits import (
-    DEFAULT_LEASE_SECONDS,
     DEFAULT_PAGE_SIZE,
     MAX_LANE_FILTERS,
     MAX_LEASE_SECONDS,
@@ -91,6 +90,17 @@ def require_id(value: str, field: str, *, optional: bool = False) -> None:
             f"{field} must be 1-{MAX_ID_BYTES} bytes of printable text without surrounding spaces",
             field=field,
         )
+
+
+def require_ids(request: Message, *fields: str) -> None:
+    """:func:`require_id` on each of the request's ``fields``, in order (all required)."""
+    for field in fields:
+        require_id(getattr(request, field), field)
+
+
+def ids(*fields: str) -> Callable[[Message], None]:
+    """The check of a request whose only rule is :func:`require_ids` on ``fields``."""
+    return lambda request: require_ids(request, *fields)
 
 
 def require(condition: bool, reason: str, message: str, field: str) -> None:
@@ -429,7 +439,7 @@ def require_kind(message: messages_pb2.AgentMessage, field: str, *allowed: str) 
     )
 
 
-def lease_seconds(value: int) -> int:
+def check_lease_seconds(value: int) -> None:
     """A requested lease length: 1 to MAX_LEASE_SECONDS, 0 meaning the default."""
     require(
         0 <= value <= MAX_LEASE_SECONDS,
@@ -437,11 +447,11 @@ def lease_seconds(value: int) -> int:
         f"lease_seconds must be between 1 and {MAX_LEASE_SECONDS} (0 for the default)",
         "lease_seconds",
     )
-    return value or DEFAULT_LEASE_SECONDS
 
 
-def requested_lease(driver_id: str, seconds: int) -> tuple[str, int] | None:
-    """The (driver id, seconds) lease a request asks for, or None for an unleased operation."""
+def check_lease(driver_id: str, seconds: int) -> None:
+    """The lease a request asks for: a driver id and its seconds, or neither (an unleased
+    operation)."""
     require_id(driver_id, "driver_id", optional=True)
     require(
         bool(driver_id) or not seconds,
@@ -449,7 +459,7 @@ def requested_lease(driver_id: str, seconds: int) -> tuple[str, int] | None:
         "lease_seconds needs driver_id",
         "lease_seconds",
     )
-    return (driver_id, lease_seconds(seconds)) if driver_id else None
+    check_lease_seconds(seconds)
 
 
 def check_compaction(entry: entries_pb2.CompactionEntry, field: str) -> None:

@@ -1,21 +1,20 @@
-"""What every command shares: its address, its typed result and that result's proto form, and
-running its domain step as one transaction through the store.
+"""What every command shares: its address, and running its domain step on the lane as one
+transaction through the store, its answer recorded under the request's key.
 
-A command value names the lane it runs on and its request's key (None without a request id);
-the rest of its fields are the validated inputs in the domain's words. A result is a frozen
-dataclass whose fields are named as the fields of one RPC response message (``response``): that
-message is the result's proto form, the form an answer is recorded in under its request id and
-returned in to the caller. :meth:`Result.to_proto` and :meth:`Result.from_proto` map one to the
-other field by field, so a retry decodes exactly the first answer and encodes it to the same
-bytes. A response field a result does not name is never set.
+A command takes the request message (validated by the api) and answers with the response
+message. That message is also the form its answer is recorded in under the request id, so a
+retry returns the first answer as it was. Most commands are one domain step
+(:func:`command`): from the request, the lane's state and the time to the domain's
+transition and the response; :meth:`Command.__call__` runs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Generic, Self, TypeVar, cast
+from functools import partial
+from typing import Generic, TypeVar, cast
 
 from google.protobuf.message import Message
 
@@ -26,57 +25,47 @@ from lane.server.domain.transition import Transition
 from lane.server.store import LaneRef, Store
 from lane.server.store.requests import Recording, RequestKey
 
-P = TypeVar("P", bound=Message)
-R = TypeVar("R", bound="Result[Any]")
+Q = TypeVar("Q", bound=Message)
+R = TypeVar("R", bound=Message)
 
-#: A command's domain step: the transition from the lane's state, and the command's result.
-Step = Callable[[LaneState, datetime], tuple[Transition, R]]
+#: A command's domain step: from the request, the lane's state and the time, the transition
+#: and the response.
+Step = Callable[[Q, LaneState, datetime], tuple[Transition, R]]
 
 
 @dataclass(frozen=True)
-class Command:
-    """What every command names: the lane it runs on and its request's key."""
+class Address:
+    """Where a command runs: its lane, and its request's key (None without a request id: then
+    the request is not idempotent)."""
 
     lane: LaneRef
-    #: None when the request has no request id (then it is not idempotent).
-    request: RequestKey | None
+    key: RequestKey | None
+
+
+#: Any command, called with the store, its address and its request: a :class:`Command`, or a
+#: coroutine of more than one step or with a check before its transaction.
+AnyCommand = Callable[[Store, Address, Q], Awaitable[R]]
 
 
 @dataclass(frozen=True)
-class Result(Generic[P]):
-    """A command's typed answer; its proto form is a ``response`` message (module docstring)."""
+class Command(Generic[Q, R]):
+    """A command of one domain step answering with a ``response`` message."""
 
-    #: The response message whose fields this result names.
-    response: ClassVar[type[Message]]
+    response: type[R]
+    step: Step[Q, R]
 
-    def to_proto(self) -> P:
-        """This result as its response message."""
-        message = self.response()
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if value is None:
-                continue
-            if message.DESCRIPTOR.fields_by_name[field.name].is_repeated:
-                getattr(message, field.name).extend(value)
-            elif isinstance(value, Message):
-                getattr(message, field.name).CopyFrom(value)
-            else:
-                setattr(message, field.name, value)
-        return cast(P, message)
+    async def __call__(self, store: Store, at: Address, request: Q) -> R:
+        """Run the step on ``request`` (:func:`run`)."""
+        return await run(store, at, partial(self.step, request), self.response)
 
-    @classmethod
-    def from_proto(cls, message: Message) -> Self:
-        """The result whose proto form is ``message``."""
-        values: dict[str, Any] = {}
-        for field in fields(cls):
-            descriptor = message.DESCRIPTOR.fields_by_name[field.name]
-            value = getattr(message, field.name)
-            if descriptor.is_repeated:
-                value = tuple(value)
-            elif descriptor.message_type is not None and not message.HasField(field.name):
-                value = None
-            values[field.name] = value
-        return cls(**values)
+
+def command(response: type[R]) -> Callable[[Step[Q, R]], Command[Q, R]]:
+    """Make a step the command answering with ``response`` (a decorator)."""
+
+    def make(step: Step[Q, R]) -> Command[Q, R]:
+        return Command(response, step)
+
+    return make
 
 
 def cancel_requested(state: LaneState) -> bool:
@@ -84,49 +73,46 @@ def cancel_requested(state: LaneState) -> bool:
     return state.operation is not None and state.operation.cancel_requested
 
 
-def recording(key: RequestKey | None, result_type: type[R]) -> Recording[R] | None:
-    """How a result of ``result_type`` is recorded under ``key`` (None without a key)."""
+def progress(response: type[R], t: Transition) -> R:
+    """The answer of a step of a running operation: the lane's revision after it, and whether
+    the operation was asked to abort."""
+    return response(revision=t.state.revision, cancel_requested=cancel_requested(t.state))
+
+
+def recording(key: RequestKey | None, response: type[R]) -> Recording[R] | None:
+    """How an answer of type ``response`` is recorded under ``key`` (None without a key): as
+    itself."""
     if key is None:
         return None
-    return Recording(key, result_type.response, _to_proto, result_type.from_proto)
+
+    def decoded(message: Message) -> R:
+        return cast(R, message)
+
+    return Recording(key, response, _same, decoded)
 
 
-def _to_proto(result: Result[Any]) -> Message:
-    message: Message = result.to_proto()
+def _same(message: Message) -> Message:
     return message
 
 
 async def run(
-    store: Store, lane: LaneRef, key: RequestKey | None, step: Step[R], result_type: type[R]
+    store: Store,
+    at: Address,
+    step: Callable[[LaneState, datetime], tuple[Transition, R]],
+    response: type[R],
 ) -> R:
-    """Run ``step`` on ``lane`` as one transaction, its result recorded under ``key``: the
-    store loads the lane (the kept state, or under its row lock), replays a recorded answer,
-    or runs the step, writes its transition with the answer and commits, then rings the
-    doorbell.
+    """Run ``step`` on ``at.lane`` as one transaction, its answer recorded under ``at.key``:
+    the store loads the lane (the kept state, or under its row lock), replays a recorded
+    answer, or runs the step, writes its transition with the answer and commits, then rings
+    the doorbell.
 
     A step refused on a lane whose batch has a placement pending (an earlier StageToolOutcome
     staged but could not place) has that placement finished first and runs again
     (pending_placement.py)."""
-    recorded = recording(key, result_type)
+    recorded = recording(at.key, response)
     try:
-        return await store.command(lane, step, recorded)
+        return await store.command(at.lane, step, recorded)
     except FailedPrecondition:
-        if not known_pending(store, lane) or not await finish_placement(store, lane):
+        if not known_pending(store, at.lane) or not await finish_placement(store, at.lane):
             raise
-    return await store.command(lane, step, recorded)
-
-
-async def run_for_revision(
-    store: Store,
-    command: Command,
-    transition: Callable[[LaneState, datetime], Transition],
-    result_type: type[R],
-) -> R:
-    """:func:`run` for the commands whose result is only the lane's revision after them:
-    ``result_type`` has the one field ``revision``."""
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, R]:
-        t = transition(state, now)
-        return t, cast(Callable[..., R], result_type)(revision=t.state.revision)
-
-    return await run(store, command.lane, command.request, step, result_type)
+    return await store.command(at.lane, step, recorded)

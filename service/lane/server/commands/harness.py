@@ -3,16 +3,13 @@ compaction, navigation, faults, handler errors and session metadata."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from google.protobuf import timestamp_pb2
-from lane.v1 import entries_pb2, events_pb2, messages_pb2, snapshot_pb2
+from lane.v1 import events_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from lane.server.commands.base import Command, Result, cancel_requested, run, run_for_revision
-from lane.server.commands.operation_state import lease_of
+from lane.server.commands.base import Address, command, progress, run
+from lane.server.commands.operation_state import lease_asked, opened
 from lane.server.domain import assistant, compaction, lane_values, navigation
 from lane.server.domain.errors import NotFound
 from lane.server.domain.ids import new_id
@@ -24,292 +21,129 @@ from lane.server.store import Store
 # -- the open turn's model call -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class AppendAssistantStream(Command):
-    operation_id: str
-    turn_id: str
-    partials: Sequence[pb.StreamedPartial]
-    lease_token: int
-
-
-@dataclass(frozen=True)
-class StreamAppended(Result[pb.AppendAssistantStreamResponse]):
-    response = pb.AppendAssistantStreamResponse
-    revision: int
-    cancel_requested: bool
-
-
-async def append_assistant_stream(store: Store, command: AppendAssistantStream) -> StreamAppended:
+@command(pb.AppendAssistantStreamResponse)
+def append_assistant_stream(
+    request: pb.AppendAssistantStreamRequest, state: LaneState, now: datetime
+) -> tuple[Transition, pb.AppendAssistantStreamResponse]:
     """Streamed partials of the turn's response."""
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, StreamAppended]:
-        t = assistant.append_stream(
-            state,
-            command.operation_id,
-            command.turn_id,
-            [partial_of(p) for p in command.partials],
-            now,
-            command.lease_token,
-        )
-        appended = StreamAppended(
-            revision=t.state.revision, cancel_requested=cancel_requested(t.state)
-        )
-        return t, appended
-
-    return await run(store, command.lane, command.request, step, StreamAppended)
+    partials = [partial_of(p) for p in request.partials]
+    t = assistant.append_stream(
+        state, request.operation_id, request.turn_id, partials, now, request.lease_token
+    )
+    return t, progress(pb.AppendAssistantStreamResponse, t)
 
 
-@dataclass(frozen=True)
-class ScheduleRetry(Command):
-    operation_id: str
-    turn_id: str
-    #: The failed response, placed in the transcript (None: none to keep).
-    failed: messages_pb2.AssistantMessage | None
-    max_attempts: int
-    delay: timedelta
-    error_message: str
-    lease_token: int
+@command(pb.ScheduleRetryResponse)
+def schedule_retry(
+    request: pb.ScheduleRetryRequest, state: LaneState, now: datetime
+) -> tuple[Transition, pb.ScheduleRetryResponse]:
+    """The turn's model call failed: schedule its next attempt (the failed response, if
+    any, is placed in the transcript)."""
+    t = assistant.schedule_retry(
+        state,
+        request.operation_id,
+        request.turn_id,
+        request.failed_message if request.HasField("failed_message") else None,
+        request.max_attempts,
+        timedelta(milliseconds=request.delay_ms),
+        request.error_message,
+        now,
+        new_id,
+        request.lease_token,
+    )
+    answer = pb.ScheduleRetryResponse(
+        revision=t.state.revision,
+        attempt=t.retry.attempt,
+        next_attempt_time=t.retry.next_attempt_time,
+    )
+    return t, answer
 
 
-@dataclass(frozen=True)
-class RetryScheduled(Result[pb.ScheduleRetryResponse]):
-    response = pb.ScheduleRetryResponse
-    revision: int
-    attempt: int
-    next_attempt_time: timestamp_pb2.Timestamp
-
-
-async def schedule_retry(store: Store, command: ScheduleRetry) -> RetryScheduled:
-    """The turn's model call failed: schedule its next attempt."""
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, RetryScheduled]:
-        t = assistant.schedule_retry(
-            state,
-            command.operation_id,
-            command.turn_id,
-            command.failed,
-            command.max_attempts,
-            command.delay,
-            command.error_message,
-            now,
-            new_id,
-            command.lease_token,
-        )
-        scheduled = RetryScheduled(
-            revision=t.state.revision,
-            attempt=t.retry.attempt,
-            next_attempt_time=t.retry.next_attempt_time,
-        )
-        return t, scheduled
-
-    return await run(store, command.lane, command.request, step, RetryScheduled)
-
-
-@dataclass(frozen=True)
-class StartRetry(Command):
-    operation_id: str
-    turn_id: str
-    lease_token: int
-
-
-@dataclass(frozen=True)
-class RetryStarted(Result[pb.StartRetryResponse]):
-    response = pb.StartRetryResponse
-    revision: int
-    attempt: int
-
-
-async def start_retry(store: Store, command: StartRetry) -> RetryStarted:
+@command(pb.StartRetryResponse)
+def start_retry(
+    request: pb.StartRetryRequest, state: LaneState, now: datetime
+) -> tuple[Transition, pb.StartRetryResponse]:
     """The scheduled retry begins."""
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, RetryStarted]:
-        t = assistant.start_retry(
-            state, command.operation_id, command.turn_id, now, command.lease_token
-        )
-        return t, RetryStarted(revision=t.state.revision, attempt=t.attempt)
-
-    return await run(store, command.lane, command.request, step, RetryStarted)
+    t = assistant.start_retry(
+        state, request.operation_id, request.turn_id, now, request.lease_token
+    )
+    return t, pb.StartRetryResponse(revision=t.state.revision, attempt=t.attempt)
 
 
-@dataclass(frozen=True)
-class SuspendRun(Command):
-    operation_id: str
-    turn_id: str
-    deferred: snapshot_pb2.DeferredState
-    lease_token: int
-
-
-@dataclass(frozen=True)
-class RunSuspended(Result[pb.SuspendRunResponse]):
-    response = pb.SuspendRunResponse
-    revision: int
-
-
-async def suspend_run(store: Store, command: SuspendRun) -> RunSuspended:
+@command(pb.SuspendRunResponse)
+def suspend_run(
+    request: pb.SuspendRunRequest, state: LaneState, now: datetime
+) -> tuple[Transition, pb.SuspendRunResponse]:
     """The model answered with a deferred handle: the run waits for it."""
-    return await run_for_revision(
-        store,
-        command,
-        lambda state, now: assistant.suspend_run(
-            state,
-            command.operation_id,
-            command.turn_id,
-            command.deferred,
-            now,
-            command.lease_token,
-        ),
-        RunSuspended,
+    t = assistant.suspend_run(
+        state, request.operation_id, request.turn_id, request.deferred, now, request.lease_token
     )
+    return t, pb.SuspendRunResponse(revision=t.state.revision)
 
 
-@dataclass(frozen=True)
-class ResumeRun(Command):
-    operation_id: str
-    lease_token: int
-
-
-@dataclass(frozen=True)
-class RunResumed(Result[pb.ResumeRunResponse]):
-    response = pb.ResumeRunResponse
-    revision: int
-
-
-async def resume_run(store: Store, command: ResumeRun) -> RunResumed:
+@command(pb.ResumeRunResponse)
+def resume_run(
+    request: pb.ResumeRunRequest, state: LaneState, now: datetime
+) -> tuple[Transition, pb.ResumeRunResponse]:
     """The deferred response arrived: the run goes on."""
-    return await run_for_revision(
-        store,
-        command,
-        lambda state, now: assistant.resume_run(
-            state, command.operation_id, now, command.lease_token
-        ),
-        RunResumed,
-    )
+    t = assistant.resume_run(state, request.operation_id, now, request.lease_token)
+    return t, pb.ResumeRunResponse(revision=t.state.revision)
 
 
 # -- compaction -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class StartCompaction(Command):
-    #: None: the service mints one.
-    operation_id: str | None
-    reason: events_pb2.CompactionReason.ValueType
-    #: (driver id, seconds) to lease the compaction to; None: unleased.
-    lease: tuple[str, int] | None
+@command(pb.StartCompactionResponse)
+def start_compaction(
+    request: pb.StartCompactionRequest, state: LaneState, now: datetime
+) -> tuple[Transition, pb.StartCompactionResponse]:
+    """Open a standalone compaction (its id minted when the request names none; leased when
+    it names a driver)."""
+    operation_id = request.operation_id or new_id()
+    reason = request.reason or events_pb2.COMPACTION_REASON_MANUAL
+    lease = lease_asked(request.driver_id, request.lease_seconds)
+    t = compaction.start_compaction(state, operation_id, reason, now, lease)
+    return t, opened(pb.StartCompactionResponse, t)
 
 
-@dataclass(frozen=True)
-class CompactionStarted(Result[pb.StartCompactionResponse]):
-    response = pb.StartCompactionResponse
-    operation_id: str
-    revision: int
-    lease: pb.Lease | None
+@command(pb.EndCompactionResponse)
+def end_compaction(
+    request: pb.EndCompactionRequest, state: LaneState, now: datetime
+) -> tuple[Transition, pb.EndCompactionResponse]:
+    """Close the compaction: its entry when completed, its error when failed."""
+    t = compaction.end_compaction(
+        state,
+        request.operation_id,
+        request.status,
+        request.entry if request.HasField("entry") else None,
+        request.error if request.HasField("error") else None,
+        now,
+        new_id,
+        request.lease_token,
+    )
+    return t, pb.EndCompactionResponse(result=t.result, revision=t.state.revision)
 
 
-async def start_compaction(store: Store, command: StartCompaction) -> CompactionStarted:
-    """Open a standalone compaction."""
-    operation_id = command.operation_id or new_id()
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, CompactionStarted]:
-        t = compaction.start_compaction(state, operation_id, command.reason, now, command.lease)
-        started = CompactionStarted(
-            operation_id=operation_id, revision=t.state.revision, lease=lease_of(t.operation)
-        )
-        return t, started
-
-    return await run(store, command.lane, command.request, step, CompactionStarted)
-
-
-@dataclass(frozen=True)
-class EndCompaction(Command):
-    operation_id: str
-    status: snapshot_pb2.OperationResultStatus.ValueType
-    #: With status COMPLETED only.
-    entry: entries_pb2.CompactionEntry | None
-    #: With status FAILED only.
-    error: snapshot_pb2.OperationError | None
-    lease_token: int
-
-
-@dataclass(frozen=True)
-class CompactionEnded(Result[pb.EndCompactionResponse]):
-    response = pb.EndCompactionResponse
-    result: snapshot_pb2.OperationResult
-    revision: int
-
-
-async def end_compaction(store: Store, command: EndCompaction) -> CompactionEnded:
-    """Close the compaction: its entry when completed."""
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, CompactionEnded]:
-        t = compaction.end_compaction(
-            state,
-            command.operation_id,
-            command.status,
-            command.entry,
-            command.error,
-            now,
-            new_id,
-            command.lease_token,
-        )
-        return t, CompactionEnded(result=t.result, revision=t.state.revision)
-
-    return await run(store, command.lane, command.request, step, CompactionEnded)
-
-
-@dataclass(frozen=True)
-class CompactRun(Command):
-    operation_id: str
-    entry: entries_pb2.CompactionEntry
-    reason: events_pb2.CompactionReason.ValueType
-    lease_token: int
-
-
-@dataclass(frozen=True)
-class RunCompacted(Result[pb.CompactRunResponse]):
-    response = pb.CompactRunResponse
-    entry_id: str
-    revision: int
-
-
-async def compact_run(store: Store, command: CompactRun) -> RunCompacted:
+@command(pb.CompactRunResponse)
+def compact_run(
+    request: pb.CompactRunRequest, state: LaneState, now: datetime
+) -> tuple[Transition, pb.CompactRunResponse]:
     """Compact inside an idle run."""
-
-    def step(state: LaneState, now: datetime) -> tuple[Transition, RunCompacted]:
-        t = compaction.compact_run(
-            state,
-            command.operation_id,
-            command.entry,
-            command.reason,
-            now,
-            new_id,
-            command.lease_token,
-        )
-        return t, RunCompacted(entry_id=t.entry_id, revision=t.state.revision)
-
-    return await run(store, command.lane, command.request, step, RunCompacted)
+    reason = request.reason or events_pb2.COMPACTION_REASON_THRESHOLD
+    t = compaction.compact_run(
+        state, request.operation_id, request.entry, reason, now, new_id, request.lease_token
+    )
+    return t, pb.CompactRunResponse(entry_id=t.entry_id, revision=t.state.revision)
 
 
 # -- navigation, reports, metadata ----------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class NavigateLane(Command):
-    target_entry_id: str
-    summary: entries_pb2.BranchSummaryEntry | None
-
-
-@dataclass(frozen=True)
-class LaneNavigated(Result[pb.NavigateLaneResponse]):
-    response = pb.NavigateLaneResponse
-    operation_id: str
-    result: snapshot_pb2.OperationResult
-    revision: int
-
-
-async def navigate_lane(store: Store, command: NavigateLane) -> LaneNavigated:
+async def navigate_lane(
+    store: Store, at: Address, request: pb.NavigateLaneRequest
+) -> pb.NavigateLaneResponse:
     """Move the lane's tip to one of its entries (opened and ended in one commit)."""
-    lane, target = command.lane, command.target_entry_id
+    lane, target = at.lane, request.target_entry_id
     # Entries are immutable and never deleted: a check before the command is enough.
     if not await store.entry_exists(lane, target):
         await store.lane_head(lane)  # a lane that does not exist is refused as such
@@ -319,82 +153,59 @@ async def navigate_lane(store: Store, command: NavigateLane) -> LaneNavigated:
             laneId=lane.lane_id,
             entryId=target,
         )
-    operation_id = new_id()
+    summary = request.summary if request.HasField("summary") else None
 
-    def step(state: LaneState, now: datetime) -> tuple[Transition, LaneNavigated]:
-        t = navigation.navigate(state, operation_id, target, command.summary, now, new_id)
-        navigated = LaneNavigated(
+    def step(state: LaneState, now: datetime) -> tuple[Transition, pb.NavigateLaneResponse]:
+        operation_id = new_id()
+        t = navigation.navigate(state, operation_id, target, summary, now, new_id)
+        answer = pb.NavigateLaneResponse(
             operation_id=operation_id, result=t.result, revision=t.state.revision
         )
-        return t, navigated
+        return t, answer
 
-    return await run(store, lane, command.request, step, LaneNavigated)
-
-
-@dataclass(frozen=True)
-class ReportFault(Command):
-    code: str
-    message: str
+    return await run(store, at, step, pb.NavigateLaneResponse)
 
 
-@dataclass(frozen=True)
-class FaultReported(Result[pb.ReportFaultResponse]):
-    response = pb.ReportFaultResponse
-    revision: int
-
-
-async def report_fault(store: Store, command: ReportFault) -> FaultReported:
+@command(pb.ReportFaultResponse)
+def report_fault(
+    request: pb.ReportFaultRequest, state: LaneState, now: datetime
+) -> tuple[Transition, pb.ReportFaultResponse]:
     """The lane faulted."""
-    return await run_for_revision(
-        store,
-        command,
-        lambda state, now: lane_values.report_fault(state, command.code, command.message, now),
-        FaultReported,
-    )
+    t = lane_values.report_fault(state, request.code, request.message, now)
+    return t, pb.ReportFaultResponse(revision=t.state.revision)
 
 
-@dataclass(frozen=True)
-class ReportHandlerError(Command):
-    #: The error as the handler_error event carries it (error, stack, hook or event).
-    error: events_pb2.HandlerErrorEvent
+@command(pb.ReportHandlerErrorResponse)
+def report_handler_error(
+    request: pb.ReportHandlerErrorRequest, state: LaneState, now: datetime
+) -> tuple[Transition, pb.ReportHandlerErrorResponse]:
+    """A driver's hook or handler threw: the handler_error event carries the error, its
+    stack, and the hook or event it came from."""
+    error = events_pb2.HandlerErrorEvent(error=request.error)
+    if request.HasField("stack"):
+        error.stack = request.stack
+    source = request.WhichOneof("source")
+    if source == "hook":
+        error.hook = request.hook
+    elif source == "event":
+        error.event = request.event
+    t = lane_values.report_handler_error(state, error, now)
+    return t, pb.ReportHandlerErrorResponse(revision=t.state.revision)
 
 
-@dataclass(frozen=True)
-class HandlerErrorReported(Result[pb.ReportHandlerErrorResponse]):
-    response = pb.ReportHandlerErrorResponse
-    revision: int
-
-
-async def report_handler_error(store: Store, command: ReportHandlerError) -> HandlerErrorReported:
-    """A driver's hook or handler threw."""
-    return await run_for_revision(
-        store,
-        command,
-        lambda state, now: lane_values.report_handler_error(state, command.error, now),
-        HandlerErrorReported,
-    )
-
-
-@dataclass(frozen=True)
-class SetLaneValue(Command):
-    #: The value_update event's payload (a session name or an entry label).
-    value: events_pb2.ValueUpdateEvent
-
-
-@dataclass(frozen=True)
-class LaneValueSet(Result[pb.SetLaneValueResponse]):
-    response = pb.SetLaneValueResponse
-    revision: int
-
-
-async def set_lane_value(store: Store, command: SetLaneValue) -> LaneValueSet:
-    """Session metadata changed."""
-    return await run_for_revision(
-        store,
-        command,
-        lambda state, now: lane_values.set_value(state, command.value, now),
-        LaneValueSet,
-    )
+@command(pb.SetLaneValueResponse)
+def set_lane_value(
+    request: pb.SetLaneValueRequest, state: LaneState, now: datetime
+) -> tuple[Transition, pb.SetLaneValueResponse]:
+    """Session metadata changed: a session name or an entry label (the value_update
+    event's payload)."""
+    value = events_pb2.ValueUpdateEvent()
+    if request.WhichOneof("value") == "session_name":
+        value.session_name.CopyFrom(request.session_name)
+    else:
+        value.entry_label.CopyFrom(request.entry_label)
+    t = lane_values.set_value(state, value, now)
+    return t, pb.SetLaneValueResponse(revision=t.state.revision)
 
 
 def partial_of(partial: pb.StreamedPartial) -> Partial:

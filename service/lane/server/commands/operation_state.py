@@ -1,11 +1,19 @@
-"""Domain operation → lane.v1.OperationState / Lease (what a driver taking over needs)."""
+"""An operation in the contract's words: its OperationState and Lease (what a driver taking over
+needs), the lease a request asks for, and the answer of a command opening one."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+from google.protobuf.message import Message
+from lane.limits import DEFAULT_LEASE_SECONDS
 from lane.v1 import lane_service_pb2 as pb
 
 from lane.server.domain.state import CallStatus, Continuation, Operation, Phase
+from lane.server.domain.transition import OperationOpened
 from lane.server.store.run_settings import settings_message
+
+R = TypeVar("R", bound=Message)
 
 _PHASES = {
     Phase.IDLE: pb.RUN_PHASE_IDLE,
@@ -62,3 +70,23 @@ def operation_state(operation: Operation) -> pb.OperationState:
                 row.checkpoint.CopyFrom(call.checkpoint)
             state.tool_calls.append(row)
     return state
+
+
+def lease_asked(driver_id: str, seconds: int) -> tuple[str, int] | None:
+    """The (driver id, seconds) lease a request asks for (0 seconds: the default), or None
+    for an unleased operation (no driver id)."""
+    return (driver_id, lease_length(seconds)) if driver_id else None
+
+
+def lease_length(seconds: int) -> int:
+    """A requested lease length in seconds, 0 meaning the default."""
+    return seconds or DEFAULT_LEASE_SECONDS
+
+
+def opened(response: type[R], t: OperationOpened) -> R:
+    """The answer of a command opening an operation: its id, the lane's revision after it, and
+    its lease (None: unleased)."""
+    operation = t.operation
+    return response(
+        operation_id=operation.operation_id, revision=t.state.revision, lease=lease_of(operation)
+    )

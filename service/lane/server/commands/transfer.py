@@ -23,14 +23,12 @@ import contextlib
 import marshal
 import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO
 
 from lane.v1 import entries_pb2, events_pb2
 from lane.v1 import lane_service_pb2 as pb
 
-from lane.server.commands.base import Result
 from lane.server.domain.export_format import (
     EVENT_GROUP,
     MAX_LINE_BYTES,
@@ -126,15 +124,6 @@ def _page_lines(page: ExportPage) -> bytes:
 
 
 # -- import -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LaneImported(Result[pb.ImportLaneResponse]):
-    response = pb.ImportLaneResponse
-    lane_id: str
-    revision: int
-    entry_count: int
-    event_count: int
 
 
 class LaneImport:
@@ -303,14 +292,14 @@ def _commit_time(seconds: int, nanos: int) -> datetime:
     return _EPOCH + timedelta(seconds=seconds, microseconds=nanos // 1000)
 
 
-async def import_lane(store: Store, lane_import: LaneImport) -> LaneImported:
+async def import_lane(store: Store, lane_import: LaneImport) -> pb.ImportLaneResponse:
     """Create the lane ``lane_import`` names from its file, whole and checked (the last lines
     given to :meth:`LaneImport.check`): its events and lane record name the new lane; its last
     result is not kept (operation ids belong to the exported lane)."""
     head = await asyncio.to_thread(lane_import.finish)
     await store.import_lane(lane_import.lane, head, lane_import.batches())
     entries, events = lane_import.counts
-    return LaneImported(
+    return pb.ImportLaneResponse(
         lane_id=lane_import.lane.lane_id,
         revision=head.lane.revision,
         entry_count=entries,
