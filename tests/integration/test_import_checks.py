@@ -246,3 +246,27 @@ async def test_a_file_at_the_edge_of_the_ranges_imports_and_its_lane_takes_comma
     )
     await probe.check()
     assert probe.snapshot.revision > MAX_COUNTER
+
+
+async def test_an_import_refused_at_once_is_answered_so_while_its_client_still_sends(
+    lane_stub: Stub,
+) -> None:
+    """An import refused at its first message (it names no lane), with more of the file still
+    coming: the client must read that refusal. Ending the call while the client was still
+    writing made gRPC's Python client report INTERNAL ("Internal error from Core") now and
+    then (2 of 300 here), so the refusal is many times over, with up to six more pieces."""
+    header = b'{"format":"lane.v1.export","version":1}\n'
+    answers: dict[tuple[grpc.StatusCode, str], int] = {}
+    for n in range(300):
+
+        async def pieces(more: int = n % 7) -> Any:
+            yield pb.ImportLaneRequest(data=header)
+            for _ in range(more):
+                yield pb.ImportLaneRequest(data=b"x" * 100)
+
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await lane_stub.ImportLane(pieces())
+        code = raised.value.code()
+        reason = error_info(raised.value).reason if code != grpc.StatusCode.INTERNAL else ""
+        answers[code, reason] = answers.get((code, reason), 0) + 1
+    assert answers == {(grpc.StatusCode.INVALID_ARGUMENT, "MISSING_FIELD"): 300}

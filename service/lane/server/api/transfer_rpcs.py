@@ -108,6 +108,27 @@ async def _pieces(requests: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, by
         yield request.lane_id, request.data
 
 
+#: How long, and how many bytes, a refused import's client may go on sending before its
+#: refusal is sent anyway (see :func:`_drain`).
+DRAIN_SECONDS = 1.0
+
+
+async def _drain(requests: AsyncIterator[bytes], seconds: float = DRAIN_SECONDS) -> None:
+    """Read, and drop, what the client still sends of an import refused before its end, for at
+    most ``seconds`` and :data:`MAX_IMPORT_BYTES`. A call ended while its client is still
+    writing makes that client's write fail, and gRPC's Python client then reports INTERNAL
+    ("Internal error from Core") instead of the refusal the service sent."""
+    taken = 0
+    try:
+        async with asyncio.timeout(seconds):
+            async for data in requests:
+                taken += len(data)
+                if taken > MAX_IMPORT_BYTES:
+                    return
+    except Exception:
+        return  # the stream's own end: cancelled, timed out or broken
+
+
 async def _send(
     context: Any,
     blobs: AsyncIterator[bytes],
@@ -194,6 +215,7 @@ class TransferRpcs(ServicerBase):
             return await self._import(_pieces(requests))
         except Exception as exc:
             status, _ = error_answer(exc)
+            await _drain(requests)
             await context.abort_with_status(rpc_status.to_status(status))
 
     async def _import(self, pieces: AsyncIterator[tuple[str, bytes]]) -> pb.ImportLaneResponse:
