@@ -11,7 +11,7 @@
  * than comparing strings. A reason travels as the enum value's name (`"LEASE_HELD"`).
  */
 import { Code, ConnectError } from "@connectrpc/connect";
-import { ErrorInfoSchema, type ErrorInfo } from "./gen/google/rpc/error_details_pb.js";
+import { ErrorInfoSchema, RetryInfoSchema, type ErrorInfo } from "./gen/google/rpc/error_details_pb.js";
 import { Reason } from "./gen/lane/v1/reasons_pb.js";
 
 export { Reason };
@@ -30,6 +30,9 @@ export class LaneError extends Error {
   readonly domain: string;
   /** The ErrorInfo metadata (lowerCamelCase keys, string values); empty when none. */
   readonly metadata: Readonly<Record<string, string>>;
+  /** Milliseconds the service asked the caller to wait before trying again (its
+   *  `google.rpc.RetryInfo`), or `undefined` when it did not say. */
+  readonly retryAfterMs: number | undefined;
   /** Set when a caller retried the call and gave up: the attempts made and the time spent. */
   gaveUp: { readonly attempts: number; readonly ms: number } | undefined;
   /** The service's own message (`message` may add what to do about it: a LANE_BUSY refusal's
@@ -44,6 +47,7 @@ export class LaneError extends Error {
       domain?: string;
       metadata?: Readonly<Record<string, string>>;
       serviceMessage?: string;
+      retryAfterMs?: number;
     },
     options?: { cause?: unknown },
   ) {
@@ -53,6 +57,7 @@ export class LaneError extends Error {
     this.reason = init.reason ?? "";
     this.domain = init.domain ?? "";
     this.metadata = Object.freeze({ ...(init.metadata ?? {}) });
+    this.retryAfterMs = init.retryAfterMs;
     this.gaveUp = undefined;
   }
 
@@ -66,6 +71,7 @@ export class LaneError extends Error {
         domain: this.domain,
         metadata: this.metadata,
         serviceMessage: this.serviceMessage,
+        ...(this.retryAfterMs === undefined ? {} : { retryAfterMs: this.retryAfterMs }),
       },
       { cause: this },
     );
@@ -105,10 +111,17 @@ export function errorInfoOf(error: ConnectError): ErrorInfo | undefined {
   return error.findDetails(ErrorInfoSchema)[0];
 }
 
+/** Milliseconds of the RetryInfo of `error`, when it carries one. */
+export function retryAfterMsOf(error: ConnectError): number | undefined {
+  const delay = error.findDetails(RetryInfoSchema)[0]?.retryDelay;
+  return delay === undefined ? undefined : Number(delay.seconds) * 1000 + delay.nanos / 1e6;
+}
+
 /**
  * Decode any thrown value into a `LaneError`. A `LaneError` is returned as is; anything else
  * goes through `ConnectError.from()` (so a non-Connect error becomes `Code.Unknown`, an abort
- * `Code.Canceled`), and its ErrorInfo, if any, fills `reason`, `domain` and `metadata`.
+ * `Code.Canceled`), and its ErrorInfo, if any, fills `reason`, `domain` and `metadata`, its
+ * RetryInfo `retryAfterMs`.
  * `message` is the server's message without connect's `[code]` prefix (`serviceMessage`),
  * followed for LANE_BUSY by how to free the lane (`freeingHint`).
  */
@@ -120,6 +133,7 @@ export function laneErrorFrom(error: unknown): LaneError {
   const info = errorInfoOf(connectError);
   const metadata = info?.metadata ?? {};
   const hint = info?.reason === reasonName(Reason.LANE_BUSY) ? freeingHint(metadata) : "";
+  const retryAfterMs = retryAfterMsOf(connectError);
   return new LaneError(
     {
       code: connectError.code,
@@ -128,6 +142,7 @@ export function laneErrorFrom(error: unknown): LaneError {
       domain: info?.domain ?? "",
       metadata,
       serviceMessage: connectError.rawMessage,
+      ...(retryAfterMs === undefined ? {} : { retryAfterMs }),
     },
     { cause: error },
   );

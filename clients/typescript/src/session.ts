@@ -77,7 +77,7 @@ export const MAX_DRIVE_BATCH = 64;
 export const DRIVE_BATCH_HEADER = "lane-drive-batch";
 /** gRPC's message limit, the service's too. */
 const MAX_MESSAGE_BYTES = 4 * 1024 * 1024;
-/** How long commands go unary after a `TOO_MANY_SESSIONS` refusal (the service's retry delay). */
+/** How long commands go unary after a `TOO_MANY_SESSIONS` refusal that names no retry delay. */
 const UNARY_AFTER_REFUSAL_MS = 2_000;
 /** What a DriveLaneRequest adds around a command: the sequence and the command's field header
  *  (and, in a batch, the batch entry's header). */
@@ -339,10 +339,13 @@ export class LaneSession {
       try {
         return (await this.submit(method, command, request, bytes, resend, deadline, timeoutMs, signal)) as ResponseOf<K>;
       } catch (thrown) {
-        const reason = laneErrorFrom(thrown).reasonCode;
+        const refusal = laneErrorFrom(thrown);
+        const reason = refusal.reasonCode;
         if (reason === Reason.TOO_MANY_SESSIONS) {
-          // The stream was refused before anything on it was read.
-          this.unaryUntil = Math.max(this.unaryUntil, Date.now() + UNARY_AFTER_REFUSAL_MS);
+          // The stream was refused before anything on it was read: unary for as long as the
+          // service asked (its RetryInfo), else the usual pause.
+          const pauseMs = refusal.retryAfterMs ?? UNARY_AFTER_REFUSAL_MS;
+          this.unaryUntil = Math.max(this.unaryUntil, Date.now() + pauseMs);
         }
         if (reason === Reason.ANSWER_TOO_LARGE || reason === Reason.TOO_MANY_SESSIONS) {
           // It ran, or never will here: the unary RPC with the same request id answers it.

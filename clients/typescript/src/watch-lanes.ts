@@ -22,7 +22,7 @@ import type {
   LaneSummary,
   WatchLanesResponse,
 } from "./gen/lane/v1/lane_service_pb.js";
-import { WatchProtocolError, aborted, backoffDelay, classify, nextWithin, type WatchOptions } from "./watch.js";
+import { WatchProtocolError, aborted, classify, nextWithin, reconnectDelay, type WatchOptions } from "./watch.js";
 
 /** What `watchLanes` needs of a client: `createClient(LaneService, transport)` fits. */
 export type WatchLanesClient = Pick<Client<typeof LaneService>, "watchLanes">;
@@ -153,7 +153,7 @@ export async function* watchLanes(
     if (failures > maxRetries) {
       throw error ?? new LaneError({ code: Code.Unavailable, message: "the lane list stream ended; out of retries" });
     }
-    const delayMs = backoffDelay(failures, opts.backoff);
+    const delayMs = reconnectDelay(failures, opts.backoff, error);
     opts.onRetry?.({ attempt: failures, delayMs, error });
     await sleep(delayMs, signal);
   }

@@ -298,7 +298,7 @@ export async function* watchLane(
         new LaneError({ code: Code.Unavailable, message: "the watch stream ended; out of retries" })
       );
     }
-    const delayMs = backoffDelay(failures, opts.backoff);
+    const delayMs = reconnectDelay(failures, opts.backoff, ending.error);
     opts.onRetry?.({
       attempt: failures,
       delayMs,
@@ -365,6 +365,17 @@ export function classify(error: LaneError, resuming: boolean): Ending {
     default:
       throw error;
   }
+}
+
+/** How long to wait before reconnecting after `failures` failures: the backoff, or longer when
+ *  the service said how long (`error`'s RetryInfo, e.g. a refusal in a reconnect storm). */
+export function reconnectDelay(
+  failures: number,
+  backoff: WatchOptions["backoff"],
+  error: LaneError | undefined,
+): number {
+  const delay = backoffDelay(failures, backoff);
+  return error?.retryAfterMs === undefined ? delay : Math.max(delay, error.retryAfterMs);
 }
 
 /** Exponential backoff with "equal jitter": between half and all of the capped delay. */

@@ -12,7 +12,8 @@ import {
   reasonName,
   reasonOf,
 } from "../src/errors.js";
-import { ErrorInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
+import { ErrorInfoSchema, RetryInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
+import { reconnectDelay } from "../src/watch.js";
 
 const info = {
   reason: "REVISION_OUT_OF_RANGE",
@@ -111,6 +112,40 @@ describe("Reason", () => {
     assert.ok(listed.length > 50);
     for (const name of listed) {
       assert.notEqual(reasonFromName(name ?? ""), Reason.UNSPECIFIED, name);
+    }
+  });
+});
+
+describe("RetryInfo", () => {
+  const refusal = (delay?: { seconds: bigint; nanos: number }): ConnectError => {
+    const wire = new ConnectError("too many watchers of lane lane-1", Code.ResourceExhausted);
+    wire.details.push({
+      type: "google.rpc.ErrorInfo",
+      value: toBinary(ErrorInfoSchema, create(ErrorInfoSchema, { ...info, reason: "TOO_MANY_WATCHERS" })),
+    });
+    if (delay !== undefined) {
+      wire.details.push({
+        type: "google.rpc.RetryInfo",
+        value: toBinary(RetryInfoSchema, create(RetryInfoSchema, { retryDelay: delay })),
+      });
+    }
+    return wire;
+  };
+
+  it("gives the service's retry delay, kept by withMessage", () => {
+    const error = laneErrorFrom(refusal({ seconds: 2n, nanos: 500_000_000 }));
+    assert.equal(error.retryAfterMs, 2500);
+    assert.equal(error.withMessage("again").retryAfterMs, 2500);
+    assert.equal(laneErrorFrom(refusal()).retryAfterMs, undefined);
+  });
+
+  it("makes a watch wait at least that long before reconnecting", () => {
+    const asked = laneErrorFrom(refusal({ seconds: 3n, nanos: 0 }));
+    const silent = laneErrorFrom(refusal());
+    for (let failures = 1; failures <= 3; failures += 1) {
+      assert.ok(reconnectDelay(failures, {}, asked) >= 3000);
+      assert.ok(reconnectDelay(failures, {}, silent) <= 400);
+      assert.ok(reconnectDelay(failures, {}, undefined) <= 400);
     }
   });
 });
