@@ -4,9 +4,9 @@ Run from the repository root (virtualenv active)::
 
     python -m bench.failover [--delays 0 10 20] [--lanes 20] [--compare REF]
 
-For each promotion delay D, a drill (``tests.support.failover_drill``, the one the CI test
+For each promotion delay D, a drill (``lane.server.failover_drill``, the one the CI test
 ``tests/outage/test_failover.py`` runs) on a fresh primary and synchronous hot standby
-(``tests.support.standby_pair``: the system's PostgreSQL 15+ binaries, as the ``postgres`` user):
+(``lane.server.standby_pair``: the system's PostgreSQL 15+ binaries, as the ``postgres`` user):
 the service (a process of its own, one worker) on the multi-host URL with
 ``target_session_attrs=read-write``, ``--lanes`` drivers committing continuously with request
 ids (again after UNAVAILABLE, 0.1 s later) and a watcher per lane; the primary is stopped with
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from bench.commit_throughput import unpack_ref
 from bench.entry import run_benchmark, server_tree
-from tests.support.failover_drill import DrillPlan, DrillResult, ServerCommand, run_drill
+from lane.server.failover_drill import DrillPlan, DrillResult, ServerCommand, run_drill
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -52,10 +52,10 @@ from lane.v1 import lane_service_pb2_grpc, snapshot_pb2
 
 from lane.server.app.config import Settings
 from lane.server.app.server import LANE_SERVICE_NAME, RunningServer, start_server
+from lane.server.failover_drill import Ack, drive_cycles, transcript_texts
 from lane.server.store.pool import DEFAULT_CHECKOUT_TIMEOUT_SECONDS
 from tests.integration.lanes import events_between, user
 from tests.outage.restartable_postgres import RestartablePostgres
-from tests.support.failover_drill import Ack, drive_cycles, transcript_texts
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 

@@ -1,8 +1,8 @@
 """A failover of a replicated PostgreSQL mid-load (docs/deploying.md, "A replicated
 PostgreSQL").
 
-One drill (``tests.support.failover_drill``, which ``bench/failover.py`` runs too), observed by
-the tests below: a primary and a synchronous hot standby (``tests.support.standby_pair``: the
+One drill (``lane.server.failover_drill``, which ``bench/failover.py`` runs too), observed by
+the tests below: a primary and a synchronous hot standby (``lane.server.standby_pair``: the
 system's PostgreSQL 15+ binaries as the ``postgres`` user, created if missing); the service as a
 process of its own on ``postgresql://…@primary,standby/lane?target_session_attrs=read-write``;
 drivers committing on their lanes with request ids (again after UNAVAILABLE) and a watcher
@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from tests.support.failover_drill import DrillPlan, DrillResult, run_drill
+from lane.server.failover_drill import DrillPlan, DrillResult, run_drill
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 

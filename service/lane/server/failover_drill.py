@@ -4,7 +4,7 @@ benchmark (bench/failover.py), which asserts nothing and prints the figures.
 
 :func:`run_drill`:
 
-1. builds a primary and a synchronous hot standby (:mod:`tests.support.standby_pair`) and starts
+1. builds a primary and a synchronous hot standby (:mod:`lane.server.standby_pair`) and starts
    the service as a process of its own (``python -m lane.server.app``, one worker) on their
    multi-host URL (``target_session_attrs=read-write``), with its HTTP port;
 2. creates the lanes and drives each one continuously: EnqueueMessage, then a small run
@@ -45,7 +45,7 @@ from lane.client.watch import watch_lane
 from lane.v1 import lane_service_pb2 as pb
 from lane.v1 import lane_service_pb2_grpc, messages_pb2, snapshot_pb2
 
-from tests.support.standby_pair import StandbyPair
+from lane.server.standby_pair import StandbyPair
 
 __all__ = [
     "Ack",
